@@ -1,0 +1,1 @@
+"""Machine preservation for MCM-managed Kubernetes clusters: admission webhook and controller."""

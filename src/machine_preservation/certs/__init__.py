@@ -1,0 +1,1 @@
+"""Certificates: CA and leaf generation, loading, expiry and rotation decisions (cryptography only)."""

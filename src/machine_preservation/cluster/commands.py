@@ -1,0 +1,49 @@
+"""`machine-preservation cluster up|down`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from machine_preservation.cluster.controlplane import ControlPlane, ControlPlaneError, stop_control_plane
+from machine_preservation.cluster.crds import install_crds
+from machine_preservation.cluster.toolchain import ToolchainError, ensure_control_plane_binaries
+
+
+def up(args: argparse.Namespace) -> int:
+    try:
+        bin_dir = ensure_control_plane_binaries()
+        plane = ControlPlane(directory=args.dir.resolve(), bin_dir=bin_dir, attached=False)
+        plane.start(timeout=args.timeout)
+    except (ToolchainError, ControlPlaneError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    try:
+        install_crds(plane.kubeconfig)
+    except Exception as error:  # the plane is running; do not leave it behind half set up
+        stop_control_plane(plane.directory)
+        print(f"error: installing CRDs failed: {error}", file=sys.stderr)
+        return 1
+    print(plane.kubeconfig)
+    return 0
+
+
+def down(args: argparse.Namespace) -> int:
+    if not stop_control_plane(args.dir.resolve()):
+        print(f"no control plane recorded in {args.dir}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def register(subcommands: argparse._SubParsersAction[Any]) -> None:
+    cluster = subcommands.add_parser("cluster", help="a real local control plane (etcd, kube-apiserver, ...)")
+    actions = cluster.add_subparsers(dest="action", required=True, metavar="ACTION")
+    start = actions.add_parser("up", help="start the control plane and print the admin kubeconfig path")
+    start.add_argument("--dir", type=Path, default=Path(".local/cluster"), help="state directory")
+    start.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
+    start.set_defaults(handler=up)
+    stop = actions.add_parser("down", help="stop the control plane started in --dir and clean up")
+    stop.add_argument("--dir", type=Path, default=Path(".local/cluster"), help="state directory")
+    stop.set_defaults(handler=down)

@@ -1,0 +1,82 @@
+"""Every annotation, label, taint, condition and value the product reads or writes.
+
+Exact strings follow upstream machine-controller-manager (see shared/reference, §1 and §14),
+except where shared/DESIGN.md §3 decides otherwise (the auto value we write).
+"""
+
+from enum import StrEnum
+from typing import Final
+
+PRESERVE_ANNOTATION: Final = "node.machine.sapcloud.io/preserve"
+LAST_APPLIED_NODE_PRESERVE_ANNOTATION: Final = "node.machine.sapcloud.io/last-applied-node-preserve-value"
+
+CA_SCALE_DOWN_DISABLED_ANNOTATION: Final = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
+CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION: Final = "cluster-autoscaler.kubernetes.io/scale-down-disabled-by-mcm"
+CA_SCALE_DOWN_DISABLED_VALUE: Final = "true"
+
+MACHINE_PRIORITY_ANNOTATION: Final = "machinepriority.machine.sapcloud.io"
+# Our own record of the priority a machine had before preservation raised it, so stop can restore it.
+LAST_MACHINE_PRIORITY_ANNOTATION: Final = "node.machine.sapcloud.io/last-machine-priority"
+DEFAULT_MACHINE_PRIORITY: Final = 3
+
+PRESERVED_TAINT_KEY: Final = "node.machine.sapcloud.io/preserved"
+PRESERVED_TAINT_EFFECT: Final = "NoSchedule"
+
+NODE_LABEL: Final = "node"
+FORCE_DRAIN_LABEL: Final = "force-drain"
+
+PRESERVED_CONDITION_TYPE: Final = "Preserved"
+
+
+class PreserveValue(StrEnum):
+    """Values of the preserve annotation. Case-sensitive; whitespace is significant."""
+
+    NOW = "now"
+    WHEN_FAILED = "when-failed"
+    FALSE = "false"
+    AUTO = "auto-preserve"
+    # Upstream's spelling of the auto value: read as AUTO, never written.
+    AUTO_UPSTREAM = "auto-preserved"
+
+
+USER_PRESERVE_VALUES: Final = ("now", "when-failed", "false")
+AUTO_PRESERVE_VALUES: Final = (PreserveValue.AUTO.value, PreserveValue.AUTO_UPSTREAM.value)
+# `""` means "no preference" (DESIGN.md §3); it is valid everywhere a user may write.
+USER_ALLOWED_VALUES: Final = ("", *USER_PRESERVE_VALUES)
+
+# Annotations only the controller's identity may change.
+CONTROLLER_OWNED_ANNOTATIONS: Final = (
+    LAST_APPLIED_NODE_PRESERVE_ANNOTATION,
+    CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION,
+    LAST_MACHINE_PRIORITY_ANNOTATION,
+)
+
+
+class ConditionReason(StrEnum):
+    """Reasons of the Preserved node condition (trailing full stops are upstream's)."""
+
+    PRESERVED_BY_MCM = "Preserved by MCM."
+    PRESERVED_BY_USER = "Preserved by user."
+    PRESERVATION_STOPPED = "Preservation stopped."
+
+
+DRAINED_SUCCESSFULLY_MESSAGE: Final = "Preserved node drained successfully."
+DRAIN_FAILED_MESSAGE: Final = "Preserved node could not be drained."
+PRESERVED_UNTIL_MESSAGE_PREFIX: Final = "Machine preserved until"
+
+
+class MachinePhase(StrEnum):
+    PENDING = "Pending"
+    AVAILABLE = "Available"
+    RUNNING = "Running"
+    UNKNOWN = "Unknown"
+    FAILED = "Failed"
+    TERMINATING = "Terminating"
+    CRASH_LOOP_BACK_OFF = "CrashLoopBackOff"
+    IN_PLACE_UPDATING = "InPlaceUpdating"
+
+
+MACHINE_API_GROUP: Final = "machine.sapcloud.io"
+MACHINE_API_VERSION: Final = "v1alpha1"
+SHOOT_API_GROUP: Final = "core.gardener.cloud"
+SHOOT_API_VERSION: Final = "v1beta1"
