@@ -59,6 +59,8 @@ def kubeconfig_for(control_plane: ControlPlane, tmp_path: Path):  # type: ignore
     """Write a kubeconfig for another identity (client certificate with CN=user, O=groups)."""
 
     def make(user: str, groups: tuple[str, ...] = ()) -> Path:
-        return control_plane.write_kubeconfig(tmp_path / f"{user.replace(':', '_')}.kubeconfig", user=user, groups=groups)
+        return control_plane.write_kubeconfig(
+            tmp_path / f"{user.replace(':', '_')}.kubeconfig", user=user, groups=groups
+        )
 
     return make

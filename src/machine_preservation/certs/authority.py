@@ -179,7 +179,5 @@ def issue_client_cert(
 def generate_signing_key() -> tuple[bytes, bytes]:
     """A private/public key pair in PEM, e.g. for signing service-account tokens."""
     key = _new_key()
-    public = key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
+    public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     return _key_pem(key), public

@@ -210,7 +210,7 @@ class ControlPlane:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent if self.attached else None,  # noqa: PLW1509
+            preexec_fn=_die_with_parent if self.attached else None,
         )
         log.close()
         self._processes[name] = process
@@ -302,9 +302,7 @@ class ControlPlane:
             ],
         )
 
-    def _wait(
-        self, name: str, process: subprocess.Popen[bytes], check: Callable[[], bool], deadline: float
-    ) -> None:
+    def _wait(self, name: str, process: subprocess.Popen[bytes], check: Callable[[], bool], deadline: float) -> None:
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 raise ControlPlaneError(f"{name} exited with code {process.returncode}:\n{self._log_tail(name)}")

@@ -24,7 +24,7 @@ def crd_manifests() -> list[dict[str, Any]]:
 
 def install_crds(kubeconfig: Path, *, timeout: float = 60.0) -> None:
     """Create or replace every CRD, then wait until each is Established."""
-    api_client = config.new_client_from_config(config_file=str(kubeconfig))
+    api_client = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
     with api_client:
         api = client.ApiextensionsV1Api(api_client)
         names = []
@@ -40,15 +40,17 @@ def install_crds(kubeconfig: Path, *, timeout: float = 60.0) -> None:
 
 
 def apply_crd(api: client.ApiextensionsV1Api, manifest: dict[str, Any]) -> None:
+    """Create the CRD, or replace the existing one with this definition."""
+    crd = client.V1CustomResourceDefinition.model_validate(manifest)
     name = manifest["metadata"]["name"]
     try:
-        api.create_custom_resource_definition(manifest)
+        api.create_custom_resource_definition(crd)
     except ApiException as error:
         if error.status != 409:
             raise
         current = api.read_custom_resource_definition(name)
-        manifest = {**manifest, "metadata": {**manifest["metadata"], "resourceVersion": current.metadata.resource_version}}
-        api.replace_custom_resource_definition(name, manifest)
+        crd.metadata.resource_version = current.metadata.resource_version  # type: ignore[union-attr]
+        api.replace_custom_resource_definition(name, crd)
 
 
 def _established(api: client.ApiextensionsV1Api, name: str) -> bool:

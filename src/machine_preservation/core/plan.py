@@ -1,0 +1,127 @@
+"""The contract between the pure core and the controller shell: a plan of desired changes.
+
+The core looks at a snapshot (objects + config + now) and returns a `MachinePlan` (or a
+`MachineSetPlan`): an ordered tuple of steps plus when to look again. The shell executes the steps
+in order, each as one idempotent API write, and stops at the first failure (the next reconcile
+recomputes the plan from the objects). The order is what makes a crash at any point safe: for a
+start the expiry is written first (it is the record that preservation is active), for a stop the
+annotations go before the expiry is cleared (so an expired `now` is never re-preserved).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class PatchMachineAnnotations:
+    """Set and remove annotations on the Machine (metadata)."""
+
+    set: Mapping[str, str] = field(default_factory=dict)
+    remove: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SetPreserveExpiry:
+    """Write `status.currentStatus.preserveExpiryTime` (None clears it) and `lastUpdateTime = now`."""
+
+    expiry: dt.datetime | None
+
+
+@dataclass(frozen=True)
+class SetMachinePhase:
+    """Write `status.currentStatus.phase` (recovery Failed → Running when MCM has not)."""
+
+    phase: str
+
+
+@dataclass(frozen=True)
+class DeleteMachine:
+    """Delete the Machine (a Failed machine whose preservation ended)."""
+
+
+@dataclass(frozen=True)
+class PatchNodeAnnotations:
+    """Set and remove annotations on the Node (metadata)."""
+
+    set: Mapping[str, str] = field(default_factory=dict)
+    remove: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SetPreservedTaint:
+    """Add (present=True) or remove the `node.machine.sapcloud.io/preserved:NoSchedule` taint."""
+
+    present: bool
+
+
+@dataclass(frozen=True)
+class SetPreservedCondition:
+    """Write the Node's `Preserved` condition (node status subresource)."""
+
+    status: str  # "True" | "False"
+    reason: str
+    message: str
+    last_transition_time: dt.datetime
+
+
+@dataclass(frozen=True)
+class DrainNode:
+    """Evict the node's pods (Eviction API; DaemonSet and mirror pods stay).
+
+    The shell reports the outcome by writing the condition the core computes from it
+    (`core.lifecycle.condition_after_drain`), so the drain is not repeated once it succeeded.
+    """
+
+
+@dataclass(frozen=True)
+class RecordEvent:
+    """A Kubernetes Event on the Machine or the Node."""
+
+    kind: str  # "Machine" | "Node"
+    name: str
+    type: str  # "Normal" | "Warning"
+    reason: str  # CamelCase, e.g. "PreservationStarted"
+    message: str
+
+
+MachineStep = (
+    PatchMachineAnnotations
+    | SetPreserveExpiry
+    | SetMachinePhase
+    | DeleteMachine
+    | PatchNodeAnnotations
+    | SetPreservedTaint
+    | SetPreservedCondition
+    | DrainNode
+    | RecordEvent
+)
+
+
+@dataclass(frozen=True)
+class MachinePlan:
+    steps: tuple[MachineStep, ...] = ()
+    # Look again after this long even if nothing changes (e.g. exactly at preserveExpiryTime).
+    requeue_after: dt.timedelta | None = None
+
+
+@dataclass(frozen=True)
+class PatchMachineSetStatus:
+    auto_preserve_failed_machine_count: int
+    preserved_failed_replicas: int
+
+
+@dataclass(frozen=True)
+class PatchMachineDeploymentStatus:
+    preserved_failed_replicas: int
+
+
+@dataclass(frozen=True)
+class MachineSetPlan:
+    """Per-MachineSet decisions: auto value granted/released (as Machine annotation patches by name)."""
+
+    machine_annotations: Mapping[str, PatchMachineAnnotations] = field(default_factory=dict)
+    status: PatchMachineSetStatus | None = None
+    events: tuple[RecordEvent, ...] = ()

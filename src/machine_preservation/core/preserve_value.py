@@ -1,0 +1,94 @@
+"""Which preserve value is in force for a machine: node over machine, with the last-applied record.
+
+Rules (shared/reference/mcm-preservation-behaviour.md §5, with DESIGN.md §3 overriding):
+- the node is *in control* when it carries the annotation with a valid value (`""` included: a node's
+  `""` overrides the machine's annotation) or when the machine's last-applied record is non-empty
+  (then a removed node annotation means "stop": effective value `""`);
+- otherwise the machine's own annotation counts;
+- a missing node object leaves the machine's value in force;
+- an invalid value (anything outside the allowed set) is treated as absent and reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.models import Machine, Node
+
+
+class Preference(StrEnum):
+    """A preserve value after validation; NONE is "no preference" (absent, `""` or invalid)."""
+
+    NOW = "now"
+    WHEN_FAILED = "when-failed"
+    FALSE = "false"
+    AUTO = "auto-preserve"
+    NONE = ""
+
+
+_PREFERENCES = {
+    "": Preference.NONE,
+    "now": Preference.NOW,
+    "when-failed": Preference.WHEN_FAILED,
+    "false": Preference.FALSE,
+    v.PreserveValue.AUTO.value: Preference.AUTO,
+    v.PreserveValue.AUTO_UPSTREAM.value: Preference.AUTO,
+}
+
+
+class Source(StrEnum):
+    NODE = "node"
+    MACHINE = "machine"
+
+
+@dataclass(frozen=True)
+class InvalidValue:
+    """A preserve annotation whose value is not allowed; treated as absent."""
+
+    kind: str  # "Node" or "Machine"
+    name: str
+    value: str
+
+
+@dataclass(frozen=True)
+class EffectivePreserveValue:
+    value: Preference
+    source: Source
+    node_in_control: bool
+    invalid: tuple[InvalidValue, ...] = ()
+
+
+def parse_preference(raw: str | None) -> Preference | None:
+    """The preference a raw annotation value stands for; None when the value is invalid."""
+    if raw is None:
+        return Preference.NONE
+    return _PREFERENCES.get(raw)
+
+
+def is_auto_value(raw: str | None) -> bool:
+    return raw in v.AUTO_PRESERVE_VALUES
+
+
+def effective_preserve_value(*, machine: Machine, node: Node | None) -> EffectivePreserveValue:
+    invalid: list[InvalidValue] = []
+    machine_raw = machine.metadata.annotations.get(v.PRESERVE_ANNOTATION)
+    machine_value = parse_preference(machine_raw)
+    if machine_value is None:
+        invalid.append(InvalidValue("Machine", machine.metadata.name, machine_raw or ""))
+        machine_value = Preference.NONE
+
+    if node is None:
+        return EffectivePreserveValue(machine_value, Source.MACHINE, node_in_control=False, invalid=tuple(invalid))
+
+    node_raw = node.metadata.annotations.get(v.PRESERVE_ANNOTATION)
+    node_value = parse_preference(node_raw)
+    if node_value is None:
+        invalid.append(InvalidValue("Node", node.metadata.name, node_raw or ""))
+        node_raw, node_value = None, Preference.NONE
+    last_applied = machine.metadata.annotations.get(v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION, "")
+    node_in_control = node_raw is not None or last_applied != ""
+    if node_in_control:
+        return EffectivePreserveValue(node_value, Source.NODE, node_in_control=True, invalid=tuple(invalid))
+    return EffectivePreserveValue(machine_value, Source.MACHINE, node_in_control=False, invalid=tuple(invalid))
