@@ -1,0 +1,89 @@
+"""`machine-preservation cluster up|down` as a user runs it: a detached control plane, then a clean stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from machine_preservation.cluster.controlplane import ControlPlane, ControlPlaneError, stop_control_plane
+from machine_preservation.cluster.toolchain import Toolchain
+
+CLI = [sys.executable, "-m", "machine_preservation"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "State:\tZ" not in status
+
+
+def test_help_lists_the_subcommands() -> None:
+    result = subprocess.run([*CLI, "--help"], capture_output=True, text=True, check=True)
+    assert "cluster" in result.stdout
+
+
+def test_cluster_up_then_down(toolchain: Toolchain, tmp_path: Path) -> None:
+    directory = tmp_path / "cluster"
+    env = {**os.environ, "MACHINE_PRESERVATION_K8S_BIN": str(toolchain.bin_dir)}
+    up = subprocess.run(
+        [*CLI, "cluster", "up", "--dir", str(directory)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert up.returncode == 0, up.stderr
+    kubeconfig = Path(up.stdout.strip().splitlines()[-1])
+    assert kubeconfig == directory / "kubeconfig"
+    assert kubeconfig.is_file()
+
+    # The processes outlive the command that started them.
+    pids = [entry["pid"] for entry in json.loads((directory / "state.json").read_text())["processes"].values()]
+    assert len(pids) == 3
+    assert all(_alive(pid) for pid in pids)
+    crds = subprocess.run(
+        [str(toolchain.kubectl), "--kubeconfig", str(kubeconfig), "get", "crd", "-o", "name"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "customresourcedefinition.apiextensions.k8s.io/machines.machine.sapcloud.io" in crds.stdout
+
+    second = subprocess.run([*CLI, "cluster", "up", "--dir", str(directory)], capture_output=True, text=True, env=env)
+    assert second.returncode == 1
+    assert "already holds a control plane" in second.stderr
+
+    down = subprocess.run([*CLI, "cluster", "down", "--dir", str(directory)], capture_output=True, text=True)
+    assert down.returncode == 0, down.stderr
+    assert not any(_alive(pid) for pid in pids)
+    assert not directory.exists()
+
+    again = subprocess.run([*CLI, "cluster", "down", "--dir", str(directory)], capture_output=True, text=True)
+    assert again.returncode == 1
+    assert "no control plane recorded" in again.stderr
+
+
+def test_a_failing_binary_is_reported_with_its_log_and_nothing_is_left_running(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    etcd = bin_dir / "etcd"
+    etcd.write_text("#!/bin/sh\necho 'etcd: cannot start: disk on fire' >&2\nexit 3\n")
+    etcd.chmod(0o755)
+    plane = ControlPlane(directory=tmp_path / "plane", bin_dir=bin_dir)
+    with pytest.raises(ControlPlaneError, match=r"(?s)etcd exited with code 3.*disk on fire"):
+        plane.start(timeout=30)
+    assert not (plane.directory / "state.json").exists()
+
+
+def test_stop_never_kills_a_recycled_pid(tmp_path: Path) -> None:
+    # A state file whose pid now belongs to another program (here: this test process).
+    directory = tmp_path / "stale"
+    directory.mkdir()
+    state = {"processes": {"etcd": {"pid": os.getpid(), "binary": "/nonexistent/etcd"}}}
+    (directory / "state.json").write_text(json.dumps(state))
+    assert stop_control_plane(directory) is True
+    assert _alive(os.getpid())
+    assert not directory.exists()
