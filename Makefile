@@ -20,9 +20,9 @@ tools: install
 	$(BIN)/python -m machine_preservation.cluster.toolchain
 
 run: tools
-	$(BIN)/machine-preservation cluster up
+	$(BIN)/machine-preservation playground
 
-test: tools
+test: tools lint
 	$(BIN)/pytest
 
 unit: install

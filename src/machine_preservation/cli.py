@@ -12,13 +12,21 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from machine_preservation.certs import commands as certs_commands
 from machine_preservation.cluster import commands as cluster_commands
+from machine_preservation.controller import commands as controller_commands
+from machine_preservation.playground import commands as playground_commands
+from machine_preservation.webhook import commands as webhook_commands
 
 Handler = Callable[[argparse.Namespace], int]
 Registrar = Callable[["argparse._SubParsersAction[Any]"], None]
 
 REGISTRARS: list[Registrar] = [
     cluster_commands.register,
+    certs_commands.register,
+    webhook_commands.register,
+    controller_commands.register,
+    playground_commands.register,
 ]
 
 

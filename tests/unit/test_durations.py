@@ -8,7 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from machine_preservation.core.durations import InvalidDuration, format_go_duration, parse_go_duration
+from machine_preservation.core.durations import (
+    InvalidDuration,
+    duration_or_default,
+    format_go_duration,
+    parse_go_duration,
+)
 
 
 @pytest.mark.parametrize(
@@ -73,3 +78,21 @@ def test_formats_like_go(value: dt.timedelta, text: str) -> None:
 @given(st.timedeltas(min_value=dt.timedelta(days=-10_000), max_value=dt.timedelta(days=10_000)))
 def test_format_then_parse_round_trips(value: dt.timedelta) -> None:
     assert parse_go_duration(format_go_duration(value)) == value
+
+
+@pytest.mark.parametrize(
+    ("text", "allow_zero", "expected"),
+    [
+        (None, True, dt.timedelta(hours=72)),
+        ("1h", True, dt.timedelta(hours=1)),
+        ("0s", True, dt.timedelta(0)),
+        ("0s", False, dt.timedelta(hours=72)),
+        ("-1h", True, dt.timedelta(hours=72)),
+        ("3 days", True, dt.timedelta(hours=72)),
+        ("", False, dt.timedelta(hours=72)),
+    ],
+)
+def test_duration_or_default_falls_back_on_missing_invalid_or_out_of_range(
+    text: str | None, allow_zero: bool, expected: dt.timedelta
+) -> None:
+    assert duration_or_default(text, default=dt.timedelta(hours=72), allow_zero=allow_zero) == expected

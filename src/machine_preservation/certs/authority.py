@@ -17,7 +17,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 # Certificates are backdated a little so that a clock skew between issuer and verifier does not
 # make a fresh certificate "not yet valid".
-_BACKDATE = dt.timedelta(minutes=5)
+BACKDATE = dt.timedelta(minutes=5)
 
 
 @dataclass(frozen=True)
@@ -48,36 +48,46 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
+# X.509 caps a common name at 64 characters. Serving and CA certificates are identified by their SANs and
+# keys (Go ignores the CN), so their CN is shortened; a client certificate's CN is the user name and is not.
+_MAX_COMMON_NAME = 64
+
+
 def _name(common_name: str, organizations: tuple[str, ...] = ()) -> x509.Name:
     attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in organizations]
     attributes.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
     return x509.Name(attributes)
 
 
+def _key_usage(*, signs_certificates: bool) -> x509.KeyUsage:
+    # ECDSA keys only sign: TLS handshakes (every certificate) and certificates and CRLs (a CA).
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=signs_certificates,
+        crl_sign=signs_certificates,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
 def generate_ca(*, common_name: str, now: dt.datetime, valid_for: dt.timedelta) -> KeyPair:
     key = _new_key()
-    subject = _name(common_name)
+    subject = _name(common_name[:_MAX_COMMON_NAME])
     cert = (
         x509.CertificateBuilder()
         .subject_name(subject)
         .issuer_name(subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _BACKDATE)
+        .not_valid_before(now - BACKDATE)
         .not_valid_after(now + valid_for)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage(signs_certificates=True),
             critical=True,
         )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
@@ -104,21 +114,11 @@ def _issue(
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _BACKDATE)
+        .not_valid_before(now - BACKDATE)
         .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage(signs_certificates=False),
             critical=True,
         )
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
@@ -146,7 +146,7 @@ def issue_serving_cert(
         raise ValueError("a serving certificate needs at least one DNS name or IP address")
     sans: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
     sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
-    common_name = dns_names[0] if dns_names else ip_addresses[0]
+    common_name = (dns_names[0] if dns_names else ip_addresses[0])[:_MAX_COMMON_NAME]
     return _issue(
         ca=ca,
         subject=_name(common_name),
@@ -173,6 +173,21 @@ def issue_client_cert(
         sans=[],
         now=now,
         valid_for=valid_for,
+    )
+
+
+def issued_at(cert: x509.Certificate) -> dt.datetime:
+    """When a certificate from this module was issued (its notBefore minus the backdating)."""
+    return cert.not_valid_before_utc + BACKDATE
+
+
+def service_dns_names(*, service: str, namespace: str, cluster_domain: str = "cluster.local") -> tuple[str, ...]:
+    """Every name a client may use for a Service: the API server uses `<svc>.<ns>.svc`."""
+    return (
+        service,
+        f"{service}.{namespace}",
+        f"{service}.{namespace}.svc",
+        f"{service}.{namespace}.svc.{cluster_domain}",
     )
 
 

@@ -1,12 +1,22 @@
-"""Auto-preservation per MachineSet: which Failed machines get the auto value, which lose it.
+"""Auto-preservation per MachineSet: which Failed machines get the auto value, which lose it; status counters.
 
-Differences from upstream (§6 of the reference), on purpose:
-- the budget is counted live from the machines, not from the previous reconcile's status counter,
-  so lowering the max never releases one machine too many (upstream quirk Q3);
-- a machine whose *effective* value (node included) is manual or `false` is never a candidate, so
-  node-annotated machines do not ping-pong (quirk Q6);
-- the auto value on a machine that is not Failed and not preserved is released (quirk Q5);
-- machines of a MachineSet that a rollout is replacing are not auto-preserved (DESIGN.md §3).
+Rules (reference §6, DESIGN.md §3):
+- at most `spec.autoPreserveFailedMachineMax` machines of a MachineSet carry the auto value (a negative max
+  counts as 0); newest failures are granted first; when the max is lowered the oldest (by creation) are
+  released first;
+- only the auto value counts against the budget and only it is ever released: a machine whose effective
+  value is `now`/`when-failed` (manual) or `false` (opted out) is never a candidate;
+- a MachineSet that a rollout is replacing grants no new auto values (its Failed machines are replaced as
+  usual); the ones it already granted stay within its max.
+
+Differences from upstream, on purpose:
+- the budget is counted live from the machines, not from the previous reconcile's status counter, so
+  lowering the max never releases one machine too many (upstream quirk Q3);
+- a candidate's *effective* value (node included) must be "no preference", so node-annotated machines do not
+  ping-pong (quirk Q6);
+- the auto value on a machine that is neither Failed nor preserved is released (quirk Q5);
+- a machine whose preservation is ending (expiry set, value gone) is not a candidate until the stop is done,
+  and a Failed machine whose preservation expired is deleted by the machine plan, not re-granted (quirk Q2).
 """
 
 from __future__ import annotations
@@ -16,7 +26,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.models import Machine, MachineSet, Node
+from machine_preservation.core.config import PreservationConfig
+from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node
+from machine_preservation.core.plan import (
+    MachineSetPlan,
+    PatchMachineAnnotations,
+    PatchMachineDeploymentStatus,
+    PatchMachineSetStatus,
+    RecordEvent,
+)
 from machine_preservation.core.preserve_value import Preference, effective_preserve_value, is_auto_value
 
 _EPOCH = dt.datetime.min.replace(tzinfo=dt.UTC)
@@ -29,28 +47,50 @@ class AutoPreservationPlan:
     count: int  # machines carrying the auto value once the plan is applied
 
 
-def _created(machine: Machine) -> dt.datetime:
-    return machine.metadata.creation_timestamp or _EPOCH
+def _created(machine: Machine) -> tuple[dt.datetime, str]:
+    return machine.metadata.creation_timestamp or _EPOCH, machine.metadata.name
 
 
-def _failed_since(machine: Machine) -> dt.datetime:
+def _failed_since(machine: Machine) -> tuple[dt.datetime, dt.datetime, str]:
     # "Newest failures first": the time the machine entered its current phase, else its creation.
-    return machine.status.current_status.last_update_time or _created(machine)
+    created, name = _created(machine)
+    return machine.status.current_status.last_update_time or created, created, name
+
+
+def _revision(machine_set: MachineSet) -> int:
+    try:
+        return int(machine_set.metadata.annotations.get(v.MACHINE_SET_REVISION_ANNOTATION, "0"))
+    except ValueError:
+        return 0
+
+
+def _rollout_rank(machine_set: MachineSet) -> tuple[int, dt.datetime]:
+    # MCM raises the revision of the MachineSet it rolls out to (a rollback included); the creation time
+    # decides when revisions are absent.
+    return _revision(machine_set), machine_set.metadata.creation_timestamp or _EPOCH
 
 
 def is_being_replaced(machine_set: MachineSet, siblings: Sequence[MachineSet]) -> bool:
-    """Whether a rollout is replacing this MachineSet: its MachineDeployment owns a newer one."""
+    """Whether a rollout is replacing this MachineSet: its MachineDeployment owns a newer revision."""
     owner = machine_set.metadata.controller_owner()
     if owner is None or owner.kind != "MachineDeployment":
         return False
-    mine = machine_set.metadata.creation_timestamp or _EPOCH
-    return any(
-        (other.metadata.controller_owner() or owner).uid == owner.uid
-        and other.metadata.uid != machine_set.metadata.uid
-        and other.metadata.deletion_timestamp is None
-        and (other.metadata.creation_timestamp or _EPOCH) > mine
-        for other in siblings
-    )
+    mine = _rollout_rank(machine_set)
+    for other in siblings:
+        other_owner = other.metadata.controller_owner()
+        if (
+            other_owner is not None
+            and other_owner.uid == owner.uid
+            and other.metadata.name != machine_set.metadata.name
+            and other.metadata.deletion_timestamp is None
+            and _rollout_rank(other) > mine
+        ):
+            return True
+    return False
+
+
+def _actively_preserved(machine: Machine, now: dt.datetime) -> bool:
+    return machine.preserve_expiry_time is not None and machine.preserve_expiry_time > now
 
 
 def plan_auto_preservation(
@@ -61,26 +101,28 @@ def plan_auto_preservation(
     being_replaced: bool,
     now: dt.datetime,
 ) -> AutoPreservationPlan:
-    """Decide the auto value for every machine of one MachineSet."""
+    """Decide the auto value for every machine of one MachineSet (`machines`: the ones it owns;
+    `nodes`: their Nodes by name, where known)."""
     live = [m for m in machines if m.metadata.deletion_timestamp is None]
-    limit = 0 if being_replaced else max(machine_set.spec.auto_preserve_failed_machine_max, 0)
+    limit = max(machine_set.spec.auto_preserve_failed_machine_max, 0)
 
     holders: list[Machine] = []
     release: list[str] = []
     for machine in live:
         if not is_auto_value(machine.metadata.annotations.get(v.PRESERVE_ANNOTATION)):
             continue
-        preserved = machine.preserve_expiry_time is not None and machine.preserve_expiry_time > now
-        if machine.phase != v.MachinePhase.FAILED and not preserved:
-            release.append(machine.metadata.name)  # stale claim on a healthy machine
+        if machine.phase != v.MachinePhase.FAILED and not _actively_preserved(machine, now):
+            release.append(machine.metadata.name)  # stale claim on a machine that is not Failed
         else:
             holders.append(machine)
 
-    if len(holders) > limit:
-        holders.sort(key=_created)  # oldest released first
-        excess = len(holders) - limit
-        release += [m.metadata.name for m in holders[:excess]]
-        return AutoPreservationPlan(annotate=(), release=tuple(release), count=limit)
+    if len(holders) >= limit:
+        excess = sorted(holders, key=_created)[: len(holders) - limit]  # oldest released first
+        return AutoPreservationPlan(
+            annotate=(), release=tuple(release + [m.metadata.name for m in excess]), count=len(holders) - len(excess)
+        )
+    if being_replaced:
+        return AutoPreservationPlan(annotate=(), release=tuple(release), count=len(holders))
 
     candidates = [
         m
@@ -92,3 +134,79 @@ def plan_auto_preservation(
     candidates.sort(key=_failed_since, reverse=True)
     annotate = tuple(m.metadata.name for m in candidates[: limit - len(holders)])
     return AutoPreservationPlan(annotate=annotate, release=tuple(release), count=len(holders) + len(annotate))
+
+
+def preserved_failed_replicas(*, machines: Sequence[Machine]) -> int:
+    """Machines in phase Failed with a preserveExpiryTime (expired ones included), not being deleted."""
+    return sum(
+        1
+        for m in machines
+        if m.metadata.deletion_timestamp is None
+        and m.phase == v.MachinePhase.FAILED
+        and m.preserve_expiry_time is not None
+    )
+
+
+def plan_machine_set(
+    *,
+    machine_set: MachineSet,
+    machines: Sequence[Machine],
+    nodes: Mapping[str, Node],
+    being_replaced: bool,
+    config: PreservationConfig,
+    now: dt.datetime,
+) -> MachineSetPlan:
+    """The auto values to grant and release (Machine annotation patches by name), the status counters
+    when they change (autoPreserveFailedMachineCount, preservedFailedReplicas) and an Event per change."""
+    auto = plan_auto_preservation(
+        machine_set=machine_set, machines=machines, nodes=nodes, being_replaced=being_replaced, now=now
+    )
+    name = machine_set.metadata.name
+    limit = machine_set.spec.auto_preserve_failed_machine_max
+    patches: dict[str, PatchMachineAnnotations] = {}
+    events: list[RecordEvent] = []
+    for machine_name in auto.annotate:
+        patches[machine_name] = PatchMachineAnnotations(set={v.PRESERVE_ANNOTATION: config.auto_value})
+        events.append(
+            _event(
+                machine_name,
+                v.EventReason.AUTO_PRESERVATION_GRANTED,
+                f'Failed machine auto-preserved by MachineSet "{name}" (autoPreserveFailedMachineMax {limit}).',
+            )
+        )
+    phases = {m.metadata.name: m.phase for m in machines}
+    for machine_name in auto.release:
+        patches[machine_name] = PatchMachineAnnotations(remove=(v.PRESERVE_ANNOTATION,))
+        why = (
+            f"its autoPreserveFailedMachineMax ({limit}) is exceeded (the oldest machines are released first)"
+            if phases[machine_name] == v.MachinePhase.FAILED
+            else "the machine is not Failed"
+        )
+        events.append(
+            _event(machine_name, v.EventReason.AUTO_PRESERVATION_RELEASED, f'Released by MachineSet "{name}": {why}.')
+        )
+    status = PatchMachineSetStatus(
+        auto_preserve_failed_machine_count=auto.count,
+        preserved_failed_replicas=preserved_failed_replicas(machines=machines),
+    )
+    current = PatchMachineSetStatus(
+        auto_preserve_failed_machine_count=machine_set.status.auto_preserve_failed_machine_count,
+        preserved_failed_replicas=machine_set.status.preserved_failed_replicas,
+    )
+    return MachineSetPlan(
+        machine_annotations=patches, status=None if status == current else status, events=tuple(events)
+    )
+
+
+def plan_machine_deployment(
+    *, machine_deployment: MachineDeployment, machine_sets: Sequence[MachineSet]
+) -> PatchMachineDeploymentStatus | None:
+    """status.preservedFailedReplicas = the sum over its MachineSets' status; None when already so."""
+    total = sum(ms.status.preserved_failed_replicas for ms in machine_sets)
+    if total == machine_deployment.status.preserved_failed_replicas:
+        return None
+    return PatchMachineDeploymentStatus(preserved_failed_replicas=total)
+
+
+def _event(machine_name: str, reason: v.EventReason, message: str) -> RecordEvent:
+    return RecordEvent(kind="Machine", name=machine_name, type=v.EventType.NORMAL, reason=reason, message=message)

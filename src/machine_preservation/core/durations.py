@@ -86,3 +86,18 @@ def format_go_duration(value: dt.timedelta) -> str:
 
 def _trim(number: float) -> str:
     return f"{number:.6f}".rstrip("0").rstrip(".")
+
+
+def duration_or_default(text: str | None, *, default: dt.timedelta, allow_zero: bool) -> dt.timedelta:
+    """A per-object duration override: `text` when it is a valid Go duration in range, else `default`.
+
+    An invalid override on an object must not stop the controller; it falls back to the configured value.
+    """
+    if text is None:
+        return default
+    try:
+        value = parse_go_duration(text)
+    except InvalidDuration:
+        return default
+    in_range = value >= dt.timedelta(0) if allow_zero else value > dt.timedelta(0)
+    return value if in_range else default

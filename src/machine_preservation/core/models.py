@@ -171,3 +171,14 @@ class MachineDeployment(KubeModel):
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: MachineDeploymentSpec = Field(default_factory=MachineDeploymentSpec)
     status: MachineDeploymentStatus = Field(default_factory=MachineDeploymentStatus)
+
+
+class PodSpec(KubeModel):
+    node_name: str = ""
+
+
+class Pod(KubeModel):
+    """The parts of a Pod a drain reads: owner (DaemonSet), mirror annotation, node, deletion state."""
+
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: PodSpec = Field(default_factory=PodSpec)

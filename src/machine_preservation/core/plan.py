@@ -65,6 +65,9 @@ class SetPreservedCondition:
     reason: str
     message: str
     last_transition_time: dt.datetime
+    # Time of the last drain outcome (None: leave `lastHeartbeatTime` unset). The core waits
+    # `PreservationConfig.drain_retry_interval` after a failed drain before planning the next one.
+    last_heartbeat_time: dt.datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,14 @@ class DrainNode:
 
     The shell reports the outcome by writing the condition the core computes from it
     (`core.lifecycle.condition_after_drain`), so the drain is not repeated once it succeeded.
+    It is always the last step of a plan; the shell runs at most one drain per node at a time.
     """
+
+    # What the outcome's condition needs (the plan-time view; a stale one is corrected by the next plan).
+    reason: str = ""  # the Preserved condition reason (ConditionReason)
+    expiry: dt.datetime | None = None  # preserveExpiryTime, rendered into the condition message
+    # Overall drain deadline: the Machine's spec.drainTimeout, else PreservationConfig.drain_timeout.
+    timeout: dt.timedelta | None = None
 
 
 @dataclass(frozen=True)

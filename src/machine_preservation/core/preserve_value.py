@@ -6,7 +6,11 @@ Rules (shared/reference/mcm-preservation-behaviour.md §5, with DESIGN.md §3 ov
   (then a removed node annotation means "stop": effective value `""`);
 - otherwise the machine's own annotation counts;
 - a missing node object leaves the machine's value in force;
-- an invalid value (anything outside the allowed set) is treated as absent and reported.
+- an invalid value (anything outside the allowed set) is treated as absent and reported;
+- the auto value on the machine survives a node in control that expresses no preference (`""`, or a
+  removed annotation): "no preference" is what lets auto-preservation apply (DESIGN.md §3), and the
+  auto value is the controller's decision, not a user's value the node overrides. Without this the
+  MachineSet would grant the auto value and the machine sync would delete it again (upstream quirk Q6).
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ class EffectivePreserveValue:
     source: Source
     node_in_control: bool
     invalid: tuple[InvalidValue, ...] = ()
+    # The node's annotation as written when it is valid; None when absent, invalid or no node.
+    node_raw: str | None = None
 
 
 def parse_preference(raw: str | None) -> Preference | None:
@@ -89,6 +95,6 @@ def effective_preserve_value(*, machine: Machine, node: Node | None) -> Effectiv
         node_raw, node_value = None, Preference.NONE
     last_applied = machine.metadata.annotations.get(v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION, "")
     node_in_control = node_raw is not None or last_applied != ""
-    if node_in_control:
-        return EffectivePreserveValue(node_value, Source.NODE, node_in_control=True, invalid=tuple(invalid))
-    return EffectivePreserveValue(machine_value, Source.MACHINE, node_in_control=False, invalid=tuple(invalid))
+    if node_in_control and not (node_value == Preference.NONE and machine_value == Preference.AUTO):
+        return EffectivePreserveValue(node_value, Source.NODE, True, tuple(invalid), node_raw)
+    return EffectivePreserveValue(machine_value, Source.MACHINE, node_in_control, tuple(invalid), node_raw)

@@ -26,6 +26,17 @@ NODE_LABEL: Final = "node"
 FORCE_DRAIN_LABEL: Final = "force-drain"
 
 PRESERVED_CONDITION_TYPE: Final = "Preserved"
+NODE_READY_CONDITION_TYPE: Final = "Ready"
+# Node conditions that make MCM consider a node unhealthy when True (MCM's `--node-conditions` default).
+DEFAULT_UNHEALTHY_NODE_CONDITIONS: Final = (
+    "KernelDeadlock",
+    "ReadonlyFilesystem",
+    "DiskPressure",
+    "NetworkUnavailable",
+)
+
+# MCM's rollout sequence number of a MachineSet (copied from Kubernetes Deployments); a rollback raises it.
+MACHINE_SET_REVISION_ANNOTATION: Final = "deployment.kubernetes.io/revision"
 
 
 class PreserveValue(StrEnum):
@@ -44,11 +55,16 @@ AUTO_PRESERVE_VALUES: Final = (PreserveValue.AUTO.value, PreserveValue.AUTO_UPST
 # `""` means "no preference" (DESIGN.md §3); it is valid everywhere a user may write.
 USER_ALLOWED_VALUES: Final = ("", *USER_PRESERVE_VALUES)
 
+# Our record (on the Machine) of the invalid preserve values already reported with a Warning Event,
+# so each distinct invalid value is reported once instead of on every reconcile.
+REPORTED_INVALID_PRESERVE_VALUES_ANNOTATION: Final = "node.machine.sapcloud.io/reported-invalid-preserve-values"
+
 # Annotations only the controller's identity may change.
 CONTROLLER_OWNED_ANNOTATIONS: Final = (
     LAST_APPLIED_NODE_PRESERVE_ANNOTATION,
     CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION,
     LAST_MACHINE_PRIORITY_ANNOTATION,
+    REPORTED_INVALID_PRESERVE_VALUES_ANNOTATION,
 )
 
 
@@ -63,6 +79,25 @@ class ConditionReason(StrEnum):
 DRAINED_SUCCESSFULLY_MESSAGE: Final = "Preserved node drained successfully."
 DRAIN_FAILED_MESSAGE: Final = "Preserved node could not be drained."
 PRESERVED_UNTIL_MESSAGE_PREFIX: Final = "Machine preserved until"
+
+
+class EventReason(StrEnum):
+    """Reasons of the Kubernetes Events the controller records (on the Machine, and on its Node)."""
+
+    PRESERVATION_STARTED = "PreservationStarted"
+    PRESERVATION_STOPPED = "PreservationStopped"
+    PRESERVATION_EXPIRED = "PreservationExpired"
+    PRESERVED_NODE_DRAINED = "PreservedNodeDrained"
+    PRESERVED_NODE_DRAIN_FAILED = "PreservedNodeDrainFailed"
+    MACHINE_RECOVERED = "PreservedMachineRecovered"
+    INVALID_PRESERVE_VALUE = "InvalidPreserveValue"
+    AUTO_PRESERVATION_GRANTED = "AutoPreservationGranted"
+    AUTO_PRESERVATION_RELEASED = "AutoPreservationReleased"
+
+
+class EventType(StrEnum):
+    NORMAL = "Normal"
+    WARNING = "Warning"
 
 
 class MachinePhase(StrEnum):

@@ -1,0 +1,260 @@
+{{/* Names ------------------------------------------------------------------------------------- */}}
+
+{{- define "mp.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "mp.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains (include "mp.name" .) .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name (include "mp.name" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "mp.webhook.name" -}}{{ include "mp.fullname" . | trunc 55 | trimSuffix "-" }}-webhook{{- end -}}
+{{- define "mp.controller.name" -}}{{ include "mp.fullname" . | trunc 52 | trimSuffix "-" }}-controller{{- end -}}
+{{- define "mp.certsSecret.name" -}}{{ include "mp.webhook.name" . }}-certs{{- end -}}
+
+{{- define "mp.labels" -}}
+app.kubernetes.io/name: {{ include "mp.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "mp.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "mp.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "mp.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "mp.controlNamespace" -}}
+{{ .Values.clusters.control.namespace | default .Release.Namespace }}
+{{- end -}}
+
+{{/* The controller's username as the target/control API servers see it. */}}
+{{- define "mp.controllerUsername" -}}
+{{- .Values.webhook.controllerUsername | default (printf "system:serviceaccount:%s:%s" .Release.Namespace (include "mp.controller.name" .)) -}}
+{{- end -}}
+
+{{/* Whether the chart renders each configuration kind. */}}
+{{- define "mp.validating.enabled" -}}
+{{- if or .Values.webhooks.nodes.register .Values.webhooks.machines.register .Values.webhooks.shoots.register }}true{{ end -}}
+{{- end -}}
+{{- define "mp.mutating.enabled" -}}
+{{- if .Values.webhooks.nodes.register }}true{{ end -}}
+{{- end -}}
+
+{{/* Kubeconfig volume mount path of a remote cluster. */}}
+{{- define "mp.kubeconfigPath" -}}
+/etc/machine-preservation/{{ . }}/kubeconfig
+{{- end -}}
+
+{{/* CEL building blocks: must stay identical to machine_preservation.webhook.configuration (a test compares them). */}}
+
+{{- define "mp.cel.string" -}}
+'{{ . | replace "\\" "\\\\" | replace "'" "\\'" }}'
+{{- end -}}
+
+{{- define "mp.cel.hasAnnotation" -}}
+({{ .obj }} != null && has({{ .obj }}.metadata.annotations) && {{ include "mp.cel.string" .key }} in {{ .obj }}.metadata.annotations)
+{{- end -}}
+
+{{- define "mp.cel.annotationChanged" -}}
+{{- $new := include "mp.cel.hasAnnotation" (dict "obj" "object" "key" .) -}}
+{{- $old := include "mp.cel.hasAnnotation" (dict "obj" "oldObject" "key" .) -}}
+{{- $quoted := include "mp.cel.string" . -}}
+({{ $new }} != {{ $old }} || ({{ $new }} && object.metadata.annotations[{{ $quoted }}] != oldObject.metadata.annotations[{{ $quoted }}]))
+{{- end -}}
+
+{{- define "mp.cel.anyAnnotationChanged" -}}
+{{- $parts := list -}}
+{{- range . }}{{ $parts = append $parts (include "mp.cel.annotationChanged" .) }}{{ end -}}
+{{- join " || " $parts -}}
+{{- end -}}
+
+{{- define "mp.cel.usernameList" -}}
+{{- $quoted := list -}}
+{{- range (. | uniq | sortAlpha) }}{{ $quoted = append $quoted (include "mp.cel.string" .) }}{{ end -}}
+[{{ join ", " $quoted }}]
+{{- end -}}
+
+{{- define "mp.cel.preserved" -}}
+{{- $marker := include "mp.cel.hasAnnotation" (dict "obj" . "key" "cluster-autoscaler.kubernetes.io/scale-down-disabled-by-mcm") -}}
+({{ $marker }} || ({{ . }} != null && has({{ . }}.status) && has({{ . }}.status.conditions) && {{ . }}.status.conditions.exists(c, c.type == 'Preserved' && c.status == 'True')))
+{{- end -}}
+
+{{- define "mp.cel.workersPresent" -}}
+(has({{ . }}.spec) && has({{ . }}.spec.provider) && has({{ . }}.spec.provider.workers))
+{{- end -}}
+
+{{/* The preserve annotation and the controller-owned markers (core/vocabulary.py). */}}
+{{- define "mp.preserveRelatedAnnotations" -}}
+{{- list "node.machine.sapcloud.io/preserve" "node.machine.sapcloud.io/last-applied-node-preserve-value" "cluster-autoscaler.kubernetes.io/scale-down-disabled-by-mcm" "node.machine.sapcloud.io/last-machine-priority" "node.machine.sapcloud.io/reported-invalid-preserve-values" | toJson -}}
+{{- end -}}
+
+{{/* clientConfig for one path. */}}
+{{- define "mp.clientConfig" -}}
+{{- $root := .root -}}
+{{- if $root.Values.webhooks.clientConfig.url }}
+url: {{ printf "%s%s" (trimSuffix "/" $root.Values.webhooks.clientConfig.url) .path | quote }}
+{{- else }}
+service:
+  namespace: {{ $root.Release.Namespace }}
+  name: {{ include "mp.webhook.name" $root }}
+  port: {{ $root.Values.webhook.service.port }}
+  path: {{ .path }}
+{{- end }}
+{{- if eq $root.Values.certificates.mode "provided" }}
+caBundle: {{ required "certificates.provided.caBundle is required in provided mode" $root.Values.certificates.provided.caBundle }}
+{{- end }}
+{{- end -}}
+
+{{- define "mp.configurationAnnotations" -}}
+{{- if eq .Values.certificates.mode "certManager" }}
+annotations:
+  cert-manager.io/inject-ca-from: {{ .Release.Namespace }}/{{ include "mp.webhook.name" . }}
+{{- end }}
+{{- end -}}
+
+{{- define "mp.kubeconfigArg" -}}
+{{- $secret := index .root.Values.clusters .cluster "kubeconfigSecret" -}}
+{{- if $secret }}
+- --{{ .flag }}={{ include "mp.kubeconfigPath" .cluster }}
+{{- end }}
+{{- end -}}
+
+{{- define "mp.kubeconfigVolumes" -}}
+{{- $root := .root -}}
+{{- range .clusters }}
+{{- $secret := index $root.Values.clusters . "kubeconfigSecret" }}
+{{- if $secret }}
+- name: kubeconfig-{{ . }}
+  secret:
+    secretName: {{ $secret }}
+    items:
+      - key: {{ $root.Values.clusters.kubeconfigKey }}
+        path: kubeconfig
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "mp.kubeconfigMounts" -}}
+{{- $root := .root -}}
+{{- range .clusters }}
+{{- if index $root.Values.clusters . "kubeconfigSecret" }}
+- name: kubeconfig-{{ . }}
+  mountPath: /etc/machine-preservation/{{ . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Arguments of `machine-preservation certs run` (init container with --once, then sidecar). */}}
+{{- define "mp.certsArgs" -}}
+{{- $root := . -}}
+{{- $self := .Values.certificates.selfManaged -}}
+- certs
+- run
+- --secret={{ .Release.Namespace }}/{{ include "mp.certsSecret.name" . }}
+- --cert-dir=/certs
+- --service={{ include "mp.webhook.name" . }}
+- --namespace={{ .Release.Namespace }}
+{{- with .Values.webhooks.clientConfig.url }}
+- --extra-name={{ (split ":" (urlParse .).host)._0 }}
+{{- end }}
+{{- if include "mp.validating.enabled" . }}
+- --webhook-configuration=validating/{{ include "mp.fullname" . }}
+{{- end }}
+{{- if include "mp.mutating.enabled" . }}
+- --webhook-configuration=mutating/{{ include "mp.fullname" . }}
+{{- end }}
+{{- range $self.remoteConfigurations }}
+{{- if not (index $root.Values.clusters .cluster "kubeconfigSecret") }}
+{{- fail (printf "certificates.selfManaged.remoteConfigurations: clusters.%s.kubeconfigSecret must be set to reach %s/%s" .cluster .kind .name) }}
+{{- end }}
+- --webhook-configuration={{ .kind }}/{{ .name }}@{{ include "mp.kubeconfigPath" .cluster }}
+{{- end }}
+- --ca-validity={{ $self.caValidity }}
+- --ca-rotate-before={{ $self.caRotateBefore }}
+- --ca-overlap={{ $self.caOverlap }}
+- --propagation-delay={{ $self.propagationDelay }}
+- --serving-validity={{ $self.servingValidity }}
+- --serving-renew-fraction={{ $self.servingRenewFraction }}
+- --resync={{ $self.resync }}
+{{- end -}}
+
+{{/* Clusters whose kubeconfig the certs containers need (remote caBundle injection). */}}
+{{- define "mp.certsClusters" -}}
+{{- $clusters := list -}}
+{{- if eq .Values.certificates.mode "selfManaged" }}
+{{- range .Values.certificates.selfManaged.remoteConfigurations }}{{ $clusters = append $clusters .cluster }}{{ end }}
+{{- end }}
+{{- $clusters | uniq | sortAlpha | toJson -}}
+{{- end -}}
+
+{{- define "mp.affinity" -}}
+{{- if .affinity }}
+{{- toYaml .affinity }}
+{{- else }}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "mp.selectorLabels" (dict "root" .root "component" .component) | nindent 12 }}
+{{- end }}
+{{- end -}}
+
+{{/* What the controller does in the target cluster: nodes (annotations, taint, Preserved condition), draining. */}}
+{{- define "mp.controller.targetRules" -}}
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [get, list, watch, patch]
+- apiGroups: [""]
+  resources: [nodes/status]
+  verbs: [patch]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list, watch]
+- apiGroups: [""]
+  resources: [pods/eviction]
+  verbs: [create]
+{{- end -}}
+
+{{/* Events on Nodes: cluster-scoped objects, so they go to the `default` namespace (as the kubelet's do);
+     get+patch count a repeated event up. */}}
+{{- define "mp.controller.nodeEventRules" -}}
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create, get, patch]
+{{- end -}}
+
+{{/* caBundle injection into this release's own webhook configurations, by name only. */}}
+{{- define "mp.cabundleRules" -}}
+{{- if include "mp.validating.enabled" . }}
+- apiGroups: [admissionregistration.k8s.io]
+  resources: [validatingwebhookconfigurations]
+  resourceNames: [{{ include "mp.fullname" . }}]
+  verbs: [get, patch]
+{{- end }}
+{{- if include "mp.mutating.enabled" . }}
+- apiGroups: [admissionregistration.k8s.io]
+  resources: [mutatingwebhookconfigurations]
+  resourceNames: [{{ include "mp.fullname" . }}]
+  verbs: [get, patch]
+{{- end }}
+{{- end -}}

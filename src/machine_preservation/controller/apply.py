@@ -1,0 +1,321 @@
+"""Step executors: each step of a core plan (core/plan.py) as one idempotent API write.
+
+Writes that depend on the snapshot the plan was computed from carry that snapshot's
+resourceVersion (a merge patch with `metadata.resourceVersion`, answered 409 when stale), and the
+resourceVersion is carried forward from each response, so a plan never acts on a state that has
+changed underneath it; the reconcile is then retried from fresh caches. Taints are changed with a
+JSON patch whose `test` ops pin exactly the list entry or list state we saw, so a concurrent taint
+change is never overwritten. The Preserved condition is a strategic merge patch keyed by type (it
+touches no other condition). Steps run in order; the first failure stops the plan.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
+
+from machine_preservation.controller.clients import JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH
+from machine_preservation.controller.events import EventRecorder, Regarding
+from machine_preservation.core import plan as p
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.models import Machine, Node
+
+logger = logging.getLogger(__name__)
+
+MACHINES = "machines"
+
+
+class StepFailed(Exception):
+    """A step could not be written; the reconcile is retried with backoff."""
+
+    def __init__(self, step: object, cause: ApiException, *, conflict: bool) -> None:
+        super().__init__(f"{type(step).__name__} failed: {cause.status} {cause.reason}")
+        self.step = step
+        self.conflict = conflict
+
+
+class ObjectGone(Exception):
+    """The Machine (or the Node a step needs) no longer exists; nothing more to do for this plan."""
+
+
+def rfc3339(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _version_of(custom_object: object) -> str:
+    """The resourceVersion of a custom object as the API returned it (a dict)."""
+    if not isinstance(custom_object, dict):
+        raise TypeError(f"expected a custom object, got {type(custom_object).__name__}")
+    return str(custom_object["metadata"]["resourceVersion"])
+
+
+def _is_conflict(error: ApiException, *, guarded_json_patch: bool = False) -> bool:
+    # A failed JSON-patch `test` op is answered 422; for our guarded patches that means "changed".
+    return error.status == 409 or (guarded_json_patch and error.status == 422)
+
+
+@dataclass
+class Snapshot:
+    """The objects a plan acts on, with their resourceVersions advanced by each write."""
+
+    machine: Machine
+    node: Node | None
+    machine_version: str = ""
+    node_version: str = ""
+
+    def __post_init__(self) -> None:
+        self.machine_version = self.machine_version or self.machine.metadata.resource_version
+        if self.node is not None:
+            self.node_version = self.node_version or self.node.metadata.resource_version
+
+
+# Runs the drain of a DrainNode step and returns what to write about its outcome (the core's
+# `plan_after_drain`: the Preserved condition, then Events).
+DrainStep = Callable[[Snapshot, p.DrainNode], Awaitable[Sequence[p.MachineStep]]]
+
+
+@dataclass
+class Writer:
+    """The API writes behind the plan steps, for Machines in one namespace and their Nodes."""
+
+    control: client.ApiClient
+    target: client.ApiClient
+    namespace: str
+    recorder: EventRecorder
+
+    # --- machines ----------------------------------------------------------------------------------
+
+    async def patch_machine_annotations(self, snap: Snapshot, step: p.PatchMachineAnnotations) -> None:
+        annotations: dict[str, str | None] = dict.fromkeys(step.remove)
+        annotations.update(step.set)
+        body = {"metadata": {"resourceVersion": snap.machine_version, "annotations": annotations}}
+        result = await self._custom().patch_namespaced_custom_object(
+            v.MACHINE_API_GROUP,
+            v.MACHINE_API_VERSION,
+            self.namespace,
+            MACHINES,
+            snap.machine.metadata.name,
+            body,
+            _content_type=MERGE_PATCH,
+        )
+        snap.machine_version = _version_of(result)
+
+    async def patch_machine_status(self, snap: Snapshot, current_status: dict[str, Any]) -> None:
+        body = {
+            "metadata": {"resourceVersion": snap.machine_version},
+            "status": {"currentStatus": current_status},
+        }
+        result = await self._custom().patch_namespaced_custom_object_status(
+            v.MACHINE_API_GROUP,
+            v.MACHINE_API_VERSION,
+            self.namespace,
+            MACHINES,
+            snap.machine.metadata.name,
+            body,
+            _content_type=MERGE_PATCH,
+        )
+        snap.machine_version = _version_of(result)
+
+    async def set_preserve_expiry(self, snap: Snapshot, step: p.SetPreserveExpiry, *, now: dt.datetime) -> None:
+        expiry = None if step.expiry is None else rfc3339(step.expiry)
+        await self.patch_machine_status(snap, {"preserveExpiryTime": expiry, "lastUpdateTime": rfc3339(now)})
+
+    async def set_machine_phase(self, snap: Snapshot, step: p.SetMachinePhase, *, now: dt.datetime) -> None:
+        await self.patch_machine_status(snap, {"phase": step.phase, "lastUpdateTime": rfc3339(now)})
+
+    async def delete_machine(self, snap: Snapshot) -> None:
+        try:
+            await self._custom().delete_namespaced_custom_object(
+                v.MACHINE_API_GROUP,
+                v.MACHINE_API_VERSION,
+                self.namespace,
+                MACHINES,
+                snap.machine.metadata.name,
+                # Only the machine the plan saw, in the state it saw (a changed one is planned again).
+                body=client.V1DeleteOptions(
+                    preconditions=client.V1Preconditions(
+                        uid=snap.machine.metadata.uid, resource_version=snap.machine_version or None
+                    )
+                ),
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    # --- nodes -------------------------------------------------------------------------------------
+
+    async def patch_node_annotations(self, snap: Snapshot, step: p.PatchNodeAnnotations) -> None:
+        node = self._node(snap)
+        annotations: dict[str, str | None] = dict.fromkeys(step.remove)
+        annotations.update(step.set)
+        body = {"metadata": {"resourceVersion": snap.node_version, "annotations": annotations}}
+        result = await client.CoreV1Api(self.target).patch_node(node.metadata.name, body, _content_type=MERGE_PATCH)
+        snap.node_version = (result.metadata.resource_version if result.metadata else None) or ""
+
+    async def set_preserved_taint(self, snap: Snapshot, step: p.SetPreservedTaint, *, now: dt.datetime) -> None:
+        node = self._node(snap)
+        taints = node.spec.taints
+        ours = [
+            i for i, t in enumerate(taints) if t.key == v.PRESERVED_TAINT_KEY and t.effect == v.PRESERVED_TAINT_EFFECT
+        ]
+        operations: list[dict[str, Any]]
+        if step.present:
+            if ours:
+                return
+            taint = {"key": v.PRESERVED_TAINT_KEY, "effect": v.PRESERVED_TAINT_EFFECT, "timeAdded": rfc3339(now)}
+            if taints:
+                # Append: whatever else is in the list now stays as it is.
+                operations = [{"op": "add", "path": "/spec/taints/-", "value": taint}]
+            else:
+                operations = [
+                    {"op": "test", "path": "/metadata/resourceVersion", "value": snap.node_version},
+                    {"op": "add", "path": "/spec/taints", "value": [taint]},
+                ]
+        else:
+            if not ours:
+                return
+            operations = []
+            for index in reversed(ours):  # highest index first, so earlier indices stay valid
+                operations += [
+                    {"op": "test", "path": f"/spec/taints/{index}/key", "value": v.PRESERVED_TAINT_KEY},
+                    {"op": "test", "path": f"/spec/taints/{index}/effect", "value": v.PRESERVED_TAINT_EFFECT},
+                    {"op": "remove", "path": f"/spec/taints/{index}"},
+                ]
+        result = await client.CoreV1Api(self.target).patch_node(
+            node.metadata.name, operations, _content_type=JSON_PATCH
+        )
+        snap.node_version = (result.metadata.resource_version if result.metadata else None) or ""
+
+    async def set_preserved_condition(self, snap: Snapshot, step: p.SetPreservedCondition) -> None:
+        node = self._node(snap)
+        condition = {
+            "type": v.PRESERVED_CONDITION_TYPE,
+            "status": step.status,
+            "reason": step.reason,
+            "message": step.message,
+            "lastTransitionTime": rfc3339(step.last_transition_time),
+            # null removes it: the core's condition is the whole desired state (core/apply.py).
+            "lastHeartbeatTime": None if step.last_heartbeat_time is None else rfc3339(step.last_heartbeat_time),
+        }
+        body = {"status": {"conditions": [condition]}}
+        result = await client.CoreV1Api(self.target).patch_node_status(
+            node.metadata.name, body, _content_type=STRATEGIC_MERGE_PATCH
+        )
+        snap.node_version = (result.metadata.resource_version if result.metadata else None) or ""
+
+    # --- events ------------------------------------------------------------------------------------
+
+    async def record_event(self, snap: Snapshot, step: p.RecordEvent, *, now: dt.datetime) -> None:
+        uid = ""
+        if step.kind == "Machine" and step.name == snap.machine.metadata.name:
+            uid = snap.machine.metadata.uid
+        elif step.kind == "Node" and snap.node is not None and step.name == snap.node.metadata.name:
+            uid = snap.node.metadata.uid
+        await self.recorder.record(
+            regarding=Regarding(kind=step.kind, name=step.name, uid=uid),
+            type=step.type,
+            reason=step.reason,
+            message=step.message,
+            action="Preservation",
+            now=now,
+        )
+
+    # --- machine sets ------------------------------------------------------------------------------
+
+    async def patch_machine_set_status(self, name: str, version: str, step: p.PatchMachineSetStatus) -> None:
+        body = {
+            "metadata": {"resourceVersion": version},
+            "status": {
+                "autoPreserveFailedMachineCount": step.auto_preserve_failed_machine_count,
+                "preservedFailedReplicas": step.preserved_failed_replicas,
+            },
+        }
+        await self._custom().patch_namespaced_custom_object_status(
+            v.MACHINE_API_GROUP,
+            v.MACHINE_API_VERSION,
+            self.namespace,
+            "machinesets",
+            name,
+            body,
+            _content_type=MERGE_PATCH,
+        )
+
+    async def patch_machine_deployment_status(
+        self, name: str, version: str, step: p.PatchMachineDeploymentStatus
+    ) -> None:
+        body = {
+            "metadata": {"resourceVersion": version},
+            "status": {"preservedFailedReplicas": step.preserved_failed_replicas},
+        }
+        await self._custom().patch_namespaced_custom_object_status(
+            v.MACHINE_API_GROUP,
+            v.MACHINE_API_VERSION,
+            self.namespace,
+            "machinedeployments",
+            name,
+            body,
+            _content_type=MERGE_PATCH,
+        )
+
+    # --- internals ---------------------------------------------------------------------------------
+
+    def _custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.control)
+
+    @staticmethod
+    def _node(snap: Snapshot) -> Node:
+        if snap.node is None:
+            raise ObjectGone(f"machine {snap.machine.metadata.name} has no node for a node step")
+        return snap.node
+
+
+async def execute_machine_plan(
+    *, writer: Writer, snap: Snapshot, steps: Sequence[p.MachineStep], drain: DrainStep, now: dt.datetime
+) -> int:
+    """Run the steps in order; returns how many were executed. Raises StepFailed or ObjectGone."""
+    written = 0
+    for step in steps:
+        try:
+            await _execute_one(writer=writer, snap=snap, step=step, drain=drain, now=now)
+        except ApiException as error:
+            if error.status == 404 and not isinstance(step, p.RecordEvent):
+                raise ObjectGone(f"{type(step).__name__}: {error.reason}") from error
+            guarded = isinstance(step, p.SetPreservedTaint)
+            raise StepFailed(step, error, conflict=_is_conflict(error, guarded_json_patch=guarded)) from error
+        written += 1
+    return written
+
+
+async def _execute_one(
+    *, writer: Writer, snap: Snapshot, step: p.MachineStep, drain: DrainStep, now: dt.datetime
+) -> None:
+    match step:
+        case p.PatchMachineAnnotations():
+            await writer.patch_machine_annotations(snap, step)
+        case p.SetPreserveExpiry():
+            await writer.set_preserve_expiry(snap, step, now=now)
+        case p.SetMachinePhase():
+            await writer.set_machine_phase(snap, step, now=now)
+        case p.DeleteMachine():
+            await writer.delete_machine(snap)
+        case p.PatchNodeAnnotations():
+            await writer.patch_node_annotations(snap, step)
+        case p.SetPreservedTaint():
+            await writer.set_preserved_taint(snap, step, now=now)
+        case p.SetPreservedCondition():
+            await writer.set_preserved_condition(snap, step)
+        case p.DrainNode():
+            for after in await drain(snap, step):
+                if isinstance(after, p.DrainNode):
+                    raise TypeError("a drain outcome cannot ask for another drain")
+                await _execute_one(writer=writer, snap=snap, step=after, drain=drain, now=now)
+        case p.RecordEvent():
+            await writer.record_event(snap, step, now=now)
+        case _:
+            raise TypeError(f"no executor for plan step {step!r}")

@@ -1,0 +1,116 @@
+"""`machine-preservation controller`: run the preservation controller until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from machine_preservation.controller.crd_check import CrdCheckFailed
+from machine_preservation.controller.manager import Controller, ControllerOptions
+from machine_preservation.core.config import DEFAULT_DRAIN_TIMEOUT, DEFAULT_PRESERVE_TIMEOUT, PreservationConfig
+from machine_preservation.core.durations import InvalidDuration, format_go_duration, parse_go_duration
+
+logger = logging.getLogger(__name__)
+
+EXIT_BAD_SETUP = 2
+
+
+def _duration(text: str) -> Any:
+    try:
+        return parse_go_duration(text)
+    except InvalidDuration as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+
+
+def options_from(args: argparse.Namespace) -> ControllerOptions:
+    return ControllerOptions(
+        namespace=args.namespace,
+        control_kubeconfig=args.control_kubeconfig,
+        target_kubeconfig=args.target_kubeconfig,
+        preservation=PreservationConfig(
+            default_preserve_timeout=args.machine_preserve_timeout, drain_timeout=args.machine_drain_timeout
+        ),
+        workers=args.workers,
+        leader_elect=args.leader_elect,
+        leader_election_namespace=args.leader_election_namespace,
+        metrics_host=args.metrics_bind_address,
+        metrics_port=args.metrics_port,
+    )
+
+
+async def serve(options: ControllerOptions) -> int:
+    """Run the controller; SIGTERM and SIGINT stop it gracefully."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        return await Controller(options=options).run(stop)
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        options = options_from(args)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_SETUP
+    try:
+        return asyncio.run(serve(options))
+    except CrdCheckFailed as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_SETUP
+
+
+def register(subcommands: argparse._SubParsersAction[Any]) -> None:
+    parser = subcommands.add_parser(
+        "controller",
+        help="run the preservation controller (Machines in the control cluster, Nodes in the target cluster)",
+    )
+    parser.add_argument(
+        "--control-kubeconfig",
+        type=Path,
+        default=None,
+        help="kubeconfig of the cluster holding the Machines (default: in-cluster)",
+    )
+    parser.add_argument(
+        "--target-kubeconfig",
+        type=Path,
+        default=None,
+        help="kubeconfig of the cluster holding the Nodes (default: in-cluster)",
+    )
+    parser.add_argument("--namespace", required=True, help="namespace of the Machines in the control cluster")
+    parser.add_argument(
+        "--machine-preserve-timeout",
+        type=_duration,
+        default=DEFAULT_PRESERVE_TIMEOUT,
+        help=f"how long a preservation lasts unless the Machine sets spec.machinePreserveTimeout "
+        f"(default {format_go_duration(DEFAULT_PRESERVE_TIMEOUT)})",
+    )
+    parser.add_argument(
+        "--machine-drain-timeout",
+        type=_duration,
+        default=DEFAULT_DRAIN_TIMEOUT,
+        help="overall drain timeout unless the Machine sets spec.drainTimeout "
+        f"(default {format_go_duration(DEFAULT_DRAIN_TIMEOUT)})",
+    )
+    parser.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="elect a leader on a coordination.k8s.io Lease before reconciling (default: on)",
+    )
+    parser.add_argument(
+        "--leader-election-namespace", default=None, help="namespace of the Lease (default: --namespace)"
+    )
+    parser.add_argument("--metrics-port", type=int, default=8080, help="port of /metrics, /healthz, /readyz")
+    parser.add_argument("--metrics-bind-address", default="127.0.0.1", help="address of the metrics server")
+    parser.add_argument("--workers", type=int, default=4, help="concurrent Machine reconciles")
+    parser.set_defaults(handler=run)

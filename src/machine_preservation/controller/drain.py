@@ -1,0 +1,119 @@
+"""Drain of a preserved Failed node through the Eviction API (policy/v1).
+
+- Which pods: every pod bound to the node except mirror (static) pods and DaemonSet-owned pods,
+  which stay (as `kubectl drain --ignore-daemonsets`, MCM and Cluster API do).
+- PDBs are honoured: a 429 answer is retried with exponential backoff, at most `max_evict_retries`
+  times per pod and never past the drain's deadline. `spec.unschedulable` is never touched (the
+  preserved taint, written before the drain, keeps new pods away).
+- Waiting: an evicted pod is gone when it has left the API. A pod on a node whose kubelet is not
+  Ready can never finish graceful deletion (nobody confirms it), so there a pod counts as gone once
+  its grace period has run out (`deletionTimestamp` in the past) — Cluster API's rule for unreachable
+  nodes. On a Ready node the drain waits for the kubelet to delete the pod.
+
+The result names the pods still blocking, for the Preserved condition's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
+
+from machine_preservation.controller.informer import Informer
+from machine_preservation.controller.queue import Backoff
+from machine_preservation.core.models import Node, Pod
+
+logger = logging.getLogger(__name__)
+
+MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
+POD_NODE_INDEX = "node"
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    drained: bool
+    blocking: tuple[str, ...] = ()  # "namespace/name" of the pods still on the node
+
+
+def stays_on_node(pod: Pod) -> bool:
+    """Mirror pods and DaemonSet pods are not evicted."""
+    if MIRROR_POD_ANNOTATION in pod.metadata.annotations:
+        return True
+    owner = pod.metadata.controller_owner()
+    return owner is not None and owner.kind == "DaemonSet"
+
+
+def node_ready(node: Node) -> bool:
+    ready = node.condition("Ready")
+    return ready is not None and ready.status == "True"
+
+
+def pod_gone(pod: Pod, *, kubelet_alive: bool, now: dt.datetime) -> bool:
+    """A terminating pod whose grace period ran out on a node without a live kubelet counts as gone."""
+    deleted_at = pod.metadata.deletion_timestamp
+    return deleted_at is not None and not kubelet_alive and deleted_at <= now
+
+
+def pod_name(pod: Pod) -> str:
+    return f"{pod.metadata.namespace}/{pod.metadata.name}"
+
+
+@dataclass
+class Drainer:
+    target: client.ApiClient
+    pods: Informer[Pod]  # indexed by POD_NODE_INDEX
+    eviction_backoff: Backoff = field(default_factory=lambda: Backoff(base=1.0, cap=20.0))
+    poll_interval: float = 0.5
+    wall_clock: Callable[[], dt.datetime] = field(default=lambda: dt.datetime.now(dt.UTC))
+
+    async def drain(self, *, node: Node, time_limit: float, max_evict_retries: int) -> DrainResult:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + time_limit
+        refusals: dict[str, int] = {}
+        waiting_until: dict[str, float] = {}
+        api = client.CoreV1Api(self.target)
+        kubelet_alive = node_ready(node)
+        while True:
+            now = self.wall_clock()
+            remaining = [
+                pod
+                for pod in self.pods.by_index(POD_NODE_INDEX, node.metadata.name)
+                if not stays_on_node(pod) and not pod_gone(pod, kubelet_alive=kubelet_alive, now=now)
+            ]
+            if not remaining:
+                return DrainResult(drained=True)
+            for pod in remaining:
+                key = pod_name(pod)
+                if pod.metadata.deletion_timestamp is not None or loop.time() < waiting_until.get(key, 0.0):
+                    continue
+                if refusals.get(key, 0) > max_evict_retries:
+                    continue
+                try:
+                    eviction = client.V1Eviction(
+                        metadata=client.V1ObjectMeta(name=pod.metadata.name, namespace=pod.metadata.namespace)
+                    )
+                    await api.create_namespaced_pod_eviction(pod.metadata.name, pod.metadata.namespace, eviction)
+                    logger.info("evicted %s from node %s", key, node.metadata.name)
+                except ApiException as error:
+                    if error.status == 404:
+                        continue
+                    if error.status != 429:
+                        # e.g. 500 "more than one PodDisruptionBudget": retrying does not help.
+                        logger.warning("eviction of %s failed: %s %s", key, error.status, error.reason)
+                        refusals[key] = max_evict_retries + 1
+                        continue
+                    refusals[key] = refusals.get(key, 0) + 1
+                    waiting_until[key] = loop.time() + self.eviction_backoff.delay(refusals[key])
+                    logger.info("eviction of %s refused by a PodDisruptionBudget (%d)", key, refusals[key])
+            exhausted = all(
+                refusals.get(pod_name(pod), 0) > max_evict_retries and pod.metadata.deletion_timestamp is None
+                for pod in remaining
+            )
+            if exhausted or loop.time() >= deadline:
+                return DrainResult(drained=False, blocking=tuple(sorted(pod_name(pod) for pod in remaining)))
+            await asyncio.sleep(min(self.poll_interval, max(deadline - loop.time(), 0.0)))

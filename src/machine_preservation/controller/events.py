@@ -1,0 +1,91 @@
+"""Kubernetes Events (core/v1, what `kubectl describe` shows) with aggregation of repeats.
+
+An Event's name is derived from what it says (object, type, reason, message), so a repeat finds the
+existing Event (409 on create) and bumps its `count` and `lastTimestamp` instead of adding a new
+object; this needs no memory in the process and survives restarts. Node events go to the `default`
+namespace, as the kubelet's do.
+
+core/v1 rather than events.k8s.io/v1: the aio client serialises `eventTime` (MicroTime) through
+`datetime.isoformat()`, which drops the fraction on whole seconds and the apiserver then rejects it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+from dataclasses import dataclass
+
+from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
+
+from machine_preservation.controller.clients import MERGE_PATCH
+from machine_preservation.core import vocabulary as v
+
+logger = logging.getLogger(__name__)
+
+CONTROLLER_NAME = "machine-preservation-controller"
+NODE_EVENT_NAMESPACE = "default"
+
+
+def rfc3339(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class Regarding:
+    kind: str  # "Machine" | "Node"
+    name: str
+    uid: str = ""
+
+
+@dataclass
+class EventRecorder:
+    control: client.ApiClient
+    target: client.ApiClient
+    machine_namespace: str
+    instance: str
+
+    async def record(
+        self, *, regarding: Regarding, type: str, reason: str, message: str, action: str, now: dt.datetime
+    ) -> None:
+        if regarding.kind == "Machine":
+            api_client, namespace = self.control, self.machine_namespace
+            reference = client.V1ObjectReference(
+                api_version=f"{v.MACHINE_API_GROUP}/{v.MACHINE_API_VERSION}",
+                kind="Machine",
+                namespace=namespace,
+                name=regarding.name,
+                uid=regarding.uid or None,
+            )
+        else:
+            api_client, namespace = self.target, NODE_EVENT_NAMESPACE
+            reference = client.V1ObjectReference(
+                api_version="v1", kind="Node", name=regarding.name, uid=regarding.uid or None
+            )
+        digest = hashlib.sha256("\0".join((regarding.kind, type, reason, message)).encode()).hexdigest()[:16]
+        name = f"{regarding.name[:200]}.{digest}"  # object names reach 253 characters, Event names too
+        api = client.CoreV1Api(api_client)
+        body = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+            involved_object=reference,
+            reason=reason,
+            message=message[:1024],
+            type=type,
+            count=1,
+            first_timestamp=now,
+            last_timestamp=now,
+            source=client.V1EventSource(component=CONTROLLER_NAME),
+            reporting_component=CONTROLLER_NAME,
+            reporting_instance=self.instance,
+            action=action,
+        )
+        try:
+            await api.create_namespaced_event(namespace, body)
+            return
+        except ApiException as error:
+            if error.status != 409:
+                raise
+        existing = await api.read_namespaced_event(name, namespace)
+        repeat = {"count": (existing.count or 1) + 1, "lastTimestamp": rfc3339(now)}
+        await api.patch_namespaced_event(name, namespace, repeat, _content_type=MERGE_PATCH)

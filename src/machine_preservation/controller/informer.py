@@ -1,0 +1,300 @@
+"""An async watch-and-cache ("informer") per resource, on `kubernetes.aio`.
+
+List (paginated), then watch from the list's resourceVersion with bookmarks; resume every new watch
+from the last resourceVersion seen (events and bookmarks), re-list on 410 Gone, reconnect with
+backoff on any other failure (an apiserver restart is just a failed watch), and call the handlers
+for every object on a periodic resync. Objects are parsed into the core's pydantic models on arrival
+and the raw JSON is dropped, so the cache holds only what the controller reads.
+
+`kubernetes.informer.SharedInformer` is thread-based; this one lives in the controller's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar, cast
+
+import aiohttp
+from kubernetes.aio import watch
+from kubernetes.aio.client.exceptions import ApiException
+
+from machine_preservation.controller.queue import Backoff
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# (old, new): added = (None, obj), deleted = (obj, None), updated or resynced = (old, obj).
+Handler = Callable[[T | None, T | None], None]
+Indexer = Callable[[T], Iterable[str]]
+ListFunction = Callable[..., Any]
+
+
+class _RawWatch(watch.Watch):
+    """A `Watch` that hands out the raw JSON objects; we parse them into our own models."""
+
+    def get_return_type(self, func: object) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class Source:
+    """How to list and watch one resource: a bound `list_*` method of a kubernetes.aio API and its
+    positional arguments (e.g. `CustomObjectsApi.list_namespaced_custom_object`, group, version, ...)."""
+
+    list_function: ListFunction
+    args: tuple[Any, ...] = ()
+
+    def raw_list_function(self) -> ListFunction:
+        owner = self.list_function.__self__  # type: ignore[attr-defined]
+        return cast(ListFunction, getattr(owner, f"{self.list_function.__name__}_without_preload_content"))
+
+
+@dataclass
+class InformerStats:
+    lists: int = 0
+    watches: int = 0
+    events: int = 0
+    bookmarks: int = 0
+    expired: int = 0
+    errors: int = 0
+    resyncs: int = 0
+    unparsable: int = 0
+
+
+def object_key(raw: Mapping[str, Any]) -> str:
+    metadata = raw.get("metadata") or {}
+    namespace, name = metadata.get("namespace") or "", metadata.get("name") or ""
+    return f"{namespace}/{name}" if namespace else name
+
+
+@dataclass
+class Informer(Generic[T]):
+    """List-watch cache of one resource, keyed `namespace/name` (or `name` when cluster-scoped)."""
+
+    name: str
+    source: Source
+    parse: Callable[[Mapping[str, Any]], T]
+    resync_period: float = 600.0
+    watch_timeout: int = 300
+    page_size: int = 500
+    backoff: Backoff = field(default_factory=lambda: Backoff(base=0.2, cap=30.0))
+    # The resourceVersion the next watch resumes from ("" = list first).
+    resource_version: str = ""
+    stats: InformerStats = field(default_factory=InformerStats)
+    _store: dict[str, T] = field(default_factory=dict)
+    _indexers: dict[str, Indexer[T]] = field(default_factory=dict)
+    _indices: dict[str, dict[str, set[str]]] = field(default_factory=dict)
+    _index_values: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
+    _handlers: list[Handler[T]] = field(default_factory=list)
+    _synced: asyncio.Event = field(default_factory=asyncio.Event)
+
+    # --- wiring ------------------------------------------------------------------------------------
+
+    def add_indexer(self, index: str, indexer: Indexer[T]) -> None:
+        self._indexers[index] = indexer
+        self._indices[index] = {}
+        self._index_values[index] = {}
+        for key, obj in self._store.items():
+            self._index(index, key, obj)
+
+    def add_handler(self, handler: Handler[T]) -> None:
+        self._handlers.append(handler)
+
+    # --- reading -----------------------------------------------------------------------------------
+
+    def get(self, key: str) -> T | None:
+        return self._store.get(key)
+
+    def keys(self) -> list[str]:
+        return list(self._store)
+
+    def values(self) -> list[T]:
+        return list(self._store.values())
+
+    def by_index(self, index: str, value: str) -> list[T]:
+        return [self._store[key] for key in sorted(self._indices[index].get(value, ()))]
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    async def wait_synced(self) -> None:
+        await self._synced.wait()
+
+    # --- running -----------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """List and watch until cancelled."""
+        resync = asyncio.create_task(self._resync_loop(), name=f"{self.name}-resync")
+        failures = 0
+        try:
+            while True:
+                try:
+                    if not self.resource_version:
+                        await self._list()
+                    await self._watch()
+                    failures = 0
+                except ApiException as error:
+                    if error.status == 410:
+                        self.stats.expired += 1
+                        logger.info("%s: resourceVersion %s expired, re-listing", self.name, self.resource_version)
+                        self.resource_version = ""
+                        continue
+                    failures += 1
+                    self.stats.errors += 1
+                    logger.warning("%s: list/watch failed (%s %s), retrying", self.name, error.status, error.reason)
+                    await asyncio.sleep(self._jittered(failures))
+                except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
+                    failures += 1
+                    self.stats.errors += 1
+                    logger.warning("%s: list/watch failed (%r), retrying", self.name, error)
+                    await asyncio.sleep(self._jittered(failures))
+        finally:
+            resync.cancel()
+
+    def _jittered(self, failures: int) -> float:
+        return self.backoff.delay(failures) * random.uniform(0.8, 1.2)
+
+    async def _list(self) -> None:
+        raw_list = self.source.raw_list_function()
+        items: dict[str, T] = {}
+        token: str | None = None
+        resource_version = ""
+        while True:
+            kwargs: dict[str, Any] = {"limit": self.page_size}
+            if token:
+                kwargs["_continue"] = token
+            response = await raw_list(*self.source.args, **kwargs)
+            body = await response.read()
+            if response.status != 200:
+                raise ApiException(status=response.status, reason=response.reason, body=body.decode(errors="replace"))
+            page = json.loads(body)
+            for raw in page.get("items") or []:
+                parsed = self._parse(raw)
+                if parsed is not None:
+                    items[object_key(raw)] = parsed
+            metadata = page.get("metadata") or {}
+            resource_version = resource_version or metadata.get("resourceVersion", "")
+            token = metadata.get("continue")
+            if not token:
+                break
+        self.stats.lists += 1
+        self._replace(items)
+        self.resource_version = resource_version
+        self._synced.set()
+        logger.debug("%s: listed %d objects at resourceVersion %s", self.name, len(items), resource_version)
+
+    async def _watch(self) -> None:
+        self.stats.watches += 1
+        # Spread the watch restarts of many informers/replicas over time (client-go: 5-10 minutes).
+        timeout = int(self.watch_timeout * random.uniform(1.0, 1.5))
+        stream: Any = _RawWatch()  # type: ignore[no-untyped-call]
+        try:
+            events = stream.stream(
+                self.source.list_function,
+                *self.source.args,
+                resource_version=self.resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=timeout,
+                _request_timeout=timeout + 30,
+            )
+            async for event in events:
+                self._apply(event["type"], event["raw_object"])
+        finally:
+            await stream.close()
+
+    def _apply(self, kind: str, raw: Mapping[str, Any]) -> None:
+        version = (raw.get("metadata") or {}).get("resourceVersion", "")
+        if kind == "BOOKMARK":
+            self.stats.bookmarks += 1
+        else:
+            self.stats.events += 1
+            key = object_key(raw)
+            if kind == "DELETED":
+                old = self._remove(key)
+                if old is not None:
+                    self._notify(old, None)
+            else:
+                new = self._parse(raw)
+                if new is None:  # unreadable: as if it were gone, so nothing acts on a stale copy
+                    old = self._remove(key)
+                    if old is not None:
+                        self._notify(old, None)
+                else:
+                    old = self._put(key, new)
+                    self._notify(old, new)
+        if version:
+            self.resource_version = version
+
+    def _parse(self, raw: Mapping[str, Any]) -> T | None:
+        """The model of one object; None (and a warning) if it does not fit, so one odd object cannot
+        stall the whole cache."""
+        try:
+            return self.parse(raw)
+        except ValueError as error:
+            self.stats.unparsable += 1
+            logger.warning("%s: skipping %s, it does not parse: %s", self.name, object_key(raw), error)
+            return None
+
+    def _replace(self, items: dict[str, T]) -> None:
+        for key in [k for k in self._store if k not in items]:
+            old = self._remove(key)
+            if old is not None:
+                self._notify(old, None)
+        for key, new in items.items():
+            old = self._put(key, new)
+            self._notify(old, new)
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.resync_period)
+            if self.synced:
+                self.stats.resyncs += 1
+                for obj in list(self._store.values()):
+                    self._notify(obj, obj)
+
+    # --- store and indices -------------------------------------------------------------------------
+
+    def _put(self, key: str, obj: T) -> T | None:
+        old = self._store.get(key)
+        self._store[key] = obj
+        for index in self._indexers:
+            self._unindex(index, key)
+            self._index(index, key, obj)
+        return old
+
+    def _remove(self, key: str) -> T | None:
+        old = self._store.pop(key, None)
+        for index in self._indexers:
+            self._unindex(index, key)
+        return old
+
+    def _index(self, index: str, key: str, obj: T) -> None:
+        values = tuple(v for v in self._indexers[index](obj) if v)
+        self._index_values[index][key] = values
+        for value in values:
+            self._indices[index].setdefault(value, set()).add(key)
+
+    def _unindex(self, index: str, key: str) -> None:
+        for value in self._index_values[index].pop(key, ()):
+            keys = self._indices[index].get(value)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._indices[index][value]
+
+    def _notify(self, old: T | None, new: T | None) -> None:
+        for handler in self._handlers:
+            try:
+                handler(old, new)
+            except Exception:
+                logger.exception("%s: event handler failed", self.name)

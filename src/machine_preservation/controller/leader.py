@@ -1,0 +1,97 @@
+"""Leader election on a coordination.k8s.io/v1 Lease with kubernetes.aio's LeaderElection.
+
+The library acquires and renews; what it lacks we add: events the manager can wait on (leading /
+lost), and releasing the Lease on a graceful shutdown (client-go's ReleaseOnCancel) so the next
+replica takes over within its retry period instead of waiting for the lease to expire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from dataclasses import dataclass, field
+
+from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
+from kubernetes.aio.leaderelection import electionconfig, leaderelection
+from kubernetes.aio.leaderelection.leaderelectionrecord import LeaderElectionRecord
+from kubernetes.aio.leaderelection.resourcelock.leaselock import LeaseLock
+
+logger = logging.getLogger(__name__)
+
+
+class _LeaseLock(LeaseLock):
+    """The library's LeaseLock, with a `create` that works on kubernetes 37.0.2: the library passes
+    `pretty=True` (a bool) where the generated API validates a string, so creating the Lease always
+    failed and no candidate could ever lead on a cluster without the Lease."""
+
+    async def create(self, name: str, namespace: str, election_record: LeaderElectionRecord) -> bool:
+        body = client.V1Lease(metadata=client.V1ObjectMeta(name=name), spec=self.update_lease(election_record))
+        try:
+            await self.api_instance.create_namespaced_lease(namespace, body)
+        except ApiException as error:
+            logger.info("could not create the lease %s/%s: %s %s", namespace, name, error.status, error.reason)
+            return False
+        return True
+
+
+@dataclass
+class LeaderElector:
+    api_client: client.ApiClient
+    namespace: str
+    name: str
+    identity: str
+    lease_duration: int = 15  # whole seconds: the library renders it with str() and parses it with int()
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    leading: asyncio.Event = field(default_factory=asyncio.Event)
+    lost: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def run(self) -> None:
+        """Campaign, then renew; returns when leadership is lost or the election fails (sets `lost`).
+        Cancel to stop campaigning."""
+
+        async def started() -> None:
+            logger.info("%s leads (lease %s/%s)", self.identity, self.namespace, self.name)
+            self.leading.set()
+
+        async def stopped() -> None:
+            logger.error("%s lost the lease %s/%s", self.identity, self.namespace, self.name)
+            self.lost.set()
+
+        lock = _LeaseLock(self.name, self.namespace, self.identity, self.api_client)
+        config = electionconfig.Config(
+            lock,
+            lease_duration=self.lease_duration,
+            renew_deadline=self.renew_deadline,
+            retry_period=self.retry_period,
+            onstarted_leading=started,
+            onstopped_leading=stopped,
+        )
+        try:
+            await leaderelection.LeaderElection(config).run()
+        except Exception:
+            logger.exception("leader election failed")
+            self.lost.set()
+
+    async def release(self) -> bool:
+        """Give the Lease up if we hold it: empty holder, 1s duration. True if released."""
+        api = client.CoordinationV1Api(self.api_client)
+        try:
+            lease = await api.read_namespaced_lease(self.name, self.namespace)
+            if lease.spec is None or lease.spec.holder_identity != self.identity:
+                return False
+            now = dt.datetime.now(dt.UTC)
+            lease.spec.holder_identity = None
+            lease.spec.lease_duration_seconds = 1
+            lease.spec.acquire_time = now
+            lease.spec.renew_time = now
+            await api.replace_namespaced_lease(self.name, self.namespace, lease)
+        except ApiException as error:
+            logger.warning(
+                "could not release the lease %s/%s: %s %s", self.namespace, self.name, error.status, error.reason
+            )
+            return False
+        logger.info("%s released the lease %s/%s", self.identity, self.namespace, self.name)
+        return True

@@ -1,0 +1,328 @@
+"""The controller process: clients, startup check, metrics server, leader election, caches, workers.
+
+Lifecycle (controller-runtime's manager, in one event loop):
+1. build the API clients and check the Machine CRD (exit with a clear error if it would prune);
+2. serve /metrics, /healthz and /readyz (ready once every cache has synced);
+3. with leader election, wait until this process leads (or a stop is requested);
+4. start the informers, wait until they have synced, start the workers;
+5. on stop: stop taking work (queues shut down), let in-flight reconciles finish (bounded), stop the
+   informers, release the Lease. Losing the Lease instead ends the process with an error (crash-only:
+   the replacement starts from the API objects).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import os
+import socket
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
+
+from machine_preservation.controller.apply import StepFailed, Writer
+from machine_preservation.controller.clients import Clients, new_api_client
+from machine_preservation.controller.crd_check import verify_machine_crd
+from machine_preservation.controller.drain import Drainer
+from machine_preservation.controller.events import EventRecorder
+from machine_preservation.controller.informer import Informer, Source
+from machine_preservation.controller.leader import LeaderElector
+from machine_preservation.controller.metrics import Metrics, Probes, metrics_app, start_metrics_server
+from machine_preservation.controller.queue import WorkQueue
+from machine_preservation.controller.reconcile import (
+    Caches,
+    MachineDeploymentReconciler,
+    MachineReconciler,
+    MachineSetReconciler,
+    Queues,
+    utc_now,
+    wire_handlers,
+)
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.config import PreservationConfig
+from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, Pod
+from machine_preservation.core.preserve_value import is_auto_value
+
+logger = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_LOST_LEADERSHIP = 1
+LEASE_NAME = "machine-preservation-controller"
+
+
+def default_identity() -> str:
+    """The pod's name when the chart passes it (POD_NAME), else host name; unique per process."""
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True)
+class ControllerOptions:
+    namespace: str
+    control_kubeconfig: Path | None = None
+    target_kubeconfig: Path | None = None
+    preservation: PreservationConfig = field(default_factory=PreservationConfig)
+    workers: int = 4
+    leader_elect: bool = True
+    leader_election_namespace: str | None = None
+    lease_name: str = LEASE_NAME
+    lease_duration: int = 15
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    identity: str = field(default_factory=default_identity)
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 8080
+    resync_period: float = 600.0
+    max_drain_attempt: dt.timedelta = dt.timedelta(minutes=2)
+    shutdown_grace: float = 30.0
+
+
+Reconcile = Callable[[str], Awaitable[dt.timedelta | None]]
+
+
+@dataclass
+class Controller:
+    options: ControllerOptions
+    metrics: Metrics = field(default_factory=Metrics)
+    caches: Caches | None = None
+    clients: Clients | None = None
+    metrics_port: int = 0  # the port actually bound (options.metrics_port may be 0)
+    leading: bool = False
+
+    def ready(self) -> bool:
+        """A standby replica is ready (it must not block a rollout); the leader once its caches synced."""
+        if not self.leading:
+            return self.options.leader_elect
+        return self.caches is not None and self.caches.synced()
+
+    async def run(self, stop: asyncio.Event) -> int:
+        """Run until `stop` is set (exit 0) or leadership is lost (exit 1)."""
+        options = self.options
+        control = await new_api_client(
+            kubeconfig=options.control_kubeconfig, trace_configs=[self.metrics.trace_config(cluster="control")]
+        )
+        target = await new_api_client(
+            kubeconfig=options.target_kubeconfig, trace_configs=[self.metrics.trace_config(cluster="target")]
+        )
+        self.clients = Clients(control=control, target=target)
+        runner = None
+        try:
+            await verify_machine_crd(control)
+            self.caches = self._caches(control=control, target=target)
+            app = metrics_app(metrics=self.metrics, probes=Probes(ready=self.ready))
+            runner = await start_metrics_server(app=app, host=options.metrics_host, port=options.metrics_port)
+            self.metrics_port = runner.addresses[0][1] if runner.addresses else options.metrics_port
+            if not options.leader_elect:
+                return await self._lead(stop=stop, lost=asyncio.Event())
+            return await self._run_elected(stop=stop, api_client=control)
+        finally:
+            if runner is not None:
+                await runner.cleanup()
+            await self.clients.close()
+
+    async def _run_elected(self, *, stop: asyncio.Event, api_client: client.ApiClient) -> int:
+        options = self.options
+        elector = LeaderElector(
+            api_client=api_client,
+            namespace=options.leader_election_namespace or options.namespace,
+            name=options.lease_name,
+            identity=options.identity,
+            lease_duration=options.lease_duration,
+            renew_deadline=options.renew_deadline,
+            retry_period=options.retry_period,
+        )
+        election = asyncio.create_task(elector.run(), name="leader-election")
+        try:
+            await _wait_any(stop, elector.leading, elector.lost)
+            if stop.is_set():
+                logger.info("stopping before leading")
+                return EXIT_OK
+            if elector.lost.is_set():
+                return EXIT_LOST_LEADERSHIP
+            self.metrics.leader.set(1)
+            return await self._lead(stop=stop, lost=elector.lost)
+        finally:
+            self.metrics.leader.set(0)
+            election.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await election
+            if not elector.lost.is_set():
+                await elector.release()
+
+    async def _lead(self, *, stop: asyncio.Event, lost: asyncio.Event) -> int:
+        assert self.caches is not None
+        assert self.clients is not None
+        caches, options = self.caches, self.options
+        self.leading = True
+        queues = Queues(
+            machines=WorkQueue(name="machines"),
+            machine_sets=WorkQueue(name="machinesets"),
+            machine_deployments=WorkQueue(name="machinedeployments"),
+        )
+        for queue in queues.all:
+            self.metrics.watch_queue(queue.name, queue.__len__)
+        # Handlers first: the initial lists enqueue every object; workers start once all caches synced.
+        wire_handlers(caches=caches, queues=queues)
+        informers = [asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in caches.all]
+        workers: list[asyncio.Task[None]] = []
+        synced = asyncio.Event()
+        waiting = asyncio.create_task(_set_when_synced(caches, synced))
+        try:
+            await _wait_any(stop, lost, synced)
+            if synced.is_set() and not stop.is_set() and not lost.is_set():
+                logger.info(
+                    "caches synced: %d machines, %d machinesets, %d nodes, %d pods",
+                    len(caches.machines),
+                    len(caches.machine_sets),
+                    len(caches.nodes),
+                    len(caches.pods),
+                )
+                workers = self._start_workers(queues)
+                await _wait_any(stop, lost)
+            return EXIT_LOST_LEADERSHIP if lost.is_set() else EXIT_OK
+        finally:
+            for queue in queues.all:
+                queue.shutdown()
+            if workers:
+                # On a stop, in-flight reconciles finish (bounded); without the lease, another leader may
+                # already be writing, so nothing more is written from here.
+                grace = 0.0 if lost.is_set() else options.shutdown_grace
+                _, pending = await asyncio.wait(workers, timeout=grace) if grace else (set(), set(workers))
+                for task in pending:
+                    task.cancel()
+            self.leading = False
+            waiting.cancel()
+            for task in informers:
+                task.cancel()
+            await asyncio.gather(waiting, *informers, *workers, return_exceptions=True)
+
+    def _start_workers(self, queues: Queues) -> list[asyncio.Task[None]]:
+        assert self.caches is not None
+        assert self.clients is not None
+        options, caches = self.options, self.caches
+        recorder = EventRecorder(
+            control=self.clients.control,
+            target=self.clients.target,
+            machine_namespace=options.namespace,
+            instance=options.identity,
+        )
+        writer = Writer(
+            control=self.clients.control, target=self.clients.target, namespace=options.namespace, recorder=recorder
+        )
+        machines = MachineReconciler(
+            caches=caches,
+            writer=writer,
+            drainer=Drainer(target=self.clients.target, pods=caches.pods),
+            config=options.preservation,
+            metrics=self.metrics,
+            max_drain_attempt=options.max_drain_attempt,
+            max_concurrent_drains=max(options.workers // 2, 1),
+        )
+        machine_sets = MachineSetReconciler(caches=caches, writer=writer, config=options.preservation)
+        deployments = MachineDeploymentReconciler(caches=caches, writer=writer)
+        self.metrics.watch_preserved(lambda: preserved_counts(caches.machines.values(), utc_now()))
+        pools = [
+            (queues.machines, machines.reconcile, max(options.workers, 1)),
+            (queues.machine_sets, machine_sets.reconcile, 1),
+            (queues.machine_deployments, deployments.reconcile, 1),
+        ]
+        return [
+            asyncio.create_task(self._worker(queue, reconcile), name=f"{queue.name}-worker-{n}")
+            for queue, reconcile, count in pools
+            for n in range(count)
+        ]
+
+    async def _worker(self, queue: WorkQueue[str], reconcile: Reconcile) -> None:
+        loop = asyncio.get_running_loop()
+        while (key := await queue.get()) is not None:
+            started = loop.time()
+            result = "success"
+            try:
+                requeue = await reconcile(key)
+            except StepFailed as failed:
+                result = "conflict" if failed.conflict else "error"
+                delay = queue.add_rate_limited(key)
+                logger.info("%s %s: %s; retry in %.1fs", queue.name, key, failed, delay)
+            except ApiException as error:
+                result = "conflict" if error.status == 409 else "error"
+                delay = queue.add_rate_limited(key)
+                logger.info("%s %s: %s %s; retry in %.1fs", queue.name, key, error.status, error.reason, delay)
+            except Exception:
+                result = "error"
+                delay = queue.add_rate_limited(key)
+                logger.exception("%s %s: reconcile failed; retry in %.1fs", queue.name, key, delay)
+            else:
+                queue.forget(key)
+                if requeue is not None:
+                    queue.add_after(key, requeue.total_seconds())
+            finally:
+                queue.done(key)
+                self.metrics.reconcile_duration.labels(controller=queue.name, result=result).observe(
+                    loop.time() - started
+                )
+
+    def _caches(self, *, control: client.ApiClient, target: client.ApiClient) -> Caches:
+        namespace, resync = self.options.namespace, self.options.resync_period
+        custom, core = client.CustomObjectsApi(control), client.CoreV1Api(target)
+        group, version = v.MACHINE_API_GROUP, v.MACHINE_API_VERSION
+
+        def custom_source(plural: str) -> Source:
+            return Source(custom.list_namespaced_custom_object, (group, version, namespace, plural))
+
+        return Caches(
+            machines=Informer(
+                name="machines", source=custom_source("machines"), parse=Machine.model_validate, resync_period=resync
+            ),
+            machine_sets=Informer(
+                name="machinesets",
+                source=custom_source("machinesets"),
+                parse=MachineSet.model_validate,
+                resync_period=resync,
+            ),
+            machine_deployments=Informer(
+                name="machinedeployments",
+                source=custom_source("machinedeployments"),
+                parse=MachineDeployment.model_validate,
+                resync_period=resync,
+            ),
+            nodes=Informer(
+                name="nodes", source=Source(core.list_node), parse=Node.model_validate, resync_period=resync
+            ),
+            pods=Informer(
+                name="pods",
+                source=Source(core.list_pod_for_all_namespaces),
+                parse=Pod.model_validate,
+                resync_period=resync,
+            ),
+        )
+
+
+def preserved_counts(machines: list[Machine], now: dt.datetime) -> Counter[tuple[str, str]]:
+    counts: Counter[tuple[str, str]] = Counter()
+    for machine in machines:
+        expiry = machine.preserve_expiry_time
+        if expiry is not None and expiry > now:
+            auto = is_auto_value(machine.metadata.annotations.get(v.PRESERVE_ANNOTATION))
+            counts["auto" if auto else "manual", machine.phase or "Unknown"] += 1
+    return counts
+
+
+async def _set_when_synced(caches: Caches, synced: asyncio.Event) -> None:
+    await asyncio.gather(*(informer.wait_synced() for informer in caches.all))
+    synced.set()
+
+
+async def _wait_any(*events: asyncio.Event) -> None:
+    """Until one of the events is set."""
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

@@ -1,0 +1,171 @@
+"""Prometheus metrics (one registry per process) and the small HTTP server for /metrics, /healthz, /readyz.
+
+API requests are counted from an aiohttp `TraceConfig` attached to every kubernetes.aio client, so
+every call (lists, watches, writes, evictions, leases) is seen without wrapping each one.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import types
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from urllib.parse import parse_qs
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+logger = logging.getLogger(__name__)
+
+_API_PATH = re.compile(r"^/(?:api/[^/]+|apis/[^/]+/[^/]+)(?P<rest>/.*)?$")
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete"})
+
+
+def request_verb_and_resource(method: str, path: str, query: str) -> tuple[str, str]:
+    """Kubernetes verb and resource ("pods/eviction", "nodes/status") of an API request URL."""
+    match = _API_PATH.match(path)
+    if match is None:
+        return method.lower(), "nonresource"  # /version, /healthz, ...
+    segments = [s for s in (match.group("rest") or "").split("/") if s]
+    if len(segments) >= 3 and segments[0] == "namespaces":
+        segments = segments[2:]
+    resource = segments[0] if segments else "unknown"
+    named = len(segments) >= 2
+    if len(segments) >= 3:
+        resource = f"{resource}/{segments[2]}"
+    if method == "GET":
+        watching = parse_qs(query).get("watch", [""])[0] in ("true", "1")
+        verb = "watch" if watching else ("get" if named else "list")
+    else:
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method, method.lower())
+    return verb, resource
+
+
+@dataclass
+class Metrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.drains = Counter(
+            "machine_preservation_drains_total", "Drains of preserved nodes, by outcome.", ["outcome"], registry=r
+        )
+        self.reconcile_duration = Histogram(
+            "machine_preservation_reconcile_duration_seconds",
+            "Time per reconcile, by controller and result.",
+            ["controller", "result"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "machine_preservation_queue_depth", "Keys waiting in a work queue.", ["queue"], registry=r
+        )
+        self.api_requests = Counter(
+            "machine_preservation_api_requests_total",
+            "Kubernetes API requests, by cluster, verb, resource and HTTP code.",
+            ["cluster", "verb", "resource", "code"],
+            registry=r,
+        )
+        self.api_errors = Counter(
+            "machine_preservation_api_errors_total",
+            "Kubernetes API requests that failed (HTTP >= 400 or no response), by cluster, verb and resource.",
+            ["cluster", "verb", "resource"],
+            registry=r,
+        )
+        self.leader = Gauge("machine_preservation_leader", "1 while this process leads.", registry=r)
+
+    def watch_preserved(self, counts: Callable[[], Mapping[tuple[str, str], int]]) -> None:
+        """Report preserved machines by (reason, phase), computed from the cache at scrape time."""
+        self.registry.register(_PreservedCollector(counts))
+
+    def watch_queue(self, name: str, depth: Callable[[], int]) -> None:
+        self.queue_depth.labels(queue=name).set_function(lambda: float(depth()))
+
+    def trace_config(self, *, cluster: str) -> aiohttp.TraceConfig:
+        """An aiohttp TraceConfig counting every API request of one client."""
+        trace = aiohttp.TraceConfig()
+
+        async def on_end(
+            _session: aiohttp.ClientSession, _context: types.SimpleNamespace, params: aiohttp.TraceRequestEndParams
+        ) -> None:
+            verb, resource = request_verb_and_resource(params.method, params.url.path, params.url.query_string)
+            code = params.response.status
+            self.api_requests.labels(cluster=cluster, verb=verb, resource=resource, code=str(code)).inc()
+            if code >= 400:
+                self.api_errors.labels(cluster=cluster, verb=verb, resource=resource).inc()
+
+        async def on_exception(
+            _session: aiohttp.ClientSession,
+            _context: types.SimpleNamespace,
+            params: aiohttp.TraceRequestExceptionParams,
+        ) -> None:
+            verb, resource = request_verb_and_resource(params.method, params.url.path, params.url.query_string)
+            self.api_errors.labels(cluster=cluster, verb=verb, resource=resource).inc()
+
+        trace.on_request_end.append(on_end)
+        trace.on_request_exception.append(on_exception)
+        return trace
+
+    def api_writes(self) -> float:
+        """Total write requests so far (what the steady-state benchmark counts)."""
+        total = 0.0
+        for metric in self.api_requests.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_total") and sample.labels.get("verb") in WRITE_VERBS:
+                    total += sample.value
+        return total
+
+
+class _PreservedCollector(Collector):
+    def __init__(self, counts: Callable[[], Mapping[tuple[str, str], int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(
+            "machine_preservation_preserved_machines",
+            "Machines currently preserved, by reason (manual or auto) and phase.",
+            labels=["reason", "phase"],
+        )
+        for (reason, phase), count in sorted(self._counts().items()):
+            family.add_metric([reason, phase], count)
+        yield family
+
+
+@dataclass
+class Probes:
+    """What /healthz and /readyz report: alive once started; ready once every cache has synced."""
+
+    ready: Callable[[], bool]
+
+
+def metrics_app(*, metrics: Metrics, probes: Probes) -> web.Application:
+    async def serve_metrics(_request: web.Request) -> web.Response:
+        body = generate_latest(metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(_request: web.Request) -> web.Response:
+        if probes.ready():
+            return web.Response(text="ok")
+        return web.Response(status=503, text="caches not synced")
+
+    app = web.Application()
+    app.router.add_get("/metrics", serve_metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+async def start_metrics_server(*, app: web.Application, host: str, port: int) -> web.AppRunner:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    bound = runner.addresses[0][1] if runner.addresses else port
+    logger.info("metrics, /healthz and /readyz on http://%s:%d", host, bound)
+    return runner

@@ -1,0 +1,177 @@
+"""A de-duplicating work queue with delayed requeue and per-key exponential backoff.
+
+Semantics follow client-go's workqueue (the type controller-runtime builds on):
+
+- `add(key)`: a key waiting in the queue is not added twice; a key being processed is marked dirty
+  and handed out again only after `done(key)`, so one key is never processed concurrently;
+- `add_after(key, delay)`: the key is added once `delay` has passed on the injected clock; when the
+  same key is scheduled several times the earliest time wins (a later event never postpones an
+  expiry);
+- `add_rate_limited(key)`: `add_after` with a per-key exponential backoff (`forget(key)` resets it);
+- `shutdown()`: `get()` returns None from then on; keys in flight still reach `done()`.
+
+Time comes from a `Clock` so tests drive it without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+logger = logging.getLogger(__name__)
+
+K = TypeVar("K", bound=Hashable)
+
+
+class Clock(Protocol):
+    """Monotonic seconds and a sleep on the same time line."""
+
+    def monotonic(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(seconds, 0.0))
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential per-key backoff: base, 2·base, 4·base, … capped."""
+
+    base: float = 0.2
+    cap: float = 300.0
+
+    def delay(self, failures: int) -> float:
+        if failures <= 0:
+            return 0.0
+        return float(min(self.base * (2 ** min(failures - 1, 62)), self.cap))
+
+
+class WorkQueue(Generic[K]):
+    def __init__(self, *, name: str, clock: Clock | None = None, backoff: Backoff | None = None) -> None:
+        self.name = name
+        self._clock: Clock = clock or SystemClock()
+        self._backoff = backoff or Backoff()
+        self._ready: deque[K] = deque()
+        self._dirty: set[K] = set()
+        self._processing: set[K] = set()
+        self._failures: dict[K, int] = {}
+        self._delayed: list[tuple[float, int, K]] = []
+        self._delayed_at: dict[K, float] = {}
+        self._sequence = itertools.count()
+        self._changed = asyncio.Event()
+        self._shutting_down = False
+
+    # --- producers ---------------------------------------------------------------------------------
+
+    def add(self, key: K) -> None:
+        if self._shutting_down or key in self._dirty:
+            return
+        self._dirty.add(key)
+        if key not in self._processing:
+            self._ready.append(key)
+            self._changed.set()
+
+    def add_after(self, key: K, delay: float) -> None:
+        if self._shutting_down:
+            return
+        if delay <= 0:
+            self.add(key)
+            return
+        due = self._clock.monotonic() + delay
+        current = self._delayed_at.get(key)
+        if current is not None and current <= due:
+            return
+        self._delayed_at[key] = due
+        heapq.heappush(self._delayed, (due, next(self._sequence), key))
+        self._changed.set()
+
+    def add_rate_limited(self, key: K) -> float:
+        """Requeue after the key's next backoff step; returns the delay chosen."""
+        failures = self._failures.get(key, 0) + 1
+        self._failures[key] = failures
+        delay = self._backoff.delay(failures)
+        self.add_after(key, delay)
+        return delay
+
+    def forget(self, key: K) -> None:
+        self._failures.pop(key, None)
+
+    def failures(self, key: K) -> int:
+        return self._failures.get(key, 0)
+
+    # --- consumers ---------------------------------------------------------------------------------
+
+    async def get(self) -> K | None:
+        """The next key to process (marked in flight), or None once the queue is shut down."""
+        while True:
+            if self._shutting_down:
+                return None
+            next_due = self._promote_due()
+            if self._ready:
+                key = self._ready.popleft()
+                self._processing.add(key)
+                self._dirty.discard(key)
+                return key
+            self._changed.clear()
+            await self._wait(None if next_due is None else next_due - self._clock.monotonic())
+
+    def done(self, key: K) -> None:
+        self._processing.discard(key)
+        if key in self._dirty and not self._shutting_down:
+            self._ready.append(key)
+            self._changed.set()
+
+    def shutdown(self) -> None:
+        self._shutting_down = True
+        self._changed.set()
+
+    # --- introspection -----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Keys waiting to be processed now (the queue depth)."""
+        return len(self._ready)
+
+    def scheduled(self, key: K) -> float | None:
+        """When (on the clock) a delayed add of `key` is due, if one is pending."""
+        return self._delayed_at.get(key)
+
+    # --- internals ---------------------------------------------------------------------------------
+
+    def _promote_due(self) -> float | None:
+        """Move due delayed keys to the ready queue; return when the next one is due."""
+        now = self._clock.monotonic()
+        while self._delayed:
+            due, _, key = self._delayed[0]
+            if self._delayed_at.get(key) != due:
+                heapq.heappop(self._delayed)  # superseded by an earlier schedule
+                continue
+            if due > now:
+                return due
+            heapq.heappop(self._delayed)
+            del self._delayed_at[key]
+            self.add(key)
+        return None
+
+    async def _wait(self, delay: float | None) -> None:
+        """Until something is added, the queue shuts down, or `delay` passes on the clock."""
+        waiters: set[asyncio.Future[object]] = {asyncio.ensure_future(self._changed.wait())}
+        if delay is not None:
+            waiters.add(asyncio.ensure_future(self._clock.sleep(delay)))
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waiters:
+                task.cancel()

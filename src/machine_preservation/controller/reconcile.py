@@ -1,0 +1,310 @@
+"""The reconcilers: from a key to a snapshot from the caches, to the core's plan, to API writes.
+
+Level-based and idempotent: a reconcile reads only the caches and the clock, asks the core what the
+objects should look like, writes the differences and says when to look again. Which keys to look at
+comes from the event handlers (`wire_handlers`), which map every change to the keys it can affect.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from machine_preservation.controller.apply import ObjectGone, Snapshot, Writer, execute_machine_plan
+from machine_preservation.controller.drain import POD_NODE_INDEX, Drainer
+from machine_preservation.controller.informer import Informer
+from machine_preservation.controller.metrics import Metrics
+from machine_preservation.controller.queue import WorkQueue
+from machine_preservation.core import plan as p
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.auto_preservation import is_being_replaced, plan_machine_deployment, plan_machine_set
+from machine_preservation.core.config import PreservationConfig
+from machine_preservation.core.lifecycle import plan_after_drain, plan_machine
+from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, Pod
+from machine_preservation.core.priority import unpreserved_priority_ceiling
+
+logger = logging.getLogger(__name__)
+
+MACHINE_NODE_INDEX = "node"
+MACHINE_SET_INDEX = "machineset"
+DEPLOYMENT_INDEX = "machinedeployment"
+# MCM's eviction retry interval: the default number of 429 retries is the drain timeout / 20s.
+EVICTION_RETRY_INTERVAL = dt.timedelta(seconds=20)
+
+WallClock = Callable[[], dt.datetime]
+
+
+def utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def owner_name(metadata_owner_kind: str) -> Callable[[Machine | MachineSet], list[str]]:
+    def index(obj: Machine | MachineSet) -> list[str]:
+        owner = obj.metadata.controller_owner()
+        return [owner.name] if owner is not None and owner.kind == metadata_owner_kind else []
+
+    return index
+
+
+@dataclass
+class Caches:
+    machines: Informer[Machine]
+    machine_sets: Informer[MachineSet]
+    machine_deployments: Informer[MachineDeployment]
+    nodes: Informer[Node]
+    pods: Informer[Pod]
+
+    def __post_init__(self) -> None:
+        self.machines.add_indexer(MACHINE_NODE_INDEX, lambda m: [m.node_name])
+        self.machines.add_indexer(MACHINE_SET_INDEX, owner_name("MachineSet"))
+        self.machine_sets.add_indexer(DEPLOYMENT_INDEX, owner_name("MachineDeployment"))
+        self.pods.add_indexer(POD_NODE_INDEX, lambda pod: [pod.spec.node_name])
+
+    @property
+    def all(
+        self,
+    ) -> tuple[Informer[Machine], Informer[MachineSet], Informer[MachineDeployment], Informer[Node], Informer[Pod]]:
+        return (self.machines, self.machine_sets, self.machine_deployments, self.nodes, self.pods)
+
+    def synced(self) -> bool:
+        return all(informer.synced for informer in self.all)
+
+    def machine_set_of(self, machine: Machine) -> list[Machine]:
+        owner = owner_name("MachineSet")(machine)
+        return self.machines.by_index(MACHINE_SET_INDEX, owner[0]) if owner else [machine]
+
+
+def key_of(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}" if namespace else name
+
+
+class DrainDeferred(Exception):
+    """No drain slot free (or the node is already being drained): plan again a little later."""
+
+
+@dataclass
+class MachineReconciler:
+    caches: Caches
+    writer: Writer
+    drainer: Drainer
+    config: PreservationConfig
+    metrics: Metrics
+    # Upper bound of one drain attempt, so a PDB-blocked drain does not hold a worker for the whole
+    # drain timeout; the core paces the next attempt (PreservationConfig.drain_retry_interval).
+    max_drain_attempt: dt.timedelta = dt.timedelta(minutes=2)
+    # Drains at once (each holds its worker while it runs): kept below the worker count so expiries,
+    # starts and stops are never all queued behind PDB-blocked drains. Further drains are deferred.
+    max_concurrent_drains: int = 2
+    drain_deferral: dt.timedelta = dt.timedelta(seconds=5)
+    now: WallClock = utc_now
+    _draining: set[str] = field(default_factory=set)  # node names
+
+    async def reconcile(self, key: str) -> dt.timedelta | None:
+        machine = self.caches.machines.get(key)
+        if machine is None:
+            return None
+        now = self.now()
+        node = self.caches.nodes.get(machine.node_name) if machine.node_name else None
+        ceiling = unpreserved_priority_ceiling(
+            machine=machine, machine_set_machines=self.caches.machine_set_of(machine), now=now
+        )
+        plan = plan_machine(
+            machine=machine,
+            node=node,
+            node_missing=bool(machine.node_name) and node is None,
+            config=self.config,
+            now=now,
+            unpreserved_priority_ceiling=ceiling,
+        )
+        if plan.steps:
+            logger.info("machine %s: %s", key, ", ".join(type(step).__name__ for step in plan.steps))
+        try:
+            await execute_machine_plan(
+                writer=self.writer,
+                snap=Snapshot(machine=machine, node=node),
+                steps=plan.steps,
+                drain=self._drain,
+                now=now,
+            )
+        except ObjectGone as gone:
+            logger.info("machine %s: %s; nothing more to do", key, gone)
+            return None
+        except DrainDeferred as deferred:
+            logger.info("machine %s: %s; again in %s", key, deferred, self.drain_deferral)
+            return self.drain_deferral
+        return plan.requeue_after
+
+    async def _drain(self, snap: Snapshot, step: p.DrainNode) -> Sequence[p.MachineStep]:
+        node = snap.node
+        if node is None:
+            raise ObjectGone(f"machine {snap.machine.metadata.name} has no node to drain")
+        timeout = min(step.timeout or self.config.drain_timeout, self.max_drain_attempt)
+        retries = snap.machine.spec.max_evict_retries
+        if retries is None or retries < 0:
+            retries = max(int((step.timeout or self.config.drain_timeout) / EVICTION_RETRY_INTERVAL), 1)
+        name = node.metadata.name
+        if name in self._draining:  # one drain per node, even if two machines name the same node
+            raise DrainDeferred(f"node {name} is being drained for another machine")
+        if len(self._draining) >= self.max_concurrent_drains:
+            raise DrainDeferred(f"{len(self._draining)} drains running, the most at once")
+        self._draining.add(name)
+        try:
+            result = await self.drainer.drain(node=node, time_limit=timeout.total_seconds(), max_evict_retries=retries)
+        finally:
+            self._draining.discard(name)
+        self.metrics.drains.labels(outcome="succeeded" if result.drained else "failed").inc()
+        if not result.drained:
+            logger.warning("node %s not drained; blocking: %s", node.metadata.name, ", ".join(result.blocking))
+        after = plan_after_drain(
+            machine=snap.machine,
+            node=node,
+            drain=step,
+            drained=result.drained,
+            blocking_pods=result.blocking,
+            now=self.now(),
+        )
+        return after.steps
+
+
+@dataclass
+class MachineSetReconciler:
+    caches: Caches
+    writer: Writer
+    config: PreservationConfig
+    now: WallClock = utc_now
+
+    async def reconcile(self, key: str) -> dt.timedelta | None:
+        machine_set = self.caches.machine_sets.get(key)
+        if machine_set is None:
+            return None
+        now = self.now()
+        namespace = machine_set.metadata.namespace
+        machines = self.caches.machines.by_index(MACHINE_SET_INDEX, machine_set.metadata.name)
+        nodes = {m.node_name: n for m in machines if m.node_name and (n := self.caches.nodes.get(m.node_name))}
+        owner = owner_name("MachineDeployment")(machine_set)
+        siblings = self.caches.machine_sets.by_index(DEPLOYMENT_INDEX, owner[0]) if owner else [machine_set]
+        plan = plan_machine_set(
+            machine_set=machine_set,
+            machines=machines,
+            nodes=nodes,
+            being_replaced=is_being_replaced(machine_set, siblings),
+            config=self.config,
+            now=now,
+        )
+        by_name = {m.metadata.name: m for m in machines}
+        for name, patch in plan.machine_annotations.items():
+            machine = by_name[name]
+            logger.info("machineset %s: machine %s %s", key, name, patch)
+            await self.writer.patch_machine_annotations(Snapshot(machine=machine, node=None), patch)
+        for event in plan.events:
+            target = by_name.get(event.name)
+            if target is not None:
+                await self.writer.record_event(Snapshot(machine=target, node=None), event, now=now)
+        if plan.status is not None:
+            await self.writer.patch_machine_set_status(
+                machine_set.metadata.name, machine_set.metadata.resource_version, plan.status
+            )
+        logger.debug("machineset %s/%s reconciled", namespace, machine_set.metadata.name)
+        return None
+
+
+@dataclass
+class MachineDeploymentReconciler:
+    caches: Caches
+    writer: Writer
+
+    async def reconcile(self, key: str) -> dt.timedelta | None:
+        deployment = self.caches.machine_deployments.get(key)
+        if deployment is None:
+            return None
+        machine_sets = self.caches.machine_sets.by_index(DEPLOYMENT_INDEX, deployment.metadata.name)
+        status = plan_machine_deployment(machine_deployment=deployment, machine_sets=machine_sets)
+        if status is not None:
+            await self.writer.patch_machine_deployment_status(
+                deployment.metadata.name, deployment.metadata.resource_version, status
+            )
+        return None
+
+
+@dataclass
+class Queues:
+    machines: WorkQueue[str]
+    machine_sets: WorkQueue[str]
+    machine_deployments: WorkQueue[str]
+
+    @property
+    def all(self) -> tuple[WorkQueue[str], WorkQueue[str], WorkQueue[str]]:
+        return (self.machines, self.machine_sets, self.machine_deployments)
+
+
+def _machine_key(machine: Machine) -> str:
+    return key_of(machine.metadata.namespace, machine.metadata.name)
+
+
+def _priority_relevant(machine: Machine) -> tuple[str | None, str | None, bool]:
+    annotations = machine.metadata.annotations
+    return (
+        annotations.get(v.MACHINE_PRIORITY_ANNOTATION),
+        annotations.get(v.LAST_MACHINE_PRIORITY_ANNOTATION),
+        machine.preserve_expiry_time is not None,
+    )
+
+
+def wire_handlers(*, caches: Caches, queues: Queues) -> None:
+    """Map every cache change to the keys it can affect."""
+
+    def machine_set_keys_of(machine: Machine) -> list[str]:
+        return [key_of(machine.metadata.namespace, name) for name in owner_name("MachineSet")(machine)]
+
+    def on_machine(old: Machine | None, new: Machine | None) -> None:
+        current = new or old
+        assert current is not None
+        queues.machines.add(_machine_key(current))
+        for key in machine_set_keys_of(current):
+            queues.machine_sets.add(key)
+        # A priority or preservation change moves the ceiling of the preserved siblings' priorities.
+        if old is None or new is None or _priority_relevant(old) != _priority_relevant(new):
+            for sibling in caches.machine_set_of(current):
+                if sibling.preserve_expiry_time is not None and sibling.metadata.name != current.metadata.name:
+                    queues.machines.add(_machine_key(sibling))
+
+    def on_node(old: Node | None, new: Node | None) -> None:
+        current = new or old
+        assert current is not None
+        for machine in caches.machines.by_index(MACHINE_NODE_INDEX, current.metadata.name):
+            queues.machines.add(_machine_key(machine))
+            for key in machine_set_keys_of(machine):
+                queues.machine_sets.add(key)
+
+    def on_pod(old: Pod | None, new: Pod | None) -> None:
+        current = new or old
+        assert current is not None
+        node = caches.nodes.get(current.spec.node_name) if current.spec.node_name else None
+        if node is None or not node.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT):
+            return  # pods matter only on a node being drained
+        for machine in caches.machines.by_index(MACHINE_NODE_INDEX, node.metadata.name):
+            queues.machines.add(_machine_key(machine))
+
+    def on_machine_set(old: MachineSet | None, new: MachineSet | None) -> None:
+        current = new or old
+        assert current is not None
+        namespace = current.metadata.namespace
+        queues.machine_sets.add(key_of(namespace, current.metadata.name))
+        for deployment in owner_name("MachineDeployment")(current):
+            queues.machine_deployments.add(key_of(namespace, deployment))
+            if old is None or new is None:  # a rollout's new or removed MachineSet changes its siblings
+                for sibling in caches.machine_sets.by_index(DEPLOYMENT_INDEX, deployment):
+                    queues.machine_sets.add(key_of(namespace, sibling.metadata.name))
+
+    def on_machine_deployment(old: MachineDeployment | None, new: MachineDeployment | None) -> None:
+        current = new or old
+        assert current is not None
+        queues.machine_deployments.add(key_of(current.metadata.namespace, current.metadata.name))
+
+    caches.machines.add_handler(on_machine)
+    caches.nodes.add_handler(on_node)
+    caches.pods.add_handler(on_pod)
+    caches.machine_sets.add_handler(on_machine_set)
+    caches.machine_deployments.add_handler(on_machine_deployment)

@@ -1,0 +1,60 @@
+"""Keep the cluster-autoscaler's scale-down-disabled annotation on preserved nodes (mutating).
+
+A node counts as preserved when its `Preserved` condition is True or the CA ownership marker is present,
+before or after the request (a request that drops the marker too is still judged as on a preserved node;
+the validating webhook then denies the marker change). If anyone but the controller removes
+`cluster-autoscaler.kubernetes.io/scale-down-disabled` or changes it to anything but `"true"`, the request is
+patched back to `"true"` with a warning, because the cluster-autoscaler only honours exactly `"true"`.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.admission.settings import AdmissionSettings
+from machine_preservation.core.admission.verdict import PatchOperation, Verdict, allow, escape_pointer_token
+from machine_preservation.core.models import Node
+
+RESTORED_WARNING: Final = (
+    f'{v.CA_SCALE_DOWN_DISABLED_ANNOTATION} restored to "{v.CA_SCALE_DOWN_DISABLED_VALUE}": '
+    "the node is preserved by machine-preservation"
+)
+
+
+def is_preserved_node(node: Node) -> bool:
+    condition = node.preserved_condition
+    if condition is not None and condition.status == "True":
+        return True
+    return v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION in node.metadata.annotations
+
+
+def guard_ca_annotation(
+    *,
+    old_node: Node | None,
+    new_node: Node,
+    annotations_present: bool,
+    username: str,
+    settings: AdmissionSettings,
+) -> Verdict:
+    """Allow untouched, or allow with a JSONPatch that puts `"true"` back and a warning.
+
+    `annotations_present` tells whether the incoming object has a `metadata.annotations` map at all:
+    RFC 6902 `add` needs the parent to exist, so without one the whole map is added.
+    """
+    if old_node is None or settings.is_controller(username):
+        return allow()
+    if not (is_preserved_node(old_node) or is_preserved_node(new_node)):
+        return allow()
+    key = v.CA_SCALE_DOWN_DISABLED_ANNOTATION
+    before = old_node.metadata.annotations.get(key)
+    after = new_node.metadata.annotations.get(key)
+    if after == v.CA_SCALE_DOWN_DISABLED_VALUE or after == before:
+        return allow()
+    if annotations_present:
+        operation = PatchOperation(
+            "add", f"/metadata/annotations/{escape_pointer_token(key)}", v.CA_SCALE_DOWN_DISABLED_VALUE
+        )
+    else:
+        operation = PatchOperation("add", "/metadata/annotations", {key: v.CA_SCALE_DOWN_DISABLED_VALUE})
+    return allow(warnings=(RESTORED_WARNING,), patch=(operation,))

@@ -1,0 +1,92 @@
+"""Should this machine be preserved now, until when, and why not (reference §3 step 6, §4.5, §5.3).
+
+| effective value | expired | not expired, phase Failed | not expired, other phases |
+|---|---|---|---|
+| `now` | stop, remove annotations (Failed: delete) | preserve | preserve |
+| `when-failed` | stop, remove annotations (Failed: delete) | preserve | stop, keep annotations |
+| auto | stop, remove annotations (Failed: delete) | preserve | stop, remove annotations |
+| `false` | stop (Failed: delete) | stop (preserved: delete) | stop |
+| none (`""`, absent, invalid) | stop | stop | stop |
+
+"Stop" and "delete" act only on a machine that is preserved (expiry set); otherwise they change nothing.
+"Expired" needs an expiry: `preserveExpiryTime` is set and not after now. The expiry is computed once, when
+preservation starts (now + the machine's spec.machinePreserveTimeout, else the configured default), and is
+never extended or reset while the machine stays preserved.
+
+A Failed machine whose preservation expired or was turned off with `false` is deleted (the issue's "a Failed
+machine is then deleted"); its annotations are then left alone: removing them first would let a crash in
+between turn the decision into "no preference", which neither deletes nor prevents a new auto-preservation.
+After a removed annotation or `""` it is left to auto-preservation (which may keep it) or to MCM.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from enum import StrEnum
+
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.config import PreservationConfig
+from machine_preservation.core.durations import duration_or_default
+from machine_preservation.core.models import Machine
+from machine_preservation.core.preserve_value import Preference
+
+
+class StopCause(StrEnum):
+    EXPIRED = "expired"
+    OPTED_OUT = "opted-out"  # effective value `false`
+    NO_PREFERENCE = "no-preference"  # annotation removed, `""` or invalid
+    NOT_FAILED = "not-failed"  # `when-failed` or auto on a machine that is not Failed
+
+
+@dataclass(frozen=True)
+class PreservationDecision:
+    preserve: bool
+    # When preserving: the expiry in force (the existing one, or a new one when `starts`).
+    expiry: dt.datetime | None = None
+    starts: bool = False
+    # When not preserving: why, and whether the preserve annotations go too (so it is not re-preserved).
+    stop_cause: StopCause | None = None
+    remove_annotations: bool = False
+    # When not preserving: the machine is Failed and its preservation ended for good, so it is deleted.
+    delete_machine: bool = False
+
+
+def effective_preserve_timeout(*, machine: Machine, config: PreservationConfig) -> dt.timedelta:
+    """spec.machinePreserveTimeout when it is a valid, non-negative Go duration; else the configured default."""
+    return duration_or_default(
+        machine.spec.machine_preserve_timeout, default=config.default_preserve_timeout, allow_zero=True
+    )
+
+
+def is_expired(expiry: dt.datetime | None, now: dt.datetime) -> bool:
+    return expiry is not None and expiry <= now
+
+
+def decide_preservation(
+    *, machine: Machine, value: Preference, phase: str, config: PreservationConfig, now: dt.datetime
+) -> PreservationDecision:
+    """The decision for `machine` with effective `value` in `phase` (which may differ from the machine's
+    phase when the plan also moves it)."""
+    expiry = machine.preserve_expiry_time
+    failed = phase == v.MachinePhase.FAILED
+    if failed and expiry is not None:
+        if value == Preference.FALSE:
+            return PreservationDecision(preserve=False, stop_cause=StopCause.OPTED_OUT, delete_machine=True)
+        if value != Preference.NONE and is_expired(expiry, now):
+            return PreservationDecision(preserve=False, stop_cause=StopCause.EXPIRED, delete_machine=True)
+    if value in (Preference.NOW, Preference.WHEN_FAILED, Preference.AUTO) and is_expired(expiry, now):
+        return PreservationDecision(preserve=False, stop_cause=StopCause.EXPIRED, remove_annotations=True)
+    if value == Preference.NOW or (value in (Preference.WHEN_FAILED, Preference.AUTO) and failed):
+        if expiry is not None:
+            return PreservationDecision(preserve=True, expiry=expiry)
+        # Whole seconds: the API server stores RFC 3339 seconds, and the condition message renders it.
+        start = (now + effective_preserve_timeout(machine=machine, config=config)).replace(microsecond=0)
+        return PreservationDecision(preserve=True, expiry=start, starts=True)
+    if value == Preference.WHEN_FAILED:
+        return PreservationDecision(preserve=False, stop_cause=StopCause.NOT_FAILED)
+    if value == Preference.AUTO:
+        return PreservationDecision(preserve=False, stop_cause=StopCause.NOT_FAILED, remove_annotations=True)
+    if value == Preference.FALSE:
+        return PreservationDecision(preserve=False, stop_cause=StopCause.OPTED_OUT)
+    return PreservationDecision(preserve=False, stop_cause=StopCause.NO_PREFERENCE)

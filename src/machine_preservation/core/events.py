@@ -1,0 +1,118 @@
+"""The Kubernetes Events the controller records: what happened to a machine's preservation, in words.
+
+Events go on the Machine and, when it exists, on its Node, so `kubectl describe` of either shows them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.conditions import go_time_string
+from machine_preservation.core.decision import StopCause
+from machine_preservation.core.models import Machine, Node
+from machine_preservation.core.plan import RecordEvent
+from machine_preservation.core.preserve_value import EffectivePreserveValue, InvalidValue
+
+_STOP_MESSAGES = {
+    StopCause.OPTED_OUT: 'Preservation stopped: the preserve value is "false".',
+    StopCause.NO_PREFERENCE: "Preservation stopped: no preserve value is in force (annotation removed or empty).",
+    StopCause.NOT_FAILED: "Preservation stopped: the machine is no longer Failed.",
+}
+
+
+def on_machine_and_node(
+    *, machine: Machine, node: Node | None, event_type: v.EventType, reason: v.EventReason, message: str
+) -> tuple[RecordEvent, ...]:
+    events = [RecordEvent(kind="Machine", name=machine.metadata.name, type=event_type, reason=reason, message=message)]
+    if node is not None:
+        events.append(
+            RecordEvent(kind="Node", name=node.metadata.name, type=event_type, reason=reason, message=message)
+        )
+    return tuple(events)
+
+
+def started(
+    *, machine: Machine, node: Node | None, node_missing: bool, effective: EffectivePreserveValue, expiry: dt.datetime
+) -> tuple[RecordEvent, ...]:
+    message = (
+        f'Machine preserved until {go_time_string(expiry)} (preserve value "{effective.value}" '
+        f"from the {effective.source})."
+    )
+    if node_missing:
+        message += f' Node "{machine.node_name}" not found: only the expiry is set.'
+    elif node is None:
+        message += " The machine has no node: only the expiry is set."
+    return on_machine_and_node(
+        machine=machine,
+        node=node,
+        event_type=v.EventType.NORMAL,
+        reason=v.EventReason.PRESERVATION_STARTED,
+        message=message,
+    )
+
+
+def stopped(*, machine: Machine, node: Node | None, cause: StopCause, deleting: bool) -> tuple[RecordEvent, ...]:
+    if cause == StopCause.EXPIRED:
+        expiry = machine.preserve_expiry_time
+        assert expiry is not None  # only a set expiry can expire
+        reason = v.EventReason.PRESERVATION_EXPIRED
+        message = (
+            f"Preservation expired at {go_time_string(expiry)}; the preserve annotation is removed so the "
+            "machine is not preserved again."
+        )
+    else:
+        reason = v.EventReason.PRESERVATION_STOPPED
+        message = _STOP_MESSAGES[cause]
+    if deleting:
+        message += " The Failed machine is deleted."
+    return on_machine_and_node(
+        machine=machine, node=node, event_type=v.EventType.NORMAL, reason=reason, message=message
+    )
+
+
+def recovered(*, machine: Machine, node: Node) -> tuple[RecordEvent, ...]:
+    message = f'Node "{node.metadata.name}" is healthy again: machine phase set from Failed to Running.'
+    return on_machine_and_node(
+        machine=machine,
+        node=node,
+        event_type=v.EventType.NORMAL,
+        reason=v.EventReason.MACHINE_RECOVERED,
+        message=message,
+    )
+
+
+def drain_outcome(
+    *, machine: Machine, node: Node, drained: bool, blocking_pods: Sequence[str]
+) -> tuple[RecordEvent, ...]:
+    if drained:
+        return on_machine_and_node(
+            machine=machine,
+            node=node,
+            event_type=v.EventType.NORMAL,
+            reason=v.EventReason.PRESERVED_NODE_DRAINED,
+            message=f'Preserved node "{node.metadata.name}" drained.',
+        )
+    blockers = f"; pods blocking: {', '.join(sorted(set(blocking_pods)))}" if blocking_pods else ""
+    return on_machine_and_node(
+        machine=machine,
+        node=node,
+        event_type=v.EventType.WARNING,
+        reason=v.EventReason.PRESERVED_NODE_DRAIN_FAILED,
+        message=f'Preserved node "{node.metadata.name}" could not be drained{blockers}.',
+    )
+
+
+def invalid_value(invalid: InvalidValue) -> RecordEvent:
+    allowed = ", ".join(f'"{value}"' for value in v.USER_ALLOWED_VALUES)
+    return RecordEvent(
+        kind=invalid.kind,
+        name=invalid.name,
+        type=v.EventType.WARNING,
+        reason=v.EventReason.INVALID_PRESERVE_VALUE,
+        message=(
+            f'Preserve annotation {v.PRESERVE_ANNOTATION}="{invalid.value}" on {invalid.kind} "{invalid.name}" is '
+            f"invalid and ignored (treated as absent); allowed values: {allowed}."
+        ),
+    )

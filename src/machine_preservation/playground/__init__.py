@@ -1,0 +1,1 @@
+"""`machine-preservation playground`: the product working end to end on a local control plane."""

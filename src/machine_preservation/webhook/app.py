@@ -1,0 +1,253 @@
+"""The aiohttp application: routes, the review pipeline per endpoint, health and metrics.
+
+Every admission endpoint goes through `_serve`: read the body (413 above the limit), parse the review (400
+with a reason), decide with the core, answer 200 with the uid echoed. `dryRun` requests take the same path:
+no decision here has side effects. Nothing a client sends can produce a 500: an unexpected exception is
+logged, counted and answered like `failurePolicy: Ignore` would (allowed, with a warning), because the node
+rules must never take a cluster down. A body that does not arrive in time gets 408, so nothing hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.admission.annotations import judge_annotations
+from machine_preservation.core.admission.ca_guard import guard_ca_annotation
+from machine_preservation.core.admission.deletion import judge_machine_deletion, machine_set_to_read
+from machine_preservation.core.admission.settings import AdmissionSettings
+from machine_preservation.core.admission.shoot import validate_shoot
+from machine_preservation.core.admission.verdict import Verdict, allow, deny, describe
+from machine_preservation.core.models import KubeModel, Machine, Node
+from machine_preservation.webhook.machine_sets import MachineSetSource, SourceUnavailable
+from machine_preservation.webhook.metrics import CONTENT_TYPE, WebhookMetrics
+from machine_preservation.webhook.wire import (
+    AdmissionRequest,
+    BadRequest,
+    bad_request_response,
+    parse_review,
+    review_response,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES: Final = 3 * 1024 * 1024
+# The API server sends a review in one go and gives up after timeoutSeconds (≤ 30); a body still trickling
+# in after this long is not from it, and must not hold a connection forever.
+DEFAULT_BODY_TIMEOUT_SECONDS: Final = 10.0
+INTERNAL_ERROR_WARNING: Final = "machine-preservation webhook: internal error, request not checked"
+
+PRESERVE_ANNOTATION_PATH: Final = "/validate-preserve-annotation"
+CA_ANNOTATION_PATH: Final = "/mutate-node-ca-annotation"
+MACHINE_DELETION_PATH: Final = "/validate-machine-deletion"
+SHOOT_PATH: Final = "/validate-shoot"
+
+NODE: Final = ("", "Node")
+MACHINE: Final = (v.MACHINE_API_GROUP, "Machine")
+SHOOT: Final = (v.SHOOT_API_GROUP, "Shoot")
+
+_ERROR_KINDS: Final = {413: "too_large", 408: "timeout"}
+
+Decide = Callable[[AdmissionRequest], Awaitable[Verdict]]
+M = TypeVar("M", bound=KubeModel)
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    settings: AdmissionSettings
+    machine_sets: MachineSetSource
+    ready: Callable[[], bool]
+    metrics: WebhookMetrics
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    body_timeout: float = DEFAULT_BODY_TIMEOUT_SECONDS
+    clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
+
+
+def _require_kind(request: AdmissionRequest, *kinds: tuple[str, str]) -> tuple[str, str]:
+    found = (request.kind.group, request.kind.kind)
+    if found not in kinds:
+        expected = ", ".join(f"{group or 'core'}/{kind}" for group, kind in kinds)
+        shown = f"{request.kind.group or 'core'}/{request.kind.kind}"
+        raise BadRequest(f"this endpoint handles {expected}, not {shown}", uid=request.uid)
+    return found
+
+
+def _parse(model: type[M], document: dict[str, Any] | None, *, field: str, uid: str) -> M:
+    if document is None:
+        raise BadRequest(f"request.{field} is missing", uid=uid)
+    try:
+        return model.model_validate(document)
+    except ValidationError as error:
+        problem = error.errors()[0]
+        location = ".".join(str(part) for part in problem["loc"])
+        raise BadRequest(
+            f"request.{field} is not a valid {model.__name__}: {location}: {problem['msg']}", uid=uid
+        ) from None
+
+
+def _annotations_present(document: dict[str, Any] | None) -> bool:
+    metadata = document.get("metadata") if document is not None else None
+    return isinstance(metadata, dict) and isinstance(metadata.get("annotations"), dict)
+
+
+class Endpoints:
+    """The four admission decisions, each from a parsed request to a verdict."""
+
+    def __init__(self, config: WebhookConfig) -> None:
+        self._config = config
+
+    async def preserve_annotation(self, request: AdmissionRequest) -> Verdict:
+        group_kind = _require_kind(request, NODE, MACHINE)
+        if request.operation not in ("CREATE", "UPDATE"):
+            return allow()
+        model: type[Node] | type[Machine] = Node if group_kind == NODE else Machine
+        new = _parse(model, request.object, field="object", uid=request.uid)
+        old = None
+        if request.operation == "UPDATE":
+            old = _parse(model, request.old_object, field="oldObject", uid=request.uid)
+        return judge_annotations(
+            subject=describe(group_kind[1], new.metadata.name, new.metadata.generate_name),
+            old=old.metadata.annotations if old is not None else None,
+            new=new.metadata.annotations,
+            username=request.user_info.username,
+            settings=self._config.settings,
+        )
+
+    async def ca_annotation(self, request: AdmissionRequest) -> Verdict:
+        _require_kind(request, NODE)
+        if request.operation != "UPDATE":
+            return allow()
+        return guard_ca_annotation(
+            old_node=_parse(Node, request.old_object, field="oldObject", uid=request.uid),
+            new_node=_parse(Node, request.object, field="object", uid=request.uid),
+            annotations_present=_annotations_present(request.object),
+            username=request.user_info.username,
+            settings=self._config.settings,
+        )
+
+    async def machine_deletion(self, request: AdmissionRequest) -> Verdict:
+        _require_kind(request, MACHINE)
+        if request.operation != "DELETE":
+            return allow()
+        machine = _parse(Machine, request.old_object, field="oldObject", uid=request.uid)
+        settings, now = self._config.settings, self._config.clock()
+        username = request.user_info.username
+        owner = machine_set_to_read(machine=machine, username=username, settings=settings)
+        view = None
+        if owner:
+            namespace = machine.metadata.namespace or request.namespace
+            try:
+                view = await self._config.machine_sets.read(namespace=namespace, name=owner)
+            except SourceUnavailable as error:
+                # Fail closed for MCM only (it retries): letting it delete could lose a machine that is
+                # about to be preserved.
+                self._config.metrics.errors.labels(MACHINE_DELETION_PATH.lstrip("/"), "upstream").inc()
+                return deny(
+                    f'cannot decide whether machine "{machine.metadata.name}" is about to be auto-preserved: '
+                    f"{error}; retry later",
+                    code=503,
+                    reason="ServiceUnavailable",
+                )
+        return judge_machine_deletion(machine=machine, username=username, settings=settings, now=now, machine_set=view)
+
+    async def shoot(self, request: AdmissionRequest) -> Verdict:
+        _require_kind(request, SHOOT)
+        if request.operation not in ("CREATE", "UPDATE"):
+            return allow()
+        if request.object is None:
+            raise BadRequest("request.object is missing", uid=request.uid)
+        old = request.old_object if request.operation == "UPDATE" else None
+        return validate_shoot(shoot=request.object, old_shoot=old, settings=self._config.settings)
+
+
+async def _read_body(request: web.Request, *, limit: int, seconds: float) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise BadRequest(f"body of {request.content_length} bytes exceeds the limit of {limit} bytes", status=413)
+    try:
+        async with asyncio.timeout(seconds):
+            return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise BadRequest(f"body exceeds the limit of {limit} bytes", status=413) from None
+    except TimeoutError:
+        raise BadRequest(f"body not received within {seconds:g} s", status=408) from None
+
+
+def _serve(config: WebhookConfig, path: str, decide: Decide) -> Callable[[web.Request], Awaitable[web.Response]]:
+    endpoint = path.lstrip("/")
+    metrics = config.metrics
+    # Label lookups cost a lock and a dict probe each; bind this endpoint's series once.
+    requests, denials = metrics.requests.labels(endpoint), metrics.denials.labels(endpoint)
+    patches, latency = metrics.patches.labels(endpoint), metrics.latency.labels(endpoint)
+
+    async def handler(request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        requests.inc()
+        uid = ""
+        try:
+            try:
+                body = await _read_body(request, limit=config.max_body_bytes, seconds=config.body_timeout)
+                review = parse_review(body)
+                uid = review.request.uid
+                verdict = await decide(review.request)
+            except BadRequest as error:
+                metrics.errors.labels(endpoint, _ERROR_KINDS.get(error.status, "bad_request")).inc()
+                return web.json_response(bad_request_response(error).to_json(), status=error.status)
+            except Exception:
+                logger.exception("internal error while judging a request to %s", path)
+                metrics.errors.labels(endpoint, "internal").inc()
+                verdict = allow(warnings=(INTERNAL_ERROR_WARNING,))
+            # Denials and patches are rare and are what an operator asks about; allowed requests are only counted.
+            if not verdict.allowed:
+                denials.inc()
+                logger.info("%s denied request %s: %s", endpoint, uid, verdict.message)
+            if verdict.patch:
+                patches.inc()
+                logger.info("%s patched request %s: %s", endpoint, uid, "; ".join(verdict.warnings))
+            return web.json_response(review_response(uid=uid, verdict=verdict).to_json())
+        finally:
+            latency.observe(time.perf_counter() - started)
+
+    return handler
+
+
+def build_app(config: WebhookConfig) -> web.Application:
+    # aiohttp's own cap (default 1 MiB) would answer 413 before we see the body; ours applies instead.
+    app = web.Application(client_max_size=config.max_body_bytes)
+    endpoints = Endpoints(config)
+    for path, decide in (
+        (PRESERVE_ANNOTATION_PATH, endpoints.preserve_annotation),
+        (CA_ANNOTATION_PATH, endpoints.ca_annotation),
+        (MACHINE_DELETION_PATH, endpoints.machine_deletion),
+        (SHOOT_PATH, endpoints.shoot),
+    ):
+        app.router.add_post(path, _serve(config, path, decide))
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(_: web.Request) -> web.Response:
+        if config.ready():
+            return web.Response(text="ok")
+        return web.Response(status=503, text="no valid serving certificate loaded")
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=config.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+
+    async def close_sources(_: web.Application) -> None:
+        await config.machine_sets.close()
+
+    app.on_cleanup.append(close_sources)
+    return app

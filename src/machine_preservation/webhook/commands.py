@@ -1,0 +1,154 @@
+"""`machine-preservation webhook`: run the admission webhook server until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import gc
+import ipaddress
+import logging
+import signal
+from pathlib import Path
+from typing import Any
+
+from machine_preservation.certs.authority import generate_ca, issue_serving_cert
+from machine_preservation.core.admission.settings import (
+    DEFAULT_CONTROLLER_USERNAME,
+    DEFAULT_MCM_USERNAMES,
+    AdmissionSettings,
+)
+from machine_preservation.core.durations import InvalidDuration, parse_go_duration
+from machine_preservation.webhook.app import DEFAULT_MAX_BODY_BYTES
+from machine_preservation.webhook.certificates import CA_FILE, CERT_FILE, KEY_FILE
+from machine_preservation.webhook.machine_sets import KubernetesMachineSets
+from machine_preservation.webhook.server import DEFAULT_CERT_POLL_INTERVAL, WebhookServer
+
+logger = logging.getLogger(__name__)
+
+SELF_SIGNED_VALIDITY = dt.timedelta(days=365)
+_WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+
+
+def _duration(text: str) -> dt.timedelta:
+    try:
+        value = parse_go_duration(text)
+    except InvalidDuration as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if value < dt.timedelta(0):
+        raise argparse.ArgumentTypeError(f"must not be negative: {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text}")
+    return value
+
+
+def write_self_signed(*, cert_dir: Path, names: tuple[str, ...], now: dt.datetime) -> bool:
+    """Generate a CA (ca.crt) and a serving cert it signs (tls.crt, tls.key) into an empty `cert_dir`.
+
+    Returns False, touching nothing, when the directory already holds files. The CA key is not kept:
+    a self-signed setup is re-generated, not rotated.
+    """
+    cert_dir.mkdir(parents=True, exist_ok=True)
+    if any(cert_dir.iterdir()):
+        return False
+    dns_names, ip_addresses = [], []
+    for name in dict.fromkeys(names):
+        try:
+            ip_addresses.append(str(ipaddress.ip_address(name)))
+        except ValueError:
+            dns_names.append(name)
+    ca = generate_ca(common_name="machine-preservation-webhook-ca", now=now, valid_for=SELF_SIGNED_VALIDITY)
+    serving = issue_serving_cert(
+        ca=ca, dns_names=tuple(dns_names), ip_addresses=tuple(ip_addresses), now=now, valid_for=SELF_SIGNED_VALIDITY
+    )
+    (cert_dir / CA_FILE).write_bytes(ca.cert_pem)
+    (cert_dir / CERT_FILE).write_bytes(serving.cert_pem)
+    key = cert_dir / KEY_FILE
+    key.touch(mode=0o600)
+    key.write_bytes(serving.key_pem)
+    return True
+
+
+async def serve(args: argparse.Namespace) -> None:
+    settings = AdmissionSettings(
+        controller_username=args.controller_username,
+        mcm_usernames=frozenset(args.mcm_username or DEFAULT_MCM_USERNAMES),
+        max_preserve_timeout=args.max_preserve_timeout,
+    )
+    server = WebhookServer(
+        host=args.host,
+        port=args.port,
+        cert_dir=args.cert_dir,
+        settings=settings,
+        machine_sets=KubernetesMachineSets(kubeconfig=args.kubeconfig),
+        max_body_bytes=args.max_body_bytes,
+        cert_poll_interval=args.cert_poll_interval,
+    )
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    async with server:
+        # Everything imported and built so far lives as long as the process (the kubernetes client alone is
+        # ~70k objects): take it out of the collector's view, so that the collections which per-request
+        # garbage triggers do not walk it every time.
+        gc.freeze()
+        logger.info("webhook serving on https://%s:%d (ready: %s)", args.host, server.port, server.certificates.ready())
+        await stopping.wait()
+    logger.info("webhook stopped")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.self_signed:
+        names = tuple(n for n in (args.host, *args.san) if n not in _WILDCARD_HOSTS) or ("localhost", "127.0.0.1")
+        if write_self_signed(cert_dir=args.cert_dir, names=names, now=dt.datetime.now(dt.UTC)):
+            logger.info("self-signed CA and serving certificate for %s written to %s", ", ".join(names), args.cert_dir)
+    asyncio.run(serve(args))
+    return 0
+
+
+def register(subcommands: argparse._SubParsersAction[Any]) -> None:
+    parser = subcommands.add_parser("webhook", help="the admission webhook server (HTTPS, AdmissionReview v1)")
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all interfaces)")
+    parser.add_argument("--port", type=int, default=9443, help="port to listen on; 0 picks a free one")
+    parser.add_argument("--cert-dir", type=Path, required=True, help="directory with tls.crt and tls.key")
+    parser.add_argument(
+        "--self-signed", action="store_true", help="write a CA (ca.crt) and serving cert into --cert-dir if it is empty"
+    )
+    parser.add_argument(
+        "--san", action="append", default=[], help="extra DNS name or IP for the self-signed cert (repeatable)"
+    )
+    parser.add_argument(
+        "--cert-poll-interval",
+        type=float,
+        default=DEFAULT_CERT_POLL_INTERVAL,
+        help="seconds between checks of the certificate files for changes",
+    )
+    parser.add_argument(
+        "--controller-username",
+        default=DEFAULT_CONTROLLER_USERNAME,
+        help="the controller's identity: the only one that may set the auto value and the controller's markers",
+    )
+    parser.add_argument(
+        "--mcm-username",
+        action="append",
+        help=f"an MCM identity whose machine deletes are guarded (repeatable; default {DEFAULT_MCM_USERNAMES[0]})",
+    )
+    parser.add_argument(
+        "--max-body-bytes", type=_positive_int, default=DEFAULT_MAX_BODY_BYTES, help="larger bodies get HTTP 413"
+    )
+    parser.add_argument(
+        "--max-preserve-timeout",
+        type=_duration,
+        default=dt.timedelta(hours=720),
+        help="upper bound for machinePreserveTimeout in Shoots (Go duration, default 720h)",
+    )
+    parser.add_argument(
+        "--kubeconfig", type=Path, help="for reading MachineSets (default: in-cluster, else the default kubeconfig)"
+    )
+    parser.set_defaults(handler=run)

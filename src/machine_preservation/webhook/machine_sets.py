@@ -1,0 +1,111 @@
+"""Reading a Machine's MachineSet and its machines, for the deletion guard's "pending" decision.
+
+A Machine DELETE is rare, so the webhook reads on demand with kubernetes.aio (in the server's event loop)
+instead of keeping a cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+from kubernetes.aio import client, config
+from kubernetes.aio.client.exceptions import ApiException
+from kubernetes.aio.config.config_exception import ConfigException
+from pydantic import ValidationError
+
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.admission.deletion import MachineSetView
+from machine_preservation.core.models import Machine, MachineSet
+
+# The Machine webhook's timeoutSeconds is 10; leave room to answer.
+READ_TIMEOUT_SECONDS = 3.0
+
+
+class SourceUnavailable(Exception):
+    """The objects could not be read; the message says why."""
+
+
+class MachineSetSource(Protocol):
+    async def read(self, *, namespace: str, name: str) -> MachineSetView | None:
+        """The MachineSet `name` with its machines and siblings; None when it does not exist."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def view_from_lists(
+    *, name: str, machine_sets: list[dict[str, Any]], machines: list[dict[str, Any]]
+) -> MachineSetView | None:
+    """Build the view from raw list items; None when the named MachineSet is not among them."""
+    try:
+        sets = [MachineSet.model_validate(item) for item in machine_sets]
+        members = [Machine.model_validate(item) for item in machines]
+    except ValidationError as error:
+        raise SourceUnavailable(f"unexpected object from the API server: {error.errors()[0]['msg']}") from None
+    own = next((s for s in sets if s.metadata.name == name), None)
+    if own is None:
+        return None
+    return MachineSetView(machine_set=own, machines=members, siblings=sets)
+
+
+def _items(listing: object) -> list[dict[str, Any]]:
+    items = listing.get("items") if isinstance(listing, dict) else None
+    return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
+
+
+class KubernetesMachineSets:
+    """MachineSetSource backed by the API server (kubeconfig file, in-cluster config, or the default)."""
+
+    def __init__(self, *, kubeconfig: Path | None = None) -> None:
+        self._kubeconfig = kubeconfig
+        self._api_client: client.ApiClient | None = None
+        self._lock = asyncio.Lock()
+
+    async def _api(self) -> client.CustomObjectsApi:
+        async with self._lock:
+            if self._api_client is None:
+                if self._kubeconfig is not None:
+                    self._api_client = await config.new_client_from_config(  # type: ignore[no-untyped-call]
+                        config_file=str(self._kubeconfig)
+                    )
+                elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+                    configuration = client.Configuration()
+                    config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+                    self._api_client = client.ApiClient(configuration=configuration)
+                else:
+                    self._api_client = await config.new_client_from_config()  # type: ignore[no-untyped-call]
+            return client.CustomObjectsApi(self._api_client)
+
+    async def read(self, *, namespace: str, name: str) -> MachineSetView | None:
+        try:
+            api = await self._api()
+            sets, machines = await asyncio.gather(
+                api.list_namespaced_custom_object(
+                    v.MACHINE_API_GROUP,
+                    v.MACHINE_API_VERSION,
+                    namespace,
+                    "machinesets",
+                    _request_timeout=READ_TIMEOUT_SECONDS,
+                ),
+                api.list_namespaced_custom_object(
+                    v.MACHINE_API_GROUP,
+                    v.MACHINE_API_VERSION,
+                    namespace,
+                    "machines",
+                    _request_timeout=READ_TIMEOUT_SECONDS,
+                ),
+            )
+        except ApiException as error:
+            raise SourceUnavailable(f"reading MachineSets in {namespace!r}: {error.status} {error.reason}") from None
+        except (ConfigException, aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise SourceUnavailable(f"reading MachineSets in {namespace!r}: {error}") from None
+        return view_from_lists(name=name, machine_sets=_items(sets), machines=_items(machines))
+
+    async def close(self) -> None:
+        if self._api_client is not None:
+            await self._api_client.close()  # type: ignore[no-untyped-call]
+            self._api_client = None

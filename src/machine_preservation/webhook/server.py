@@ -1,0 +1,86 @@
+"""The HTTPS server: the app behind a TLS listener whose certificate reloads without a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+
+from aiohttp import web
+
+from machine_preservation.core.admission.settings import AdmissionSettings
+from machine_preservation.webhook.app import DEFAULT_MAX_BODY_BYTES, WebhookConfig, build_app
+from machine_preservation.webhook.certificates import CertificateStore
+from machine_preservation.webhook.machine_sets import MachineSetSource
+from machine_preservation.webhook.metrics import WebhookMetrics
+
+DEFAULT_CERT_POLL_INTERVAL = 10.0
+
+
+class WebhookServer:
+    """Start with `async with WebhookServer(...) as server:`; `server.port` is the bound port."""
+
+    def __init__(
+        self,
+        *,
+        host: str,
+        port: int,
+        cert_dir: Path,
+        settings: AdmissionSettings,
+        machine_sets: MachineSetSource,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        cert_poll_interval: float = DEFAULT_CERT_POLL_INTERVAL,
+        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    ) -> None:
+        self.host = host
+        self.metrics = WebhookMetrics()
+        self.certificates = CertificateStore(cert_dir=cert_dir, metrics=self.metrics, clock=clock)
+        self.app = build_app(
+            WebhookConfig(
+                settings=settings,
+                machine_sets=machine_sets,
+                ready=self.certificates.ready,
+                metrics=self.metrics,
+                max_body_bytes=max_body_bytes,
+                clock=clock,
+            )
+        )
+        self._requested_port = port
+        self._poll_interval = cert_poll_interval
+        self._runner: web.AppRunner | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        self.certificates.reload()
+        self._watcher = asyncio.create_task(self.certificates.watch(interval=self._poll_interval))
+        # No access log: one line per admission request is noise at node-update rates and costs latency.
+        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=5.0)
+        await self._runner.setup()
+        site = web.TCPSite(
+            self._runner, self.host, self._requested_port, ssl_context=self.certificates.listener_context
+        )
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> WebhookServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, _type: type[BaseException] | None, _value: BaseException | None, _tb: TracebackType | None
+    ) -> None:
+        await self.stop()

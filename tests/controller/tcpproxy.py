@@ -1,0 +1,60 @@
+"""A loopback TCP proxy the tests can cut and restore, to play an apiserver restart for one client."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import yaml
+
+from machine_preservation.cluster.controlplane import LOOPBACK, free_port
+
+
+class TcpProxy:
+    def __init__(self, *, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.port = free_port()
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self.connections = 0
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, LOOPBACK, self.port)
+
+    async def cut(self) -> None:
+        """Stop listening and drop every open connection (what clients see when the apiserver dies)."""
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        for writer in list(self._writers):
+            writer.transport.abort()
+        self._writers.clear()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            up_reader, up_writer = await asyncio.open_connection(LOOPBACK, self.upstream_port)
+        except OSError:
+            writer.close()
+            return
+        self._writers.update({writer, up_writer})
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            sink.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self._writers.difference_update({writer, up_writer})
+
+    def kubeconfig(self, *, source: Path, target: Path) -> Path:
+        """A copy of `source` whose server is this proxy."""
+        document = yaml.safe_load(source.read_text())
+        for entry in document["clusters"]:
+            entry["cluster"]["server"] = f"https://{LOOPBACK}:{self.port}"
+        target.write_text(yaml.safe_dump(document))
+        return target

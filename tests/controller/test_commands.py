@@ -1,0 +1,65 @@
+"""`machine-preservation controller` flags: defaults, overrides, and bad durations rejected at parse time."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from machine_preservation.cli import build_parser
+from machine_preservation.controller.commands import options_from, run
+
+
+def test_defaults() -> None:
+    options = options_from(build_parser().parse_args(["controller", "--namespace", "shoot--p--s"]))
+    assert options.namespace == "shoot--p--s"
+    assert options.control_kubeconfig is None
+    assert options.target_kubeconfig is None
+    assert options.preservation.default_preserve_timeout == dt.timedelta(hours=72)
+    assert options.preservation.drain_timeout == dt.timedelta(hours=2)
+    assert options.leader_elect is True
+    assert options.leader_election_namespace is None
+    assert (options.lease_duration, options.renew_deadline, options.retry_period) == (15, 10.0, 2.0)
+    assert (options.metrics_host, options.metrics_port) == ("127.0.0.1", 8080)
+    assert options.workers == 4
+
+
+def test_overrides() -> None:
+    args = build_parser().parse_args(
+        [
+            "controller",
+            "--namespace=ns",
+            "--control-kubeconfig=/k/control",
+            "--target-kubeconfig=/k/target",
+            "--machine-preserve-timeout=1h30m",
+            "--machine-drain-timeout=10m",
+            "--no-leader-elect",
+            "--leader-election-namespace=garden",
+            "--metrics-port=9090",
+            "--metrics-bind-address=0.0.0.0",
+            "--workers=8",
+        ]
+    )
+    options = options_from(args)
+    assert options.control_kubeconfig == Path("/k/control")
+    assert options.target_kubeconfig == Path("/k/target")
+    assert options.preservation.default_preserve_timeout == dt.timedelta(minutes=90)
+    assert options.preservation.drain_timeout == dt.timedelta(minutes=10)
+    assert options.leader_elect is False
+    assert options.leader_election_namespace == "garden"
+    assert (options.metrics_host, options.metrics_port, options.workers) == ("0.0.0.0", 9090, 8)
+
+
+@pytest.mark.parametrize("flag", ["--machine-preserve-timeout=3d", "--machine-drain-timeout=soon"])
+def test_a_bad_duration_is_a_usage_error(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["controller", "--namespace=ns", flag])
+    assert exited.value.code == 2
+    assert "time: " in capsys.readouterr().err
+
+
+def test_a_negative_timeout_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    code = run(build_parser().parse_args(["controller", "--namespace=ns", "--machine-preserve-timeout=-1h"]))
+    assert code == 2
+    assert "default_preserve_timeout must not be negative" in capsys.readouterr().err

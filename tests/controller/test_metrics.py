@@ -1,0 +1,75 @@
+"""How API requests are labelled, and the preserved-machines gauge computed from the cache."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from prometheus_client import generate_latest
+
+from machine_preservation.controller.manager import preserved_counts
+from machine_preservation.controller.metrics import Metrics, request_verb_and_resource
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.models import Machine
+
+NOW = dt.datetime(2026, 11, 21, 12, tzinfo=dt.UTC)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "query", "expected"),
+    [
+        ("GET", "/api/v1/nodes", "", ("list", "nodes")),
+        ("GET", "/api/v1/nodes", "watch=true&resourceVersion=5", ("watch", "nodes")),
+        ("GET", "/api/v1/nodes/n1", "", ("get", "nodes")),
+        ("PATCH", "/api/v1/nodes/n1/status", "", ("patch", "nodes/status")),
+        ("POST", "/api/v1/namespaces/ns/pods/p/eviction", "", ("create", "pods/eviction")),
+        ("GET", "/api/v1/pods", "watch=1", ("watch", "pods")),
+        (
+            "PATCH",
+            "/apis/machine.sapcloud.io/v1alpha1/namespaces/ns/machines/m/status",
+            "",
+            ("patch", "machines/status"),
+        ),
+        ("DELETE", "/apis/machine.sapcloud.io/v1alpha1/namespaces/ns/machines/m", "", ("delete", "machines")),
+        ("PUT", "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l", "", ("update", "leases")),
+        ("POST", "/api/v1/namespaces", "", ("create", "namespaces")),
+        ("GET", "/api/v1/namespaces/ns", "", ("get", "namespaces")),
+        ("GET", "/version", "", ("get", "nonresource")),
+        ("GET", "/apis/machine.sapcloud.io/v1alpha1", "", ("list", "unknown")),
+    ],
+)
+def test_request_labels(method: str, path: str, query: str, expected: tuple[str, str]) -> None:
+    assert request_verb_and_resource(method, path, query) == expected
+
+
+def machine(name: str, *, phase: str, expiry: dt.datetime | None, value: str | None = None) -> Machine:
+    annotations = {v.PRESERVE_ANNOTATION: value} if value is not None else {}
+    return Machine.model_validate(
+        {
+            "metadata": {"name": name, "annotations": annotations},
+            "status": {"currentStatus": {"phase": phase, "preserveExpiryTime": expiry}},
+        }
+    )
+
+
+def test_preserved_counts_by_reason_and_phase_ignore_expired_and_unpreserved() -> None:
+    later, earlier = NOW + dt.timedelta(hours=1), NOW - dt.timedelta(seconds=1)
+    machines = [
+        machine("a", phase="Failed", expiry=later, value="auto-preserve"),
+        machine("b", phase="Failed", expiry=later, value="auto-preserved"),
+        machine("c", phase="Running", expiry=later, value="now"),
+        machine("d", phase="Running", expiry=later),  # node decides: no machine value, still manual
+        machine("e", phase="Failed", expiry=earlier, value="now"),  # expired
+        machine("f", phase="Running", expiry=None, value="now"),  # not preserved (yet)
+    ]
+    assert preserved_counts(machines, NOW) == {("auto", "Failed"): 2, ("manual", "Running"): 2}
+
+
+def test_the_gauge_is_read_at_scrape_time() -> None:
+    metrics = Metrics()
+    current: list[Machine] = []
+    metrics.watch_preserved(lambda: preserved_counts(current, NOW))
+    assert b"machine_preservation_preserved_machines{" not in generate_latest(metrics.registry)
+    current.append(machine("a", phase="Failed", expiry=NOW + dt.timedelta(hours=1), value="now"))
+    scraped = generate_latest(metrics.registry).decode()
+    assert 'machine_preservation_preserved_machines{phase="Failed",reason="manual"} 1.0' in scraped

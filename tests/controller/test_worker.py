@@ -1,0 +1,68 @@
+"""A worker's handling of reconcile outcomes, with a controlled clock: requeue at the time the plan asks
+for, backoff on conflicts and errors (reset by success), one metrics observation per reconcile."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+
+from kubernetes.aio.client.exceptions import ApiException
+
+from machine_preservation.controller.apply import StepFailed
+from machine_preservation.controller.manager import Controller, ControllerOptions
+from machine_preservation.controller.queue import Backoff, WorkQueue
+from machine_preservation.core import plan as p
+from tests.controller.fakeclock import FakeClock
+
+
+async def test_outcomes_drive_requeue_and_backoff() -> None:
+    clock = FakeClock()
+    queue: WorkQueue[str] = WorkQueue(name="machines", clock=clock, backoff=Backoff(base=1.0, cap=60.0))
+    controller = Controller(options=ControllerOptions(namespace="ns"))
+    outcomes: list[BaseException | dt.timedelta | None] = [
+        StepFailed(p.SetPreserveExpiry(expiry=None), ApiException(status=409, reason="Conflict"), conflict=True),
+        ApiException(status=500, reason="Internal"),
+        RuntimeError("bug"),
+        dt.timedelta(seconds=30),
+        None,
+    ]
+    calls: list[float] = []
+
+    async def reconcile(key: str) -> dt.timedelta | None:
+        assert key == "ns/m"
+        calls.append(clock.monotonic())
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    worker = asyncio.create_task(controller._worker(queue, reconcile))
+    start = clock.monotonic()
+    queue.add("ns/m")
+    await clock.advance(0)
+    assert calls == [start]
+    assert queue.failures("ns/m") == 1
+    await clock.advance(1.0)  # first backoff step
+    assert len(calls) == 2
+    await clock.advance(2.0)  # second
+    assert len(calls) == 3
+    await clock.advance(4.0)  # third; this reconcile succeeds and asks to look again in 30s
+    assert len(calls) == 4
+    assert queue.failures("ns/m") == 0, "success resets the backoff"
+    await clock.advance(29.9)
+    assert len(calls) == 4
+    await clock.advance(0.1)
+    assert len(calls) == 5
+    assert calls[1:] == [start + 1, start + 3, start + 7, start + 37]
+    await clock.advance(3600)
+    assert len(calls) == 5, "no requeue was asked for"
+
+    queue.shutdown()
+    await asyncio.wait_for(worker, 1)
+    samples = {
+        s.labels["result"]: s.value
+        for metric in controller.metrics.reconcile_duration.collect()
+        for s in metric.samples
+        if s.name.endswith("_count")
+    }
+    assert samples == {"conflict": 1.0, "error": 2.0, "success": 2.0}

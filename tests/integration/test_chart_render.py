@@ -1,0 +1,542 @@
+"""The Helm chart rendered with helm v4: lint, schema, the registration rules (identical to the webhook's
+own builder), RBAC, security settings, certificate modes, the three-cluster values, and the Dockerfile."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from machine_preservation.cli import build_parser
+from machine_preservation.cluster.toolchain import Toolchain
+from machine_preservation.webhook import configuration as builder
+from tests.integration.chart import CHART, NAMESPACE, find, helm, kinds, set_args, template, webhooks_by_name
+
+WEBHOOK = "mp-machine-preservation-webhook"
+CONTROLLER = "mp-machine-preservation-controller"
+CONTROLLER_USERNAME = f"system:serviceaccount:{NAMESPACE}:{CONTROLLER}"
+MCM = "system:serviceaccount:kube-system:machine-controller-manager"
+CA_BUNDLE = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
+
+VALUE_SETS: dict[str, dict[str, str]] = {
+    "default": {},
+    "all-webhooks": {"webhooks.shoots.register": "true"},
+    "cert-manager": {"certificates.mode": '"certManager"', "webhooks.shoots.register": "true"},
+    "cert-manager-external-issuer": {
+        "certificates.mode": '"certManager"',
+        "certificates.certManager.issuerRef": json.dumps(
+            {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+        ),
+    },
+    "provided": {
+        "certificates.mode": '"provided"',
+        "certificates.provided.secretName": '"my-tls"',
+        "certificates.provided.caBundle": json.dumps(CA_BUNDLE),
+    },
+    "remote-clusters": {
+        "clusters.control.kubeconfigSecret": '"seed-kubeconfig"',
+        "clusters.control.namespace": '"shoot--p--s"',
+        "clusters.target.kubeconfigSecret": '"shoot-kubeconfig"',
+        "clusters.garden.kubeconfigSecret": '"garden-kubeconfig"',
+        "webhooks.nodes.register": "false",
+        "webhooks.machines.register": "true",
+        "certificates.selfManaged.remoteConfigurations": json.dumps(
+            [
+                {"cluster": "target", "kind": "validating", "name": "mp-machine-preservation"},
+                {"cluster": "target", "kind": "mutating", "name": "mp-machine-preservation"},
+                {"cluster": "garden", "kind": "validating", "name": "mp-machine-preservation"},
+            ]
+        ),
+        "webhooks.clientConfig.url": '"https://mp.seed.example.com:443"',
+    },
+    "registration-only": {
+        "webhook.enabled": "false",
+        "controller.enabled": "false",
+        "webhooks.clientConfig.url": '"https://mp.seed.example.com"',
+        "webhook.controllerUsername": '"system:serviceaccount:kube-system:mp-controller"',
+        "webhook.mcmUsernames": json.dumps([MCM, "system:serviceaccount:shoot--p--s:machine-controller-manager"]),
+        "rbac.remoteIdentities.caBundleInjector": '"seed-webhook"',
+        "rbac.remoteIdentities.controller": '"seed-controller"',
+    },
+    "customised": {
+        "webhook.replicas": "3",
+        "webhook.nodeSelector": '{"role": "system"}',
+        "webhook.tolerations": '[{"key": "dedicated", "operator": "Equal", "value": "system", "effect": "NoSchedule"}]',
+        "controller.leaderElection.enabled": "false",
+        "controller.machinePreserveTimeout": '"96h"',
+        "webhooks.machines.failurePolicy": '"Ignore"',
+        "webhooks.nodes.timeoutSeconds": "3",
+        "webhooks.machines.namespaceSelector": '{"matchLabels": {"gardener.cloud/role": "shoot"}}',
+        "image.tag": '"v9.9.9"',
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def rendered(toolchain: Toolchain) -> dict[str, list[dict[str, Any]]]:
+    return {name: template(toolchain.helm, values) for name, values in VALUE_SETS.items()}
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_helm_lint_strict(toolchain: Toolchain, name: str) -> None:
+    result = helm(toolchain.helm, "lint", "--strict", str(CHART), "--namespace", NAMESPACE, *set_args(VALUE_SETS[name]))
+    assert "0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"replicaCount": "2"}, "additional properties 'replicaCount' not allowed"),
+        ({"webhook.replica": "2"}, "additional properties 'replica' not allowed"),
+        ({"certificates.selfManaged.caValidty": '"1h"'}, "additional properties 'caValidty' not allowed"),
+        ({"webhooks.nodes.failurePolicy": '"Fail"'}, "additional properties 'failurePolicy' not allowed"),
+        ({"webhook.replicas": '"two"'}, "got string, want integer"),
+        ({"rbac.create": '"yes"'}, "got string, want boolean"),
+        ({"certificates.mode": '"vault"'}, "value must be one of"),
+        ({"webhooks.machines.failurePolicy": '"fail"'}, "value must be one of"),
+        ({"webhooks.nodes.timeoutSeconds": "10"}, "maximum: got 10, want 5"),
+        ({"controller.machinePreserveTimeout": '"3d"'}, "does not match pattern"),
+        ({"certificates.selfManaged.servingRenewFraction": "1.5"}, "exclusiveMaximum"),
+        ({"webhook.tolerations": '[{"key": "a", "operator": "Maybe"}]'}, "value must be one of"),
+    ],
+)
+def test_schema_rejects_unknown_keys_and_wrong_types(
+    toolchain: Toolchain, values: dict[str, str], message: str
+) -> None:
+    result = helm(toolchain.helm, "template", "mp", str(CHART), *set_args(values), check=False)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"certificates.mode": '"provided"'}, "certificates.provided.secretName is required"),
+        ({"webhook.enabled": "false"}, "webhooks.clientConfig.url is required"),
+        (
+            {
+                "certificates.selfManaged.remoteConfigurations": json.dumps(
+                    [{"cluster": "garden", "kind": "validating", "name": "x"}]
+                )
+            },
+            "clusters.garden.kubeconfigSecret must be set",
+        ),
+    ],
+)
+def test_inconsistent_values_fail_with_a_clear_message(
+    toolchain: Toolchain, values: dict[str, str], message: str
+) -> None:
+    result = helm(toolchain.helm, "template", "mp", str(CHART), *set_args(values), check=False)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def _builder_webhooks(
+    *,
+    client: builder.ClientConfig,
+    controller: str,
+    mcm: list[str],
+    nodes: bool,
+    machines: bool,
+    shoots: bool,
+    node_timeout: int = 5,
+    machine_policy: builder.FailurePolicy = "Fail",
+    machine_namespace_selector: dict[str, Any] | None = None,
+) -> dict[str, dict[str, Any]]:
+    built = []
+    if nodes:
+        built += [
+            builder.node_preserve_annotation_webhook(
+                client=client, controller_username=controller, mcm_usernames=mcm, timeout_seconds=node_timeout
+            ),
+            builder.node_ca_annotation_webhook(
+                client=client, controller_username=controller, mcm_usernames=mcm, timeout_seconds=node_timeout
+            ),
+        ]
+    if machines:
+        built += [
+            builder.machine_preserve_annotation_webhook(
+                client=client,
+                controller_username=controller,
+                failure_policy=machine_policy,
+                namespace_selector=machine_namespace_selector,
+            ),
+            builder.machine_deletion_webhook(
+                client=client,
+                mcm_usernames=mcm,
+                failure_policy=machine_policy,
+                namespace_selector=machine_namespace_selector,
+            ),
+        ]
+    if shoots:
+        built.append(builder.shoot_webhook(client=client))
+    return {webhook["name"]: webhook for webhook in built}
+
+
+def _service_client(ca_bundle: bytes = b"") -> builder.ClientConfig:
+    return builder.ClientConfig(
+        ca_bundle=ca_bundle, service_namespace=NAMESPACE, service_name=WEBHOOK, service_port=443
+    )
+
+
+EXPECTED: dict[str, Any] = {
+    "default": lambda: _builder_webhooks(
+        client=_service_client(), controller=CONTROLLER_USERNAME, mcm=[MCM], nodes=True, machines=True, shoots=False
+    ),
+    "all-webhooks": lambda: _builder_webhooks(
+        client=_service_client(), controller=CONTROLLER_USERNAME, mcm=[MCM], nodes=True, machines=True, shoots=True
+    ),
+    "provided": lambda: _builder_webhooks(
+        client=_service_client(base64.b64decode(CA_BUNDLE)),
+        controller=CONTROLLER_USERNAME,
+        mcm=[MCM],
+        nodes=True,
+        machines=True,
+        shoots=False,
+    ),
+    "registration-only": lambda: _builder_webhooks(
+        client=builder.ClientConfig(ca_bundle=b"", url="https://mp.seed.example.com"),
+        controller="system:serviceaccount:kube-system:mp-controller",
+        mcm=[MCM, "system:serviceaccount:shoot--p--s:machine-controller-manager"],
+        nodes=True,
+        machines=True,
+        shoots=False,
+    ),
+    "customised": lambda: _builder_webhooks(
+        client=_service_client(),
+        controller=CONTROLLER_USERNAME,
+        mcm=[MCM],
+        nodes=True,
+        machines=True,
+        shoots=False,
+        node_timeout=3,
+        machine_policy="Ignore",
+        machine_namespace_selector={"matchLabels": {"gardener.cloud/role": "shoot"}},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_chart_registers_exactly_what_the_webhook_builder_builds(
+    rendered: dict[str, list[dict[str, Any]]], name: str
+) -> None:
+    """The chart's rules and matchConditions are the ones the webhook's tests exercise."""
+    chart = webhooks_by_name(rendered[name])
+    expected = EXPECTED[name]()
+    if name != "provided":
+        # Self-managed: the caBundle is injected at run time, the chart leaves it out.
+        for webhook in expected.values():
+            webhook["clientConfig"].pop("caBundle")
+    assert sorted(chart) == sorted(expected)
+    for webhook_name, webhook in expected.items():
+        assert chart[webhook_name] == webhook, webhook_name
+
+
+def test_node_webhooks_can_never_block_nodes(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for name, documents in rendered.items():
+        for webhook in webhooks_by_name(documents).values():
+            touches_nodes = any("nodes" in rule["resources"] for rule in webhook["rules"])
+            if not touches_nodes:
+                continue
+            assert webhook["failurePolicy"] == "Ignore", name
+            assert webhook["timeoutSeconds"] <= 5, name
+            assert all("nodes/status" in rule["resources"] for rule in webhook["rules"]), name
+            conditions = {c["name"]: c["expression"] for c in webhook["matchConditions"]}
+            assert conditions["not-a-kubelet"] == "!('system:nodes' in request.userInfo.groups)"
+            assert MCM in conditions["not-mcm-or-controller"]
+
+
+def test_webhook_configurations_are_plain_release_resources(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """No Helm hooks anywhere: `helm uninstall` removes every object, webhook configurations included."""
+    for documents in rendered.values():
+        for document in documents:
+            assert "helm.sh/hook" not in (document["metadata"].get("annotations") or {}), document["metadata"]["name"]
+
+
+def test_default_install_shape(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    documents = rendered["default"]
+    webhook = find(documents, "Deployment", WEBHOOK)
+    assert webhook["spec"]["replicas"] >= 2
+    pdb = find(documents, "PodDisruptionBudget", WEBHOOK)
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == webhook["spec"]["selector"]["matchLabels"]
+    service = find(documents, "Service", WEBHOOK)
+    assert service["spec"]["selector"] == webhook["spec"]["template"]["metadata"]["labels"]
+    pod = webhook["spec"]["template"]["spec"]
+    server = next(c for c in pod["containers"] if c["name"] == "webhook")
+    assert server["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
+    assert server["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
+    assert server["ports"] == [{"name": "https", "containerPort": 10250, "protocol": "TCP"}]
+    assert service["spec"]["ports"][0]["targetPort"] == "https"
+    # Self-managed certificates: init container, sidecar, shared in-memory dir, empty Secret.
+    assert [c["name"] for c in pod["initContainers"]] == ["certs-init"]
+    assert "--once" in pod["initContainers"][0]["args"]
+    assert [c["name"] for c in pod["containers"]] == ["webhook", "certs"]
+    assert {"name": "certs", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}} in pod["volumes"]
+    secret = find(documents, "Secret", f"{WEBHOOK}-certs")
+    assert "data" not in secret
+    controller = find(documents, "Deployment", CONTROLLER)
+    args = controller["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:2] == ["--log-level=INFO", "controller"]
+    assert f"--namespace={NAMESPACE}" in args
+    assert "--leader-elect" in args
+    assert not [a for a in args if "kubeconfig" in a], "in-cluster by default"
+    controller_container = controller["spec"]["template"]["spec"]["containers"][0]
+    assert controller_container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert controller_container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    for configuration in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        for hook in find(documents, configuration)["webhooks"]:
+            assert "caBundle" not in hook["clientConfig"]
+
+
+def _containers(documents: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    pods = [d["spec"]["template"]["spec"] for d in documents if d["kind"] == "Deployment"]
+    return [(pod, c) for pod in pods for c in [*pod.get("initContainers", []), *pod["containers"]]]
+
+
+def test_every_container_is_locked_down(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for name, documents in rendered.items():
+        for pod, container in _containers(documents):
+            assert pod["securityContext"]["runAsNonRoot"] is True
+            assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+            context = container["securityContext"]
+            assert context["readOnlyRootFilesystem"] is True, (name, container["name"])
+            assert context["allowPrivilegeEscalation"] is False
+            assert context["privileged"] is False
+            assert context["capabilities"]["drop"] == ["ALL"]
+            assert container["resources"]["requests"]["memory"], (name, container["name"])
+
+
+def _rules(documents: list[dict[str, Any]], kind: str, name: str) -> set[tuple[str, str, str, str]]:
+    role = find(documents, kind, name)
+    return {
+        (group, resource, verb, ",".join(rule.get("resourceNames", [])))
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def _expand(group: str, resources: str, verbs: str, names: str = "") -> set[tuple[str, str, str, str]]:
+    return {(group, r, v, names) for r in resources.split() for v in verbs.split()}
+
+
+def test_rbac_grants_exactly_the_verbs_used(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    documents = rendered["default"]
+    machine = "machine.sapcloud.io"
+    assert _rules(documents, "Role", f"{CONTROLLER}-control") == (
+        _expand(machine, "machines", "get list watch patch update delete")
+        | _expand(machine, "machinesets machinedeployments", "get list watch patch update")
+        | _expand(machine, "machines/status machinesets/status machinedeployments/status", "patch update")
+        | _expand("", "events", "create get patch")
+        | _expand("coordination.k8s.io", "leases", "get create update")
+    )
+    assert _rules(documents, "ClusterRole", f"{CONTROLLER}-{NAMESPACE}-target") == (
+        _expand("", "nodes", "get list watch patch")
+        | _expand("", "nodes/status", "patch")
+        | _expand("", "pods", "list watch")
+        | _expand("", "pods/eviction", "create")
+    )
+    node_events = find(documents, "Role", f"{CONTROLLER}-{NAMESPACE}-node-events")
+    assert node_events["metadata"]["namespace"] == "default"
+    assert _rules(documents, "Role", f"{CONTROLLER}-{NAMESPACE}-node-events") == _expand(
+        "", "events", "create get patch"
+    )
+    assert _rules(documents, "ClusterRole", f"{CONTROLLER}-{NAMESPACE}-crd") == _expand(
+        "apiextensions.k8s.io", "customresourcedefinitions", "get", "machines.machine.sapcloud.io"
+    )
+    assert _rules(documents, "Role", f"{WEBHOOK}-control") == _expand(machine, "machines machinesets", "list")
+    assert _rules(documents, "Role", f"{WEBHOOK}-certs") == _expand("", "secrets", "get patch", f"{WEBHOOK}-certs")
+    assert _rules(documents, "ClusterRole", f"{WEBHOOK}-{NAMESPACE}-cabundle") == _expand(
+        "admissionregistration.k8s.io",
+        "validatingwebhookconfigurations mutatingwebhookconfigurations",
+        "get patch",
+        "mp-machine-preservation",
+    )
+    bindings = [d for d in documents if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    roles = [d for d in documents if d["kind"] in ("Role", "ClusterRole")]
+    assert sorted(b["roleRef"]["name"] for b in bindings) == sorted(r["metadata"]["name"] for r in roles)
+    for binding in bindings:
+        component = "controller" if binding["roleRef"]["name"].startswith(CONTROLLER) else "webhook"
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": f"mp-machine-preservation-{component}", "namespace": NAMESPACE}
+        ]
+
+
+def test_cert_manager_mode(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    documents = rendered["cert-manager"]
+    assert kinds(d for d in documents if d["apiVersion"].startswith("cert-manager.io")) == [
+        "Certificate",
+        "Certificate",
+        "Issuer",
+        "Issuer",
+    ]
+    serving = find(documents, "Certificate", WEBHOOK)
+    assert serving["spec"]["secretName"] == f"{WEBHOOK}-tls"
+    assert f"{WEBHOOK}.{NAMESPACE}.svc" in serving["spec"]["dnsNames"]
+    for configuration in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        annotations = find(documents, configuration)["metadata"]["annotations"]
+        assert annotations == {"cert-manager.io/inject-ca-from": f"{NAMESPACE}/{WEBHOOK}"}
+    pod = find(documents, "Deployment", WEBHOOK)["spec"]["template"]["spec"]
+    assert "initContainers" not in pod
+    assert [c["name"] for c in pod["containers"]] == ["webhook"]
+    assert {"name": "certs", "secret": {"secretName": f"{WEBHOOK}-tls"}} in pod["volumes"]
+    assert not [d for d in documents if d["kind"] == "Secret"]
+    assert not [d for d in documents if d["metadata"]["name"].endswith("cabundle")], "cainjector owns the caBundle"
+    external = rendered["cert-manager-external-issuer"]
+    assert kinds(d for d in external if d["apiVersion"].startswith("cert-manager.io")) == ["Certificate"]
+    assert find(external, "Certificate")["spec"]["issuerRef"] == {
+        "name": "corp-ca",
+        "kind": "ClusterIssuer",
+        "group": "cert-manager.io",
+    }
+
+
+def test_provided_mode(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    documents = rendered["provided"]
+    pod = find(documents, "Deployment", WEBHOOK)["spec"]["template"]["spec"]
+    assert {"name": "certs", "secret": {"secretName": "my-tls"}} in pod["volumes"]
+    assert [c["name"] for c in pod["containers"]] == ["webhook"]
+    assert all(w["clientConfig"]["caBundle"] == CA_BUNDLE for w in webhooks_by_name(documents).values())
+    assert not [d for d in documents if d["kind"] == "Secret"]
+
+
+def test_remote_clusters_use_kubeconfig_secrets(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    documents = rendered["remote-clusters"]
+    controller = find(documents, "Deployment", CONTROLLER)["spec"]["template"]["spec"]
+    args = controller["containers"][0]["args"]
+    assert "--control-kubeconfig=/etc/machine-preservation/control/kubeconfig" in args
+    assert "--target-kubeconfig=/etc/machine-preservation/target/kubeconfig" in args
+    assert "--namespace=shoot--p--s" in args
+    assert {v["secret"]["secretName"] for v in controller["volumes"]} == {"seed-kubeconfig", "shoot-kubeconfig"}
+    webhook = find(documents, "Deployment", WEBHOOK)["spec"]["template"]["spec"]
+    server = next(c for c in webhook["containers"] if c["name"] == "webhook")
+    assert "--kubeconfig=/etc/machine-preservation/control/kubeconfig" in server["args"]
+    sidecar = next(c for c in webhook["containers"] if c["name"] == "certs")
+    assert (
+        "--webhook-configuration=validating/mp-machine-preservation@/etc/machine-preservation/garden/kubeconfig"
+        in (sidecar["args"])
+    )
+    assert "--extra-name=mp.seed.example.com" in sidecar["args"]
+    assert {m["mountPath"] for m in sidecar["volumeMounts"]} == {
+        "/certs",
+        "/etc/machine-preservation/target",
+        "/etc/machine-preservation/garden",
+    }
+    # Nothing is granted in the cluster the chart is installed in for clusters reached by kubeconfig.
+    role_names = {d["metadata"]["name"] for d in documents if d["kind"] in ("Role", "ClusterRole")}
+    assert role_names == {f"{WEBHOOK}-certs", f"{WEBHOOK}-{NAMESPACE}-cabundle"}
+    hooks = webhooks_by_name(documents)
+    assert sorted(hooks) == [builder.MACHINE_DELETION_WEBHOOK, builder.MACHINE_PRESERVE_WEBHOOK]
+    assert hooks[builder.MACHINE_DELETION_WEBHOOK]["clientConfig"] == {
+        "url": "https://mp.seed.example.com:443/validate-machine-deletion"
+    }
+
+
+def test_registration_only_install_grants_the_remote_identities_exactly_their_work(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    documents = rendered["registration-only"]
+    assert kinds(documents) == [
+        "ClusterRole",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ClusterRoleBinding",
+        "MutatingWebhookConfiguration",
+        "Role",
+        "RoleBinding",
+        "ValidatingWebhookConfiguration",
+    ]
+    assert _rules(documents, "ClusterRole", "mp-machine-preservation-remote-cabundle") == _expand(
+        "admissionregistration.k8s.io",
+        "validatingwebhookconfigurations mutatingwebhookconfigurations",
+        "get patch",
+        "mp-machine-preservation",
+    )
+    assert _rules(documents, "ClusterRole", "mp-machine-preservation-remote-controller") == _rules(
+        rendered["default"], "ClusterRole", f"{CONTROLLER}-{NAMESPACE}-target"
+    )
+    assert _rules(documents, "Role", "mp-machine-preservation-remote-controller-node-events") == _expand(
+        "", "events", "create get patch"
+    )
+    subjects = {
+        b["metadata"]["name"]: b["subjects"] for b in documents if b["kind"] in ("RoleBinding", "ClusterRoleBinding")
+    }
+    assert subjects == {
+        "mp-machine-preservation-remote-cabundle": [
+            {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "seed-webhook"}
+        ],
+        "mp-machine-preservation-remote-controller": [
+            {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "seed-controller"}
+        ],
+        "mp-machine-preservation-remote-controller-node-events": [
+            {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "seed-controller"}
+        ],
+    }
+
+
+def test_customised_values_reach_the_manifests(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    documents = rendered["customised"]
+    webhook = find(documents, "Deployment", WEBHOOK)
+    assert webhook["spec"]["replicas"] == 3
+    pod = webhook["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"role": "system"}
+    assert pod["tolerations"][0]["key"] == "dedicated"
+    assert all(c["image"] == "ghcr.io/gardener/machine-preservation:v9.9.9" for c in pod["containers"])
+    args = find(documents, "Deployment", CONTROLLER)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--no-leader-elect" in args
+    assert "--machine-preserve-timeout=96h" in args
+    control_rules = _rules(documents, "Role", f"{CONTROLLER}-control")
+    assert not [rule for rule in control_rules if rule[1] == "leases"], "no Lease access without leader election"
+
+
+@pytest.mark.parametrize("name", ["default", "remote-clusters", "provided"])
+def test_chart_commands_are_accepted_by_the_cli(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
+    """Every webhook/certs container's args parse with the real command line (the image's ENTRYPOINT)."""
+    parser = build_parser()
+    commands = set()
+    for _, container in _containers(rendered[name]):
+        args = parser.parse_args(container["args"])
+        commands.add(args.command)
+        if args.command == "webhook":
+            assert args.cert_dir == Path("/certs")
+            assert args.port == 10250
+        elif args.command == "certs":
+            assert args.cert_dir == Path("/certs")
+            assert args.secret == (NAMESPACE, f"{WEBHOOK}-certs")
+        else:
+            assert args.command == "controller"
+            assert args.leader_elect is True
+            assert args.metrics_port == 8080
+            assert args.metrics_bind_address == "0.0.0.0", "reachable by Prometheus and the kubelet's probes"
+            remote = name == "remote-clusters"
+            assert args.namespace == ("shoot--p--s" if remote else NAMESPACE)
+            assert args.control_kubeconfig == (Path("/etc/machine-preservation/control/kubeconfig") if remote else None)
+            assert args.target_kubeconfig == (Path("/etc/machine-preservation/target/kubeconfig") if remote else None)
+    assert commands == ({"webhook", "controller"} if name == "provided" else {"webhook", "certs", "controller"})
+
+
+def test_dockerfile_matches_the_chart(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    dockerfile = (CHART.parents[1] / "Dockerfile").read_text()
+    entrypoint = re.search(r"^ENTRYPOINT (.+)$", dockerfile, re.MULTILINE)
+    assert entrypoint is not None
+    assert json.loads(entrypoint.group(1)) == ["machine-preservation"]
+    exposed = {int(p) for p in re.search(r"^EXPOSE (.+)$", dockerfile, re.MULTILINE).group(1).split()}  # type: ignore[union-attr]
+    user = re.search(r"^USER (\d+):(\d+)$", dockerfile, re.MULTILINE)
+    assert user is not None
+    documents = rendered["default"]
+    ports = {p["containerPort"] for _, c in _containers(documents) for p in c.get("ports", [])}
+    assert ports == exposed
+    for pod, container in _containers(documents):
+        assert "command" not in container, "the image's ENTRYPOINT is the command"
+        assert pod["securityContext"]["runAsUser"] == int(user.group(1))
+        assert pod["securityContext"]["runAsGroup"] == int(user.group(2))
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert {values["webhook"]["port"], values["controller"]["metricsPort"]} == exposed

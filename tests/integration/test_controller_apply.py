@@ -1,0 +1,338 @@
+"""Each plan step executor against real objects: Machines (our CRDs), Nodes, Events."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
+
+from machine_preservation.cluster.controlplane import ControlPlane
+from machine_preservation.controller.apply import (
+    ObjectGone,
+    Snapshot,
+    StepFailed,
+    Writer,
+    execute_machine_plan,
+)
+from machine_preservation.controller.events import EventRecorder, Regarding
+from machine_preservation.core import plan as p
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.models import Machine, Node
+from tests.controller.support import (
+    GROUP,
+    VERSION,
+    aio_client,
+    create_machine,
+    create_node,
+    get_machine,
+    read_node_model,
+)
+
+NOW = dt.datetime(2026, 11, 21, 12, 0, 0, tzinfo=dt.UTC)
+PRESERVED = {"key": v.PRESERVED_TAINT_KEY, "effect": v.PRESERVED_TAINT_EFFECT}
+
+
+@pytest.fixture
+async def api(control_plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
+    api_client = await aio_client(control_plane.kubeconfig)
+    yield api_client
+    await api_client.close()
+
+
+@pytest.fixture
+def writer(api: client.ApiClient, namespace: str) -> Writer:
+    recorder = EventRecorder(control=api, target=api, machine_namespace=namespace, instance="test")
+    return Writer(control=api, target=api, namespace=namespace, recorder=recorder)
+
+
+@pytest.fixture
+async def node_name(api: client.ApiClient) -> AsyncIterator[str]:
+    name = f"n-{uuid.uuid4().hex[:8]}"
+    yield name
+    with contextlib.suppress(ApiException):
+        await client.CoreV1Api(api).delete_node(name)
+
+
+async def machine_snapshot(api: client.ApiClient, namespace: str, name: str, node: str = "") -> Snapshot:
+    machine = Machine.model_validate(await get_machine(client.CustomObjectsApi(api), namespace, name))
+    node_model = None
+    if node:
+        node_model = await read_node_model(client.CoreV1Api(api), node)
+    return Snapshot(machine=machine, node=node_model)
+
+
+async def read_node(api: client.ApiClient, name: str) -> Node:
+    return await read_node_model(client.CoreV1Api(api), name)
+
+
+async def test_machine_annotations_are_set_and_removed_and_a_stale_snapshot_conflicts(
+    api: client.ApiClient, writer: Writer, namespace: str
+) -> None:
+    custom = client.CustomObjectsApi(api)
+    await create_machine(custom, namespace, "m", annotations={"keep": "1", "drop": "x"})
+    snap = await machine_snapshot(api, namespace, "m")
+    await execute_machine_plan(
+        writer=writer,
+        snap=snap,
+        steps=[p.PatchMachineAnnotations(set={v.PRESERVE_ANNOTATION: "now"}, remove=("drop",))],
+        drain=_no_drain,
+        now=NOW,
+    )
+    annotations = (await get_machine(custom, namespace, "m"))["metadata"]["annotations"]
+    assert annotations == {"keep": "1", v.PRESERVE_ANNOTATION: "now"}
+
+    stale = Snapshot(machine=snap.machine, node=None)  # the resourceVersion before our write
+    with pytest.raises(StepFailed) as failed:
+        await execute_machine_plan(
+            writer=writer,
+            snap=stale,
+            steps=[p.PatchMachineAnnotations(remove=(v.PRESERVE_ANNOTATION,))],
+            drain=_no_drain,
+            now=NOW,
+        )
+    assert failed.value.conflict
+    assert (await get_machine(custom, namespace, "m"))["metadata"]["annotations"][v.PRESERVE_ANNOTATION] == "now"
+
+
+async def test_expiry_and_phase_are_written_through_the_status_subresource(
+    api: client.ApiClient, writer: Writer, namespace: str
+) -> None:
+    custom = client.CustomObjectsApi(api)
+    await create_machine(custom, namespace, "m", phase="Failed")
+    snap = await machine_snapshot(api, namespace, "m")
+    expiry = NOW + dt.timedelta(hours=72, microseconds=123)
+    written = await execute_machine_plan(
+        writer=writer,
+        snap=snap,
+        steps=[p.SetPreserveExpiry(expiry=expiry), p.SetMachinePhase(phase="Running")],
+        drain=_no_drain,
+        now=NOW,
+    )
+    assert written == 2, "the second status write uses the resourceVersion returned by the first"
+    status = (await get_machine(custom, namespace, "m"))["status"]["currentStatus"]
+    assert status == {
+        "phase": "Running",
+        "preserveExpiryTime": "2026-11-24T12:00:00Z",
+        "lastUpdateTime": "2026-11-21T12:00:00Z",
+    }
+
+    await execute_machine_plan(
+        writer=writer, snap=snap, steps=[p.SetPreserveExpiry(expiry=None)], drain=_no_drain, now=NOW
+    )
+    status = (await get_machine(custom, namespace, "m"))["status"]["currentStatus"]
+    assert "preserveExpiryTime" not in status
+    assert status["phase"] == "Running"
+
+
+async def test_delete_machine_is_idempotent_and_checks_the_uid(
+    api: client.ApiClient, writer: Writer, namespace: str
+) -> None:
+    custom = client.CustomObjectsApi(api)
+    await create_machine(custom, namespace, "m")
+    snap = await machine_snapshot(api, namespace, "m")
+    await execute_machine_plan(writer=writer, snap=snap, steps=[p.DeleteMachine()], drain=_no_drain, now=NOW)
+    await execute_machine_plan(writer=writer, snap=snap, steps=[p.DeleteMachine()], drain=_no_drain, now=NOW)
+    listed = await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "machines")
+    assert listed["items"] == []
+
+    # A machine changed since the snapshot is not deleted (the plan is made again from its new state).
+    await create_machine(custom, namespace, "changed")
+    changed = await machine_snapshot(api, namespace, "changed")
+    await custom.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        "machines",
+        "changed",
+        {"metadata": {"labels": {"x": "y"}}},
+        _content_type="application/merge-patch+json",
+    )
+    with pytest.raises(StepFailed) as stale:
+        await execute_machine_plan(writer=writer, snap=changed, steps=[p.DeleteMachine()], drain=_no_drain, now=NOW)
+    assert stale.value.conflict
+    await get_machine(custom, namespace, "changed")
+
+    # A new machine with the same name is not deleted through the old snapshot.
+    await create_machine(custom, namespace, "m")
+    with pytest.raises(StepFailed) as failed:
+        await execute_machine_plan(writer=writer, snap=snap, steps=[p.DeleteMachine()], drain=_no_drain, now=NOW)
+    assert failed.value.conflict
+    assert (await get_machine(custom, namespace, "m"))["metadata"]["uid"] != snap.machine.metadata.uid
+
+
+async def test_node_annotations_keep_unrelated_keys(api: client.ApiClient, writer: Writer, node_name: str) -> None:
+    await create_node(client.CoreV1Api(api), node_name, annotations={"user": "x", "old": "y"})
+    machine = Machine.model_validate({"metadata": {"name": "m", "labels": {"node": node_name}}})
+    snap = Snapshot(machine=machine, node=await read_node(api, node_name))
+    step = p.PatchNodeAnnotations(
+        set={v.CA_SCALE_DOWN_DISABLED_ANNOTATION: "true", v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION: "true"},
+        remove=("old",),
+    )
+    await writer.patch_node_annotations(snap, step)
+    node = await read_node(api, node_name)
+    assert node.metadata.annotations == {
+        "user": "x",
+        v.CA_SCALE_DOWN_DISABLED_ANNOTATION: "true",
+        v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION: "true",
+    }
+
+
+async def test_taint_add_and_remove_never_clobber_other_taints_or_unschedulable(
+    api: client.ApiClient, writer: Writer, node_name: str
+) -> None:
+    core = client.CoreV1Api(api)
+    await create_node(core, node_name)
+    # Drop the not-ready taint admission adds on create: the node starts without any taint.
+    await core.patch_node(node_name, {"spec": {"unschedulable": True, "taints": None}})
+    machine = Machine.model_validate({"metadata": {"name": "m", "labels": {"node": node_name}}})
+
+    # Add to a node without taints (guarded by resourceVersion), then once more: no duplicate.
+    snap = Snapshot(machine=machine, node=await read_node(api, node_name))
+    await writer.set_preserved_taint(snap, p.SetPreservedTaint(present=True), now=NOW)
+    snap = Snapshot(machine=machine, node=await read_node(api, node_name))
+    await writer.set_preserved_taint(snap, p.SetPreservedTaint(present=True), now=NOW)
+    node = await read_node(api, node_name)
+    assert [(t.key, t.effect) for t in node.spec.taints] == [(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT)]
+    assert node.spec.taints[0].time_added == NOW
+
+    # Someone puts a taint in front of ours after our snapshot: our removal must not hit it.
+    stale = Snapshot(machine=machine, node=node)
+    user_taint = {"key": "user/maintenance", "effect": "NoExecute"}
+    await core.patch_node(node_name, [{"op": "add", "path": "/spec/taints/0", "value": user_taint}])
+    with pytest.raises(StepFailed) as failed:
+        await execute_machine_plan(
+            writer=writer, snap=stale, steps=[p.SetPreservedTaint(present=False)], drain=_no_drain, now=NOW
+        )
+    assert failed.value.conflict
+    node = await read_node(api, node_name)
+    assert [t.key for t in node.spec.taints] == ["user/maintenance", v.PRESERVED_TAINT_KEY]
+
+    # From a fresh snapshot the removal succeeds and leaves the user's taint alone.
+    snap = Snapshot(machine=machine, node=node)
+    await writer.set_preserved_taint(snap, p.SetPreservedTaint(present=False), now=NOW)
+    node = await read_node(api, node_name)
+    assert [t.key for t in node.spec.taints] == ["user/maintenance"]
+    assert node.spec.unschedulable is True
+
+
+async def test_preserved_condition_is_merged_by_type(api: client.ApiClient, writer: Writer, node_name: str) -> None:
+    core = client.CoreV1Api(api)
+    await create_node(core, node_name)
+    machine = Machine.model_validate({"metadata": {"name": "m", "labels": {"node": node_name}}})
+    snap = Snapshot(machine=machine, node=await read_node(api, node_name))
+    for status, message in (("True", "Machine preserved until x."), ("False", "")):
+        reason = v.ConditionReason.PRESERVED_BY_USER if status == "True" else v.ConditionReason.PRESERVATION_STOPPED
+        step = p.SetPreservedCondition(status=status, reason=reason, message=message, last_transition_time=NOW)
+        await writer.set_preserved_condition(snap, step)
+    node = await read_node(api, node_name)
+    assert sorted(c.type for c in node.status.conditions) == [v.PRESERVED_CONDITION_TYPE, "Ready"]
+    preserved = node.preserved_condition
+    assert preserved is not None
+    assert (preserved.status, preserved.reason, preserved.message) == ("False", "Preservation stopped.", "")
+    assert preserved.last_transition_time == NOW
+
+
+async def test_repeated_events_are_aggregated_into_one_series(
+    api: client.ApiClient, writer: Writer, namespace: str, node_name: str
+) -> None:
+    custom = client.CustomObjectsApi(api)
+    created = await create_machine(custom, namespace, "m")
+    snap = await machine_snapshot(api, namespace, "m")
+    step = p.RecordEvent(kind="Machine", name="m", type="Normal", reason="PreservationStarted", message="hello")
+    for _ in range(3):
+        await writer.record_event(snap, step, now=NOW)
+    other = p.RecordEvent(kind="Machine", name="m", type="Warning", reason="InvalidPreserveValue", message="bad")
+    await writer.record_event(snap, other, now=NOW)
+
+    events = (await client.CoreV1Api(api).list_namespaced_event(namespace)).items
+    by_reason = {e.reason: e for e in events}
+    assert set(by_reason) == {"PreservationStarted", "InvalidPreserveValue"}
+    started = by_reason["PreservationStarted"]
+    assert started.count == 3
+    assert started.involved_object.kind == "Machine"
+    assert started.involved_object.uid == created["metadata"]["uid"]
+    assert started.message == "hello"
+    assert (by_reason["InvalidPreserveValue"].count, by_reason["InvalidPreserveValue"].type) == (1, "Warning")
+
+    await create_node(client.CoreV1Api(api), node_name)
+    await writer.recorder.record(
+        regarding=Regarding(kind="Node", name=node_name), type="Normal", reason="R", message="m", action="A", now=NOW
+    )
+    node_events = (await client.CoreV1Api(api).list_namespaced_event("default")).items
+    assert any(e.involved_object.name == node_name and e.involved_object.kind == "Node" for e in node_events)
+
+
+async def test_a_plan_stops_at_the_first_failure(
+    api: client.ApiClient, writer: Writer, namespace: str, node_name: str
+) -> None:
+    custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    await create_node(core, node_name)
+    await create_machine(custom, namespace, "m", node=node_name, phase="Failed")
+    snap = await machine_snapshot(api, namespace, "m", node=node_name)
+    await core.patch_node(node_name, {"metadata": {"labels": {"changed": "yes"}}})  # snapshot's node is stale
+    steps = [
+        p.SetPreserveExpiry(expiry=NOW + dt.timedelta(hours=1)),
+        p.PatchNodeAnnotations(set={v.CA_SCALE_DOWN_DISABLED_ANNOTATION: "true"}),
+        p.RecordEvent(kind="Machine", name="m", type="Normal", reason="PreservationStarted", message="x"),
+    ]
+    with pytest.raises(StepFailed) as failed:
+        await execute_machine_plan(writer=writer, snap=snap, steps=steps, drain=_no_drain, now=NOW)
+    assert isinstance(failed.value.step, p.PatchNodeAnnotations)
+    machine = await get_machine(custom, namespace, "m")
+    assert machine["status"]["currentStatus"]["preserveExpiryTime"] == "2026-11-21T13:00:00Z"
+    assert (await read_node(api, node_name)).metadata.annotations == {}
+    assert (await client.CoreV1Api(api).list_namespaced_event(namespace)).items == []
+
+
+async def test_a_missing_machine_ends_the_plan_as_gone(api: client.ApiClient, writer: Writer, namespace: str) -> None:
+    machine = Machine.model_validate({"metadata": {"name": "absent", "resourceVersion": "1"}})
+    with pytest.raises(ObjectGone):
+        await execute_machine_plan(
+            writer=writer,
+            snap=Snapshot(machine=machine, node=None),
+            steps=[p.SetPreserveExpiry(expiry=NOW)],
+            drain=_no_drain,
+            now=NOW,
+        )
+
+
+async def test_drain_step_runs_the_drain_then_writes_its_outcome(
+    api: client.ApiClient, writer: Writer, namespace: str, node_name: str
+) -> None:
+    custom = client.CustomObjectsApi(api)
+    await create_node(client.CoreV1Api(api), node_name, ready=False)
+    await create_machine(custom, namespace, "m", node=node_name, phase="Failed")
+    snap = await machine_snapshot(api, namespace, "m", node=node_name)
+    drains: list[p.DrainNode] = []
+
+    async def blocked_drain(_snap: Snapshot, step: p.DrainNode) -> list[p.MachineStep]:
+        drains.append(step)
+        return [
+            p.SetPreservedCondition(
+                status="False",
+                reason=v.ConditionReason.PRESERVED_BY_USER,
+                message="Preserved node could not be drained. Machine preserved until x.",
+                last_transition_time=NOW,
+                last_heartbeat_time=NOW,
+            ),
+            p.RecordEvent(kind="Machine", name="m", type="Warning", reason="PreservedNodeDrainFailed", message="x"),
+        ]
+
+    drain = p.DrainNode(reason=v.ConditionReason.PRESERVED_BY_USER, expiry=NOW, timeout=dt.timedelta(minutes=1))
+    await execute_machine_plan(writer=writer, snap=snap, steps=[drain], drain=blocked_drain, now=NOW)
+    assert drains == [drain]
+    condition = (await read_node(api, node_name)).preserved_condition
+    assert condition is not None
+    assert condition.message.startswith("Preserved node could not be drained.")
+    assert condition.last_heartbeat_time == NOW
+    events = (await client.CoreV1Api(api).list_namespaced_event(namespace)).items
+    assert [e.reason for e in events] == ["PreservedNodeDrainFailed"]
+
+
+async def _no_drain(_snap: Snapshot, _step: p.DrainNode) -> list[p.MachineStep]:
+    raise AssertionError("no drain expected in this plan")

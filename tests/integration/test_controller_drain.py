@@ -1,0 +1,254 @@
+"""The drain executor against the real Eviction API and a PDB whose status the real
+kube-controller-manager disruption controller computes. There is no kubelet: the tests write pod
+readiness through pods/status, and where a test needs a kubelet finishing graceful deletion it plays
+that part by deleting terminating pods with grace period 0."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
+
+from machine_preservation.cluster.controlplane import ControlPlane
+from machine_preservation.controller.drain import POD_NODE_INDEX, Drainer
+from machine_preservation.controller.informer import Informer, Source
+from machine_preservation.core.models import Pod
+from tests.controller.support import aio_client, create_node, eventually, read_node_model, read_raw, rfc3339
+
+
+@pytest.fixture
+async def api(control_plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
+    api_client = await aio_client(control_plane.kubeconfig)
+    yield api_client
+    await api_client.close()
+
+
+@pytest.fixture
+async def pods(api: client.ApiClient) -> AsyncIterator[Informer[Pod]]:
+    informer: Informer[Pod] = Informer(
+        name="pods", source=Source(client.CoreV1Api(api).list_pod_for_all_namespaces), parse=Pod.model_validate
+    )
+    informer.add_indexer(POD_NODE_INDEX, lambda pod: [pod.spec.node_name])
+    task = asyncio.create_task(informer.run())
+    await asyncio.wait_for(informer.wait_synced(), 30)
+    yield informer
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+@pytest.fixture
+async def node_names(api: client.ApiClient) -> AsyncIterator[list[str]]:
+    names: list[str] = []
+    yield names
+    for name in names:
+        with contextlib.suppress(ApiException):
+            await client.CoreV1Api(api).delete_node(name)
+
+
+async def new_node(api: client.ApiClient, names: list[str], *, ready: bool) -> str:
+    name = f"n-{uuid.uuid4().hex[:8]}"
+    names.append(name)
+    await create_node(client.CoreV1Api(api), name, ready=ready)
+    return name
+
+
+async def running_pod(
+    core: client.CoreV1Api,
+    namespace: str,
+    name: str,
+    *,
+    node: str,
+    labels: dict[str, str] | None = None,
+    **metadata: Any,
+) -> None:
+    await core.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": name, "labels": labels or {}, **metadata},
+            "spec": {
+                "nodeName": node,
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "c", "image": "registry.invalid/none"}],
+            },
+        },
+    )
+    now = rfc3339(dt.datetime.now(dt.UTC))
+    status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}]}
+    await core.patch_namespaced_pod_status(name, namespace, {"status": status})
+
+
+async def pdb_settled(policy: client.PolicyV1Api, namespace: str, name: str, *, allowed: int) -> bool:
+    pdb = await policy.read_namespaced_pod_disruption_budget(name, namespace)
+    status = pdb.status
+    return bool(
+        status
+        and status.observed_generation == pdb.metadata.generation
+        and status.current_healthy == status.expected_pods
+        and status.disruptions_allowed == allowed
+    )
+
+
+async def pod_state(core: client.CoreV1Api, namespace: str, name: str) -> str:
+    try:
+        pod = await read_raw(core.read_namespaced_pod_without_preload_content(name, namespace))
+    except AssertionError:
+        return "gone"
+    return "terminating" if pod["metadata"].get("deletionTimestamp") else "running"
+
+
+async def test_evicts_every_pod_but_daemonset_and_mirror_pods_on_an_unreachable_node(
+    api: client.ApiClient, namespace: str, pods: Informer[Pod], node_names: list[str]
+) -> None:
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    node, elsewhere = await new_node(api, node_names, ready=False), await new_node(api, node_names, ready=False)
+    daemonset = await apps.create_namespaced_daemon_set(
+        namespace,
+        {
+            "metadata": {"name": "ds"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "ds"}},
+                "template": {
+                    "metadata": {"labels": {"app": "ds"}},
+                    "spec": {"containers": [{"name": "c", "image": "registry.invalid/none"}]},
+                },
+            },
+        },
+    )
+    owner = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "name": "ds",
+        "uid": daemonset.metadata.uid,
+        "controller": True,
+    }
+    await running_pod(core, namespace, "plain", node=node)
+    await running_pod(core, namespace, "completed", node=node)
+    await core.patch_namespaced_pod_status("completed", namespace, {"status": {"phase": "Succeeded"}})
+    await running_pod(core, namespace, "ds-pod", node=node, labels={"app": "ds"}, ownerReferences=[owner])
+    await running_pod(core, namespace, "static", node=node, annotations={"kubernetes.io/config.mirror": "x"})
+    await running_pod(core, namespace, "other-node", node=elsewhere)
+    await eventually(lambda: len(pods.by_index(POD_NODE_INDEX, node)) == 4)
+
+    drainer = Drainer(target=api, pods=pods)
+    result = await drainer.drain(node=await read_node_model(core, node), time_limit=60, max_evict_retries=3)
+
+    assert result.drained
+    assert result.blocking == ()
+    assert await pod_state(core, namespace, "plain") in ("terminating", "gone")
+    assert await pod_state(core, namespace, "completed") == "gone", "a finished pod is deleted at once"
+    assert await pod_state(core, namespace, "ds-pod") == "running"
+    assert await pod_state(core, namespace, "static") == "running"
+    assert await pod_state(core, namespace, "other-node") == "running"
+    assert (await read_node_model(core, node)).spec.unschedulable is False
+
+
+async def test_a_pdb_allowing_no_disruption_blocks_and_the_blocking_pods_are_named(
+    api: client.ApiClient, namespace: str, pods: Informer[Pod], node_names: list[str]
+) -> None:
+    core, policy = client.CoreV1Api(api), client.PolicyV1Api(api)
+    node = await new_node(api, node_names, ready=False)
+    for name in ("guarded-b", "guarded-a"):
+        await running_pod(core, namespace, name, node=node, labels={"app": "guarded"})
+    await policy.create_namespaced_pod_disruption_budget(
+        namespace,
+        {"metadata": {"name": "guard"}, "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "guarded"}}}},
+    )
+    await eventually(lambda: pdb_settled(policy, namespace, "guard", allowed=0))
+    await eventually(lambda: len(pods.by_index(POD_NODE_INDEX, node)) == 2)
+
+    drainer = Drainer(target=api, pods=pods)
+    result = await drainer.drain(node=await read_node_model(core, node), time_limit=3, max_evict_retries=50)
+
+    assert not result.drained
+    assert result.blocking == (f"{namespace}/guarded-a", f"{namespace}/guarded-b")
+    assert await pod_state(core, namespace, "guarded-a") == "running"
+    assert await pod_state(core, namespace, "guarded-b") == "running"
+
+
+async def test_eviction_retries_are_bounded_by_max_evict_retries(
+    api: client.ApiClient, namespace: str, pods: Informer[Pod], node_names: list[str]
+) -> None:
+    core, policy = client.CoreV1Api(api), client.PolicyV1Api(api)
+    node = await new_node(api, node_names, ready=False)
+    await running_pod(core, namespace, "guarded", node=node, labels={"app": "guarded"})
+    await policy.create_namespaced_pod_disruption_budget(
+        namespace,
+        {"metadata": {"name": "guard"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}},
+    )
+    await eventually(lambda: pdb_settled(policy, namespace, "guard", allowed=0))
+    await eventually(lambda: len(pods.by_index(POD_NODE_INDEX, node)) == 1)
+
+    drainer = Drainer(target=api, pods=pods)
+    # A generous deadline: the drain gives up after the retries, long before the deadline.
+    task = asyncio.create_task(
+        drainer.drain(node=await read_node_model(core, node), time_limit=600, max_evict_retries=2)
+    )
+    result = await asyncio.wait_for(task, 60)
+    assert not result.drained
+    assert result.blocking == (f"{namespace}/guarded",)
+
+
+async def test_on_a_live_node_the_drain_waits_for_pods_to_be_gone_and_follows_the_pdb(
+    api: client.ApiClient, namespace: str, pods: Informer[Pod], node_names: list[str]
+) -> None:
+    core, policy, apps = client.CoreV1Api(api), client.PolicyV1Api(api), client.AppsV1Api(api)
+    node, spare = await new_node(api, node_names, ready=True), await new_node(api, node_names, ready=True)
+    # A ReplicaSet gives the PDB its expected count; no ReplicaSet controller runs, the test plays it.
+    template = {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "none"}]}}
+    replica_set = await apps.create_namespaced_replica_set(
+        namespace,
+        {
+            "metadata": {"name": "web"},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}}, "template": template},
+        },
+    )
+    owner = {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "name": "web",
+        "uid": replica_set.metadata.uid,
+        "controller": True,
+    }
+    for name in ("web-1", "web-2"):
+        await running_pod(core, namespace, name, node=node, labels={"app": "web"}, ownerReferences=[owner])
+    await policy.create_namespaced_pod_disruption_budget(
+        namespace,
+        {"metadata": {"name": "web"}, "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "web"}}}},
+    )
+    await eventually(lambda: pdb_settled(policy, namespace, "web", allowed=1))
+    await eventually(lambda: len(pods.by_index(POD_NODE_INDEX, node)) == 2)
+
+    drainer = Drainer(target=api, pods=pods)
+    drain = asyncio.create_task(
+        drainer.drain(node=await read_node_model(core, node), time_limit=120, max_evict_retries=100)
+    )
+    # Play the kubelet (finish the deletion of a terminating pod) and the ReplicaSet controller (start a
+    # ready replacement on the spare node). The drain must wait for each evicted pod to be gone.
+    finished: list[str] = []
+
+    async def kubelet_and_replicaset_step() -> bool:
+        states = {name: await pod_state(core, namespace, name) for name in ("web-1", "web-2")}
+        terminating = [name for name, state in states.items() if state == "terminating"]
+        assert len(terminating) <= 1, f"the PDB allows one disruption at a time: {states}"
+        for name in terminating:
+            assert not drain.done(), "the drain must wait while an evicted pod still exists"
+            await core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+            await running_pod(
+                core, namespace, f"{name}-new", node=spare, labels={"app": "web"}, ownerReferences=[owner]
+            )
+            finished.append(name)
+        return sorted(finished) == ["web-1", "web-2"]
+
+    await eventually(kubelet_and_replicaset_step, limit=90, interval=0.5)
+    result = await asyncio.wait_for(drain, 60)
+    assert result.drained
+    assert {await pod_state(core, namespace, n) for n in ("web-1", "web-2")} == {"gone"}
+    assert {await pod_state(core, namespace, n) for n in ("web-1-new", "web-2-new")} == {"running"}

@@ -1,0 +1,227 @@
+"""The informer against the real apiserver: list then watch, index upkeep, bookmarks and resume,
+re-list on 410 Gone, periodic resync, and reconnect after the apiserver goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.aio import client
+
+from machine_preservation.cluster.controlplane import ControlPlane
+from machine_preservation.controller.informer import Informer, Source
+from machine_preservation.controller.queue import Backoff
+from machine_preservation.core.models import Machine
+from tests.controller.support import GROUP, VERSION, aio_client, create_machine, eventually
+from tests.controller.tcpproxy import TcpProxy
+
+Event = tuple[str, str]
+
+
+@pytest.fixture
+async def api(control_plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
+    api_client = await aio_client(control_plane.kubeconfig)
+    yield api_client
+    await api_client.close()
+
+
+def machine_informer(api_client: client.ApiClient, namespace: str, **kwargs: object) -> Informer[Machine]:
+    custom = client.CustomObjectsApi(api_client)
+    return Informer(
+        name="machines",
+        source=Source(custom.list_namespaced_custom_object, (GROUP, VERSION, namespace, "machines")),
+        parse=Machine.model_validate,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def record(informer: Informer[Machine]) -> list[Event]:
+    events: list[Event] = []
+
+    def handler(old: Machine | None, new: Machine | None) -> None:
+        if new is None:
+            assert old is not None
+            events.append(("deleted", old.metadata.name))
+        elif old is None:
+            events.append(("added", new.metadata.name))
+        elif old is new:
+            events.append(("resync", new.metadata.name))
+        else:
+            events.append(("updated", new.metadata.name))
+
+    informer.add_handler(handler)
+    return events
+
+
+@contextlib.asynccontextmanager
+async def running(informer: Informer[Machine]) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(informer.run())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_lists_then_watches_and_keeps_the_node_index(api: client.ApiClient, namespace: str) -> None:
+    custom = client.CustomObjectsApi(api)
+    await create_machine(custom, namespace, "m1", node="n1")
+    informer = machine_informer(api, namespace, page_size=1)  # paginated list
+    informer.add_indexer("node", lambda m: [m.node_name])
+    events = record(informer)
+    await create_machine(custom, namespace, "m2", node="n1")
+    async with running(informer):
+        await asyncio.wait_for(informer.wait_synced(), 30)
+        assert sorted(informer.keys()) == [f"{namespace}/m1", f"{namespace}/m2"]
+        assert [m.metadata.name for m in informer.by_index("node", "n1")] == ["m1", "m2"]
+
+        await create_machine(custom, namespace, "m3", node="n2", phase="Failed")
+        await custom.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            "machines",
+            "m1",
+            {"metadata": {"labels": {"node": "n2"}}},
+            _content_type="application/merge-patch+json",
+        )
+        await custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "machines", "m2")
+
+        await eventually(lambda: informer.get(f"{namespace}/m2") is None and len(informer) == 2)
+        await eventually(lambda: [m.metadata.name for m in informer.by_index("node", "n2")] == ["m1", "m3"])
+        assert informer.by_index("node", "n1") == []
+        m3 = informer.get(f"{namespace}/m3")
+        assert m3 is not None
+        assert m3.phase == "Failed", "status written after create arrives through the watch"
+    assert events[:2] == [("added", "m1"), ("added", "m2")]
+    assert ("added", "m3") in events
+    assert ("updated", "m1") in events
+    assert events[-1] == ("deleted", "m2")
+    assert informer.stats.lists == 1
+
+
+async def test_bookmarks_advance_the_resume_point_and_a_watch_end_resumes_without_relisting(
+    api: client.ApiClient, namespace: str
+) -> None:
+    custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    informer = machine_informer(api, namespace, watch_timeout=5)
+    events = record(informer)
+    elsewhere = f"{namespace}-x"
+    await core.create_namespace({"metadata": {"name": elsewhere}})
+    try:
+        async with running(informer):
+            await asyncio.wait_for(informer.wait_synced(), 30)
+            # Changes in another namespace are not our events, but bookmarks carry their resourceVersion.
+            other = await create_machine(custom, elsewhere, "other")
+            other_version = int(other["metadata"]["resourceVersion"])
+            await eventually(lambda: informer.stats.bookmarks >= 1 and informer.stats.watches >= 2, limit=60)
+            await eventually(lambda: int(informer.resource_version) >= other_version, limit=60)
+            assert informer.stats.events == 0
+            await create_machine(custom, namespace, "late")
+            await eventually(lambda: informer.get(f"{namespace}/late") is not None)
+    finally:
+        await core.delete_namespace(elsewhere)
+    assert informer.stats.lists == 1, "an ordinary watch timeout must resume, not re-list"
+    assert informer.stats.expired == 0
+    assert events[0] == ("added", "late")
+    assert set(events[1:]) <= {("updated", "late")}, "then at most the status write after create"
+
+
+async def test_an_expired_resource_version_triggers_a_relist_that_reconciles_deletions(
+    api: client.ApiClient, namespace: str
+) -> None:
+    custom = client.CustomObjectsApi(api)
+    await create_machine(custom, namespace, "gone-while-away")
+    await create_machine(custom, namespace, "stays")
+    informer = machine_informer(api, namespace)
+    events = record(informer)
+    async with running(informer):
+        await asyncio.wait_for(informer.wait_synced(), 30)
+    # While the informer is stopped one object is deleted and one created; then it resumes from a
+    # resourceVersion the apiserver no longer has (410 Gone).
+    await custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "machines", "gone-while-away")
+    await create_machine(custom, namespace, "new-while-away")
+    informer.resource_version = "1"
+    async with running(informer):
+        await eventually(lambda: informer.stats.lists == 2)
+        await eventually(lambda: sorted(informer.keys()) == [f"{namespace}/new-while-away", f"{namespace}/stays"])
+    assert informer.stats.expired == 1
+    assert ("deleted", "gone-while-away") in events
+    assert ("added", "new-while-away") in events
+
+
+async def test_resync_replays_every_cached_object_to_the_handlers(api: client.ApiClient, namespace: str) -> None:
+    custom = client.CustomObjectsApi(api)
+    await create_machine(custom, namespace, "a")
+    await create_machine(custom, namespace, "b")
+    informer = machine_informer(api, namespace, resync_period=0.3)
+    events = record(informer)
+    async with running(informer):
+        await eventually(lambda: {("resync", "a"), ("resync", "b")} <= set(events))
+    assert informer.stats.resyncs >= 1
+    assert informer.stats.lists == 1
+
+
+async def test_survives_the_apiserver_going_away_and_coming_back(
+    control_plane: ControlPlane, namespace: str, tmp_path: Path, api: client.ApiClient
+) -> None:
+    proxy = TcpProxy(upstream_port=control_plane.apiserver_port)
+    await proxy.start()
+    proxied = await aio_client(proxy.kubeconfig(source=control_plane.kubeconfig, target=tmp_path / "proxied"))
+    custom = client.CustomObjectsApi(api)
+    informer = machine_informer(proxied, namespace, backoff=Backoff(base=0.1, cap=0.5))
+    try:
+        async with running(informer):
+            await asyncio.wait_for(informer.wait_synced(), 30)
+            await proxy.cut()
+            await create_machine(custom, namespace, "made-during-outage")
+            await eventually(lambda: informer.stats.errors >= 2, limit=30)
+            assert informer.get(f"{namespace}/made-during-outage") is None
+            await proxy.start()
+            await eventually(lambda: informer.get(f"{namespace}/made-during-outage") is not None, limit=30)
+    finally:
+        await proxy.cut()
+        await proxied.close()
+    assert informer.stats.lists == 1, "the watch resumed from its resourceVersion instead of re-listing"
+
+
+async def test_an_object_that_does_not_parse_is_skipped_not_fatal(api: client.ApiClient, namespace: str) -> None:
+    custom = client.CustomObjectsApi(api)
+    await create_machine(custom, namespace, "good")
+    await create_machine(custom, namespace, "odd")
+
+    def parse(raw: Mapping[str, Any]) -> Machine:
+        machine = Machine.model_validate(raw)
+        if machine.metadata.name == "odd" or machine.metadata.labels.get("odd"):
+            raise ValueError("does not fit the model")
+        return machine
+
+    informer = Informer(
+        name="machines",
+        source=Source(custom.list_namespaced_custom_object, (GROUP, VERSION, namespace, "machines")),
+        parse=parse,
+    )
+    events = record(informer)
+    async with running(informer):
+        await asyncio.wait_for(informer.wait_synced(), 30)
+        assert informer.keys() == [f"{namespace}/good"]
+        await custom.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            "machines",
+            "good",
+            {"metadata": {"labels": {"odd": "yes"}}},
+            _content_type="application/merge-patch+json",
+        )
+        await eventually(lambda: informer.get(f"{namespace}/good") is None)
+        await create_machine(custom, namespace, "later")
+        await eventually(lambda: informer.get(f"{namespace}/later") is not None)
+    assert informer.stats.unparsable >= 2
+    assert informer.stats.errors == 0
+    assert ("deleted", "good") in events

@@ -1,0 +1,124 @@
+"""The controller with the MCM stand-in (machine_preservation.standin) on the real control plane: a
+preserved machine that fails is kept, tainted, drained and ranked last for scale-down while MCM replaces
+nothing; when preservation is turned off the controller ends it and MCM replaces the machine."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+from kubernetes import client as sync_client
+from kubernetes.aio import client
+
+from machine_preservation.cluster.controlplane import ControlPlane
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.models import Machine
+from machine_preservation.standin.mcm import MCM_USERNAME, McmStandIn, set_node_ready
+from tests.controller.running import running_controller
+from tests.controller.support import GROUP, VERSION, aio_client, eventually, read_node_model
+
+
+@pytest.fixture
+async def api(control_plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
+    api_client = await aio_client(control_plane.kubeconfig)
+    yield api_client
+    await api_client.close()
+
+
+@pytest.fixture
+async def standin(
+    kube_client: sync_client.ApiClient, kubeconfig_for: Callable[[str], Path], namespace: str
+) -> AsyncIterator[McmStandIn]:
+    """The stand-in as MCM's identity (cluster-admin here: it plays MCM, the cloud provider and kubelets)."""
+    binding = {
+        "metadata": {"name": f"mcm-{namespace}"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": MCM_USERNAME}],
+    }
+    rbac = sync_client.RbacAuthorizationV1Api(kube_client)
+    await asyncio.to_thread(rbac.create_cluster_role_binding, binding)
+    mcm = await aio_client(kubeconfig_for(MCM_USERNAME))
+    stand_in = McmStandIn(api=mcm, namespace=namespace, health_timeout=dt.timedelta(seconds=1), interval=0.2)
+    stopping = asyncio.Event()
+    task = asyncio.create_task(stand_in.run(stopping))
+    try:
+        yield stand_in
+    finally:
+        stopping.set()
+        await asyncio.wait_for(task, 30)
+        for machine in (await machines_of(mcm, namespace)).values():
+            if machine.node_name:
+                with contextlib.suppress(sync_client.exceptions.ApiException):
+                    await asyncio.to_thread(sync_client.CoreV1Api(kube_client).delete_node, machine.node_name)
+        await mcm.close()
+        await asyncio.to_thread(rbac.delete_cluster_role_binding, f"mcm-{namespace}")
+
+
+async def machines_of(api: client.ApiClient, namespace: str) -> dict[str, Machine]:
+    listed = await client.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, namespace, "machines")
+    assert isinstance(listed, dict)
+    return {m.metadata.name: m for m in map(Machine.model_validate, listed["items"])}
+
+
+async def create_machine_set(api: client.ApiClient, namespace: str, replicas: int) -> None:
+    await client.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        "machinesets",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "MachineSet",
+            "metadata": {"name": "ms"},
+            "spec": {"replicas": replicas, "template": {"spec": {"class": {"kind": "C", "name": "c"}}}},
+        },
+    )
+
+
+async def test_a_preserved_machine_that_fails_is_kept_and_drained_then_replaced_once_preservation_ends(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, standin: McmStandIn
+) -> None:
+    await create_machine_set(api, namespace, replicas=2)
+    machines = await eventually(lambda: _running(api, namespace, 2))
+    kept = sorted(machines)[0]
+    async with running_controller(kubeconfig=control_plane.kubeconfig, namespace=namespace):
+        await client.CoreV1Api(api).patch_node(kept, {"metadata": {"annotations": {v.PRESERVE_ANNOTATION: "now"}}})
+        await eventually(lambda: _expiry_set(api, namespace, kept))
+        await set_node_ready(api, name=kept, ready=False)
+
+        async def failed_and_drained() -> bool:
+            machine = (await machines_of(api, namespace)).get(kept)
+            assert machine is not None, "MCM must not delete the preserved machine"
+            condition = (await read_node_model(client.CoreV1Api(api), kept)).preserved_condition
+            return (
+                machine.phase == "Failed"
+                and condition is not None
+                and condition.message.startswith(v.DRAINED_SUCCESSFULLY_MESSAGE)
+            )
+
+        await eventually(failed_and_drained)
+        current = await machines_of(api, namespace)
+        assert set(current) == set(machines), "nothing was replaced while the machine is preserved"
+        assert current[kept].metadata.annotations[v.MACHINE_PRIORITY_ANNOTATION] == "5", "ceiling 3 + 2 (manual)"
+
+        # `false`: the controller ends the preservation of the Failed machine (and deletes it); MCM replaces it.
+        await client.CoreV1Api(api).patch_node(kept, {"metadata": {"annotations": {v.PRESERVE_ANNOTATION: "false"}}})
+        replacement = await eventually(lambda: _running(api, namespace, 2, without=kept), limit=60)
+        assert kept not in replacement
+
+
+async def _running(api: client.ApiClient, namespace: str, count: int, without: str = "") -> list[str]:
+    machines = await machines_of(api, namespace)
+    running = [name for name, m in machines.items() if m.phase == "Running"]
+    if without in machines or len(running) != count:
+        return []
+    return running
+
+
+async def _expiry_set(api: client.ApiClient, namespace: str, name: str) -> bool:
+    machine = (await machines_of(api, namespace)).get(name)
+    return machine is not None and machine.preserve_expiry_time is not None

@@ -1,0 +1,358 @@
+"""The controller end to end on the real control plane with the real core: start, drain, stop, expiry,
+auto-preservation per MachineSet, metrics and probes."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
+
+from machine_preservation.cluster.controlplane import ControlPlane
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.models import Machine, Node
+from tests.controller.running import running_controller
+from tests.controller.support import (
+    GROUP,
+    VERSION,
+    aio_client,
+    create_machine,
+    create_node,
+    eventually,
+    get_machine,
+    read_node_model,
+    read_raw,
+)
+
+
+@pytest.fixture
+async def api(control_plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
+    api_client = await aio_client(control_plane.kubeconfig)
+    yield api_client
+    await api_client.close()
+
+
+@pytest.fixture
+async def node_names(api: client.ApiClient) -> AsyncIterator[list[str]]:
+    names: list[str] = []
+    yield names
+    for name in names:
+        with contextlib.suppress(ApiException):
+            await client.CoreV1Api(api).delete_node(name)
+
+
+async def new_node(api: client.ApiClient, names: list[str], *, ready: bool, **metadata: Any) -> str:
+    name = f"n-{uuid.uuid4().hex[:8]}"
+    names.append(name)
+    await create_node(client.CoreV1Api(api), name, ready=ready, **metadata)
+    return name
+
+
+async def machine_model(api: client.ApiClient, namespace: str, name: str) -> Machine | None:
+    try:
+        return Machine.model_validate(await get_machine(client.CustomObjectsApi(api), namespace, name))
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+async def node_model(api: client.ApiClient, name: str) -> Node:
+    return await read_node_model(client.CoreV1Api(api), name)
+
+
+async def event_reasons(api: client.ApiClient, namespace: str) -> set[str]:
+    return {e.reason for e in (await client.CoreV1Api(api).list_namespaced_event(namespace)).items if e.reason}
+
+
+async def test_now_on_the_node_preserves_and_removing_it_stops(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str]
+) -> None:
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    node = await new_node(api, node_names, ready=True)
+    await create_machine(custom, namespace, "m", node=node)
+    async with running_controller(kubeconfig=control_plane.kubeconfig, namespace=namespace):
+        started = dt.datetime.now(dt.UTC)
+        await core.patch_node(node, {"metadata": {"annotations": {v.PRESERVE_ANNOTATION: "now"}}})
+
+        async def preserved() -> bool:
+            machine, n = await machine_model(api, namespace, "m"), await node_model(api, node)
+            condition = n.preserved_condition
+            return bool(
+                machine is not None
+                and machine.preserve_expiry_time is not None
+                and condition is not None
+                and condition.status == "True"
+                and n.metadata.annotations.get(v.CA_SCALE_DOWN_DISABLED_ANNOTATION) == "true"
+            )
+
+        await eventually(preserved)
+        machine, n = await machine_model(api, namespace, "m"), await node_model(api, node)
+        assert machine is not None
+        assert machine.preserve_expiry_time is not None
+        expected = started + dt.timedelta(hours=72)
+        assert abs(machine.preserve_expiry_time - expected) < dt.timedelta(seconds=30)
+        assert machine.metadata.annotations[v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION] == "now"
+        assert n.metadata.annotations[v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION] == "true"
+        condition = n.preserved_condition
+        assert condition is not None
+        assert condition.reason == "Preserved by user."
+        assert condition.message.startswith("Machine preserved until ")
+        assert not n.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT), "a Running machine is not tainted"
+        await eventually(lambda: _has(event_reasons(api, namespace), "PreservationStarted"))
+
+        await core.patch_node(node, {"metadata": {"annotations": {v.PRESERVE_ANNOTATION: None}}})
+
+        async def stopped() -> bool:
+            machine, n = await machine_model(api, namespace, "m"), await node_model(api, node)
+            condition = n.preserved_condition
+            return bool(
+                machine is not None
+                and machine.preserve_expiry_time is None
+                and condition is not None
+                and condition.status == "False"
+                and v.CA_SCALE_DOWN_DISABLED_ANNOTATION not in n.metadata.annotations
+            )
+
+        await eventually(stopped)
+        n = await node_model(api, node)
+        condition = n.preserved_condition
+        assert condition is not None
+        assert (condition.reason, condition.message) == ("Preservation stopped.", "")
+        assert v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION not in n.metadata.annotations
+
+
+async def test_a_failed_preserved_machine_is_tainted_drained_and_deleted_at_expiry(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str]
+) -> None:
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    node = await new_node(api, node_names, ready=False)
+    await core.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": "workload"},
+            "spec": {
+                "nodeName": node,
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "c", "image": "registry.invalid/none"}],
+            },
+        },
+    )
+    async with running_controller(kubeconfig=control_plane.kubeconfig, namespace=namespace) as running:
+        await create_machine(
+            custom,
+            namespace,
+            "m",
+            node=node,
+            phase="Failed",
+            annotations={v.PRESERVE_ANNOTATION: "now"},
+            spec={"machinePreserveTimeout": "8s"},
+        )
+
+        async def drained() -> bool:
+            n = await node_model(api, node)
+            condition = n.preserved_condition
+            return bool(
+                condition is not None
+                and condition.status == "True"
+                and condition.message.startswith(v.DRAINED_SUCCESSFULLY_MESSAGE)
+                and n.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT)
+            )
+
+        await eventually(drained)
+        registry = running.controller.metrics.registry
+        assert registry.get_sample_value("machine_preservation_drains_total", {"outcome": "succeeded"}) == 1
+        pod = await read_raw(core.read_namespaced_pod_without_preload_content("workload", namespace))
+        assert pod["metadata"].get("deletionTimestamp"), "the pod was evicted"
+        assert (await node_model(api, node)).spec.unschedulable is False
+
+        # Expiry: the machine's own 8s timeout runs out; a Failed machine is then deleted and the node cleaned.
+        await eventually(lambda: _is_none(machine_model(api, namespace, "m")), limit=60)
+        n = await node_model(api, node)
+        assert not n.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT)
+        condition = n.preserved_condition
+        assert condition is not None
+        assert condition.reason == "Preservation stopped."
+        assert v.CA_SCALE_DOWN_DISABLED_ANNOTATION not in n.metadata.annotations
+        reasons = await event_reasons(api, namespace)
+        assert {"PreservationStarted", "PreservedNodeDrained"} <= reasons
+
+
+async def test_machine_set_auto_preserves_up_to_its_max(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str]
+) -> None:
+    custom = client.CustomObjectsApi(api)
+    machine_set = await custom.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        "machinesets",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "MachineSet",
+            "metadata": {"name": "ms"},
+            "spec": {"replicas": 3, "autoPreserveFailedMachineMax": 1},
+        },
+    )
+    assert isinstance(machine_set, dict)
+    owner = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "MachineSet",
+        "name": "ms",
+        "uid": machine_set["metadata"]["uid"],
+        "controller": True,
+    }
+    for name in ("a", "b"):
+        node = await new_node(api, node_names, ready=False)
+        await create_machine(custom, namespace, name, node=node, phase="Failed", owner=owner)
+    node = await new_node(api, node_names, ready=True)
+    await create_machine(custom, namespace, "healthy", node=node, owner=owner)
+
+    async with running_controller(kubeconfig=control_plane.kubeconfig, namespace=namespace):
+
+        async def one_auto_preserved() -> bool:
+            machines = [await machine_model(api, namespace, n) for n in ("a", "b", "healthy")]
+            values = [m.metadata.annotations.get(v.PRESERVE_ANNOTATION) if m else None for m in machines]
+            expiries = [m.preserve_expiry_time if m else None for m in machines]
+            return (
+                sorted(map(str, values)) == ["None", "None", "auto-preserve"]
+                and sum(e is not None for e in expiries) == 1
+            )
+
+        await eventually(one_auto_preserved)
+        await eventually(lambda: _status_counts(custom, namespace))
+        healthy = await machine_model(api, namespace, "healthy")
+        assert healthy is not None
+        assert v.PRESERVE_ANNOTATION not in healthy.metadata.annotations
+
+
+async def test_metrics_and_probes(control_plane: ControlPlane, api: client.ApiClient, namespace: str) -> None:
+    custom = client.CustomObjectsApi(api)
+    await create_machine(custom, namespace, "m", annotations={v.PRESERVE_ANNOTATION: "now"})
+    async with running_controller(kubeconfig=control_plane.kubeconfig, namespace=namespace) as running:
+        port = running.controller.metrics_port
+        assert port > 0
+        await eventually(lambda: _preserved(api, namespace, "m"))
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{port}/readyz") as response:
+                assert response.status == 200
+            async with session.get(f"http://127.0.0.1:{port}/healthz") as response:
+                assert response.status == 200
+
+            async def scraped() -> str:
+                async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
+                    text = await response.text()
+                return (
+                    text
+                    if 'machine_preservation_preserved_machines{phase="Running",reason="manual"} 1.0' in text
+                    else ""
+                )
+
+            text = await eventually(scraped)
+        assert (
+            'machine_preservation_api_requests_total{cluster="control",code="200",resource="machines/status",verb="patch"}'
+            in text
+        )
+        assert 'machine_preservation_queue_depth{queue="machines"}' in text
+        assert 'machine_preservation_reconcile_duration_seconds_count{controller="machines",result="success"}' in text
+
+
+async def _has(reasons: Any, reason: str) -> bool:
+    return reason in await reasons
+
+
+async def _is_none(machine: Any) -> bool:
+    return await machine is None
+
+
+async def _preserved(api: client.ApiClient, namespace: str, name: str) -> bool:
+    machine = await machine_model(api, namespace, name)
+    return machine is not None and machine.preserve_expiry_time is not None
+
+
+async def _status_counts(custom: client.CustomObjectsApi, namespace: str) -> bool:
+    current = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "machinesets", "ms")
+    assert isinstance(current, dict)
+    status = current.get("status") or {}
+    return status.get("autoPreserveFailedMachineCount") == 1 and status.get("preservedFailedReplicas") == 1
+
+
+async def test_a_converged_cluster_gets_no_writes_across_resyncs(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str]
+) -> None:
+    custom = client.CustomObjectsApi(api)
+    node = await new_node(api, node_names, ready=True, annotations={v.PRESERVE_ANNOTATION: "now"})
+    await create_machine(custom, namespace, "preserved", node=node)
+    await create_machine(custom, namespace, "plain")
+    async with running_controller(
+        kubeconfig=control_plane.kubeconfig, namespace=namespace, resync_period=0.5
+    ) as running:
+        await eventually(lambda: _preserved(api, namespace, "preserved"))
+        caches = running.controller.caches
+        assert caches is not None
+
+        async def settled() -> float:
+            before = running.controller.metrics.api_writes()
+            resyncs = caches.machines.stats.resyncs
+            await eventually(lambda: caches.machines.stats.resyncs >= resyncs + 2)
+            return before if running.controller.metrics.api_writes() == before else 0.0
+
+        writes = await eventually(settled)
+        resyncs = caches.machines.stats.resyncs
+        await eventually(lambda: caches.machines.stats.resyncs >= resyncs + 3)
+        assert running.controller.metrics.api_writes() == writes, "steady state: every reconcile plans nothing"
+        assert running.controller.ready()
+
+
+async def test_blocked_drains_do_not_hold_up_other_machines(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str]
+) -> None:
+    core, custom, policy = client.CoreV1Api(api), client.CustomObjectsApi(api), client.PolicyV1Api(api)
+    blocked = [await new_node(api, node_names, ready=False) for _ in range(2)]
+    for index, node in enumerate(blocked):
+        await core.create_namespaced_pod(
+            namespace,
+            {
+                "metadata": {"name": f"guarded-{index}", "labels": {"app": "guarded"}},
+                "spec": {"nodeName": node, "containers": [{"name": "c", "image": "registry.invalid/none"}]},
+            },
+        )
+    await policy.create_namespaced_pod_disruption_budget(
+        namespace,
+        {"metadata": {"name": "g"}, "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "guarded"}}}},
+    )
+    healthy = await new_node(api, node_names, ready=True)
+    await create_machine(custom, namespace, "c", node=healthy)
+    async with running_controller(
+        kubeconfig=control_plane.kubeconfig,
+        namespace=namespace,
+        workers=2,  # one drain at a time, one worker always free
+        max_drain_attempt=dt.timedelta(seconds=20),
+    ):
+        for index, node in enumerate(blocked):
+            await create_machine(
+                custom, namespace, f"f{index}", node=node, phase="Failed", annotations={v.PRESERVE_ANNOTATION: "now"}
+            )
+        await eventually(lambda: _all_tainted(api, blocked))
+        await core.patch_node(healthy, {"metadata": {"annotations": {v.PRESERVE_ANNOTATION: "now"}}})
+        await eventually(lambda: _preserved(api, namespace, "c"))
+        conditions = [(await node_model(api, node)).preserved_condition for node in blocked]
+        # Without the drain limit both workers would sit in the drains and c would wait for one to end.
+        assert conditions == [None, None], "machine c was preserved while the drains were still under way"
+
+        async def both_reported() -> bool:
+            conditions = [(await node_model(api, node)).preserved_condition for node in blocked]
+            return all(c is not None and c.message.startswith(v.DRAIN_FAILED_MESSAGE) for c in conditions)
+
+        await eventually(both_reported, limit=120)
+
+
+async def _all_tainted(api: client.ApiClient, nodes: list[str]) -> bool:
+    models = [await node_model(api, n) for n in nodes]
+    return all(n.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT) for n in models)

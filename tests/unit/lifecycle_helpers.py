@@ -1,0 +1,79 @@
+"""Running the machine plan in tests: plan, pick steps by type, apply and plan again."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TypeVar
+
+from machine_preservation.core.apply import apply_machine_plan
+from machine_preservation.core.config import PreservationConfig
+from machine_preservation.core.lifecycle import plan_after_drain, plan_machine
+from machine_preservation.core.models import Machine, Node
+from machine_preservation.core.plan import DrainNode, MachinePlan, MachineStep, RecordEvent
+
+from .preservation_objects import NOW
+
+CONFIG = PreservationConfig()
+StepT = TypeVar("StepT")
+
+
+def plan(
+    machine: Machine,
+    node: Node | None = None,
+    *,
+    node_missing: bool = False,
+    now: dt.datetime = NOW,
+    ceiling: int = 3,
+    config: PreservationConfig = CONFIG,
+) -> MachinePlan:
+    return plan_machine(
+        machine=machine,
+        node=node,
+        node_missing=node_missing,
+        config=config,
+        now=now,
+        unpreserved_priority_ceiling=ceiling,
+    )
+
+
+def of_type(plan: MachinePlan, kind: type[StepT]) -> list[StepT]:
+    return [step for step in plan.steps if isinstance(step, kind)]
+
+
+def only(plan: MachinePlan, kind: type[StepT]) -> StepT:
+    found = of_type(plan, kind)
+    assert len(found) == 1, f"expected one {kind.__name__} in {plan.steps}"
+    return found[0]
+
+
+def writes(plan: MachinePlan) -> list[MachineStep]:
+    """The API writes of a plan, without Events."""
+    return [step for step in plan.steps if not isinstance(step, RecordEvent)]
+
+
+def write_kinds(plan: MachinePlan) -> list[str]:
+    return [type(step).__name__ for step in writes(plan)]
+
+
+def event_reasons(plan: MachinePlan) -> list[tuple[str, str]]:
+    return [(event.kind, event.reason) for event in of_type(plan, RecordEvent)]
+
+
+def execute(
+    machine: Machine,
+    node: Node | None,
+    plan: MachinePlan,
+    *,
+    now: dt.datetime = NOW,
+    drained: bool = True,
+    blocking_pods: tuple[str, ...] = (),
+) -> tuple[Machine, Node | None]:
+    """Apply the plan as the shell would, a DrainNode ending with the given outcome."""
+    machine, node = apply_machine_plan(machine=machine, node=node, plan=plan, now=now)
+    for drain in of_type(plan, DrainNode):
+        assert node is not None
+        outcome = plan_after_drain(
+            machine=machine, node=node, drain=drain, drained=drained, blocking_pods=blocking_pods, now=now
+        )
+        machine, node = apply_machine_plan(machine=machine, node=node, plan=outcome, now=now)
+    return machine, node

@@ -1,0 +1,124 @@
+"""Restoring the CA scale-down-disabled annotation on preserved nodes (core.admission.ca_guard)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.admission.ca_guard import RESTORED_WARNING, guard_ca_annotation, is_preserved_node
+from machine_preservation.core.admission.settings import AdmissionSettings
+from machine_preservation.core.admission.verdict import PatchOperation, Verdict
+from machine_preservation.core.models import Node
+
+CONTROLLER = "system:serviceaccount:mp:controller"
+SETTINGS = AdmissionSettings(controller_username=CONTROLLER)
+CA = v.CA_SCALE_DOWN_DISABLED_ANNOTATION
+MARKER = v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION
+CA_POINTER = "/metadata/annotations/cluster-autoscaler.kubernetes.io~1scale-down-disabled"
+
+
+def node(annotations: dict[str, str] | None = None, preserved: str | None = None) -> Node:
+    document: dict[str, Any] = {"metadata": {"name": "n1", "annotations": annotations or {}}}
+    if preserved is not None:
+        document["status"] = {"conditions": [{"type": "Preserved", "status": preserved}]}
+    return Node.model_validate(document)
+
+
+PRESERVED_BY_MARKER = {CA: "true", MARKER: "true"}
+
+
+def guard(old: Node | None, new: Node, *, username: str = "alice", present: bool = True) -> Verdict:
+    return guard_ca_annotation(
+        old_node=old, new_node=new, annotations_present=present, username=username, settings=SETTINGS
+    )
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (node(PRESERVED_BY_MARKER), node({MARKER: "true"})),  # removed
+        (node(PRESERVED_BY_MARKER), node({CA: "false", MARKER: "true"})),  # flipped
+        (node(PRESERVED_BY_MARKER), node({CA: "True", MARKER: "true"})),  # case matters to the CA
+        (node({CA: "true"}, preserved="True"), node({}, preserved="True")),  # preserved by condition
+        (node({}, preserved="True"), node({CA: "no"}, preserved="True")),  # set wrong where it was missing
+    ],
+)
+def test_changes_away_from_true_on_preserved_nodes_are_patched_back(old: Node, new: Node) -> None:
+    verdict = guard(old, new)
+    assert verdict.allowed
+    assert verdict.patch == (PatchOperation("add", CA_POINTER, "true"),)
+    assert verdict.warnings == (RESTORED_WARNING,)
+    assert len(RESTORED_WARNING) <= 120
+
+
+def test_without_an_annotations_map_the_whole_map_is_added() -> None:
+    verdict = guard(node(PRESERVED_BY_MARKER), node({}), present=False)
+    assert verdict.patch == (PatchOperation("add", "/metadata/annotations", {CA: "true"}),)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "username"),
+    [
+        (node(PRESERVED_BY_MARKER), node({MARKER: "true"}), CONTROLLER),  # the controller stops preservation
+        (node({CA: "true"}), node({}), "alice"),  # not preserved: the user's own annotation
+        (node({CA: "true"}, preserved="False"), node({}, preserved="False"), "alice"),  # preservation stopped
+        (node(PRESERVED_BY_MARKER), node({**PRESERVED_BY_MARKER, "x": "y"}), "alice"),  # untouched
+        (node({CA: "false", MARKER: "true"}), node({CA: "false", MARKER: "true", "x": "1"}), "alice"),  # not changed
+        (node({MARKER: "true"}), node({CA: "true", MARKER: "true"}), "alice"),  # set to true
+    ],
+)
+def test_everything_else_passes_untouched(old: Node, new: Node, username: str) -> None:
+    verdict = guard(old, new, username=username)
+    assert verdict.allowed
+    assert verdict.patch == ()
+    assert verdict.warnings == ()
+
+
+def test_create_has_nothing_to_guard() -> None:
+    assert guard(None, node({CA: "false", MARKER: "true"})).patch == ()
+
+
+def test_a_request_dropping_marker_and_annotation_together_is_still_guarded() -> None:
+    assert guard(node(PRESERVED_BY_MARKER), node({})).patch == (PatchOperation("add", CA_POINTER, "true"),)
+
+
+@pytest.mark.parametrize(
+    ("candidate", "preserved"),
+    [
+        (node({MARKER: "true"}), True),
+        (node({MARKER: ""}), True),
+        (node({}, preserved="True"), True),
+        (node({}, preserved="False"), False),
+        (node({CA: "true"}), False),
+    ],
+)
+def test_what_counts_as_preserved(candidate: Node, preserved: bool) -> None:
+    assert is_preserved_node(candidate) is preserved
+
+
+values = st.one_of(st.none(), st.sampled_from(["true", "false", "", "True", "1"]))
+
+
+@given(before=values, after=values, marker=st.booleans(), condition=st.sampled_from([None, "True", "False"]))
+def test_after_the_patch_the_annotation_is_true_or_was_left_alone(
+    before: str | None, after: str | None, marker: bool, condition: str | None
+) -> None:
+    def make(value: str | None) -> Node:
+        annotations = {CA: value} if value is not None else {}
+        if marker:
+            annotations[MARKER] = "true"
+        return node(annotations, preserved=condition)
+
+    verdict = guard(make(before), make(after))
+    assert verdict.allowed
+    protected = marker or condition == "True"
+    if verdict.patch:
+        assert protected
+        assert after != "true"
+        assert before != after
+    elif protected:
+        assert after == "true" or after == before

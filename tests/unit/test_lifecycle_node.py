@@ -1,0 +1,268 @@
+"""The node side of the machine plan: CA annotation and marker, Preserved condition, taint, drain and retry."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.conditions import go_time_string
+from machine_preservation.core.config import PreservationConfig
+from machine_preservation.core.lifecycle import condition_after_drain, plan_after_drain
+from machine_preservation.core.models import Machine
+from machine_preservation.core.plan import (
+    DrainNode,
+    MachinePlan,
+    PatchNodeAnnotations,
+    RecordEvent,
+    SetPreservedCondition,
+    SetPreservedTaint,
+)
+
+from .lifecycle_helpers import event_reasons, execute, of_type, only, plan, write_kinds, writes
+from .preservation_objects import ABSENT, HOUR, NOW, machine, node, preserved_condition, with_phase
+
+FAILED, RUNNING = v.MachinePhase.FAILED, v.MachinePhase.RUNNING
+KEPT = NOW + 5 * HOUR
+UNTIL_KEPT = "Machine preserved until 2026-08-20 15:00:00 +0000 UTC."
+DRAINED = f"Preserved node drained successfully. {UNTIL_KEPT}"
+NOT_DRAINED = f"Preserved node could not be drained. {UNTIL_KEPT}"
+CA, MARKER = v.CA_SCALE_DOWN_DISABLED_ANNOTATION, v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION
+STEADY = {"priority": "5", "last_priority": ""}
+
+
+def preserved_machine(phase: str = RUNNING, value: str = "now", **kwargs: object) -> Machine:
+    return machine(phase=phase, preserve=value, expiry=KEPT, **{**STEADY, **kwargs})
+
+
+# --- CA annotation -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ca", "marker", "expected"),
+    [
+        (ABSENT, ABSENT, PatchNodeAnnotations(set={CA: "true", MARKER: "true"})),
+        ("false", ABSENT, PatchNodeAnnotations(set={CA: "true", MARKER: "true"})),  # user's value overwritten
+        ("false", "true", PatchNodeAnnotations(set={CA: "true", MARKER: "true"})),  # drift re-asserted (DESIGN §3)
+        ("true", ABSENT, None),  # the user's own "true": no marker, so it survives the stop
+        ("true", "true", None),
+    ],
+)
+def test_ca_annotation_while_preserved(ca: object, marker: object, expected: PatchNodeAnnotations | None) -> None:
+    result = plan(
+        preserved_machine(),
+        node(ca=ca, ca_marker=marker, condition=preserved_condition(message=UNTIL_KEPT)),
+    )
+    assert of_type(result, PatchNodeAnnotations) == ([expected] if expected else [])
+
+
+@pytest.mark.parametrize(
+    ("ca", "marker", "removed"),
+    [
+        ("true", "true", (CA, MARKER)),
+        ("true", ABSENT, ()),  # not ours: never removed
+        ("true", "false", ()),  # a marker that is not "true" does not make it ours
+        (ABSENT, "true", (MARKER,)),  # only what is there
+    ],
+)
+def test_stop_removes_the_ca_annotation_only_with_our_marker(
+    ca: object, marker: object, removed: tuple[str, ...]
+) -> None:
+    m = machine(preserve="false", expiry=KEPT, **STEADY)
+    result = plan(m, node(ca=ca, ca_marker=marker, condition=preserved_condition(message=UNTIL_KEPT)))
+    patches = of_type(result, PatchNodeAnnotations)
+    assert patches == ([PatchNodeAnnotations(remove=removed)] if removed else [])
+
+
+def test_unpreserved_machine_never_touches_a_rollout_ca_annotation() -> None:
+    # MCM's rollout uses the same marker on every node of the MachineDeployment: not ours to clean up.
+    n = node(ca="true", ca_marker="true", condition=preserved_condition(status="False", reason="Preservation stopped."))
+    assert plan(machine(preserve="when-failed"), n) == MachinePlan()
+
+
+# --- Preserved condition ---------------------------------------------------------------------------------
+
+
+def test_reason_follows_the_value_without_a_new_drain() -> None:
+    # Upstream keeps "Preserved by MCM." after a switch from auto to `now` (quirk Q4).
+    n = node(ca="true", tainted=True, condition=preserved_condition(reason="Preserved by MCM.", message=DRAINED))
+    result = plan(preserved_machine(FAILED), n)
+    assert writes(result) == [
+        SetPreservedCondition(
+            status="True", reason="Preserved by user.", message=DRAINED, last_transition_time=NOW - 10 * HOUR
+        )
+    ]
+
+
+def test_an_edited_expiry_is_rendered_again_without_a_new_drain() -> None:
+    later = KEPT + 24 * HOUR
+    n = node(ca="true", tainted=True, condition=preserved_condition(message=DRAINED))
+    result = plan(machine(phase=FAILED, preserve="now", expiry=later, **STEADY), n)
+    condition = only(result, SetPreservedCondition)
+    assert (
+        condition.message
+        == "Preserved node drained successfully. Machine preserved until 2026-08-21 15:00:00 +0000 UTC."
+    )
+    assert of_type(result, DrainNode) == []
+    assert result.requeue_after == later - NOW
+
+
+def test_stop_sets_the_condition_to_stopped_and_never_creates_one() -> None:
+    result = plan(machine(node="n1", preserve="false", expiry=KEPT), node())
+    assert of_type(result, SetPreservedCondition) == []
+    stopped = preserved_condition(status="False", reason="Preservation stopped.", transition=NOW - HOUR)
+    assert of_type(plan(machine(preserve="false", expiry=KEPT), node(condition=stopped)), SetPreservedCondition) == []
+
+
+def test_condition_transition_time_changes_only_with_the_status() -> None:
+    n = node(condition=preserved_condition(status="False", message=NOT_DRAINED, heartbeat=NOW - HOUR))
+    result = plan(preserved_machine(), n)
+    condition = only(result, SetPreservedCondition)
+    assert (condition.status, condition.message, condition.last_transition_time) == ("True", UNTIL_KEPT, NOW)
+
+
+# --- taint ---------------------------------------------------------------------------------------------
+
+
+def test_taint_only_for_failed_and_other_taints_stay() -> None:
+    m, n = preserved_machine(FAILED), node(ca="true")
+    result = plan(m, n)
+    assert only(result, SetPreservedTaint).present
+    _, after = execute(m, n, result)
+    assert after is not None
+    assert [(t.key, t.effect) for t in after.spec.taints] == [
+        ("other", "NoExecute"),
+        (v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT),
+    ]
+
+
+def test_orphaned_taint_of_an_unpreserved_machine_is_removed() -> None:
+    assert writes(plan(machine(phase=FAILED), node(tainted=True))) == [SetPreservedTaint(present=False)]
+
+
+def test_unschedulable_is_never_touched_through_preserve_recovery_and_stop() -> None:
+    m, n = machine(phase=FAILED, preserve="when-failed"), node(unschedulable=True)
+    for phase in (FAILED, RUNNING):
+        m = with_phase(m, phase)
+        m, after = execute(m, n, plan(m, n))
+        assert after is not None
+        assert after.spec.unschedulable
+        n = after
+    assert m.preserve_expiry_time is None  # it did stop
+
+
+# --- drain ---------------------------------------------------------------------------------------------
+
+
+def test_drained_failed_machine_is_steady() -> None:
+    n = node(ca="true", tainted=True, condition=preserved_condition(message=DRAINED))
+    result = plan(preserved_machine(FAILED), n)
+    assert result == MachinePlan(requeue_after=5 * HOUR)
+
+
+def test_failed_drain_is_retried_after_the_interval() -> None:
+    config = PreservationConfig(drain_retry_interval=dt.timedelta(minutes=2))
+    failed = preserved_condition(status="False", message=NOT_DRAINED, heartbeat=NOW - dt.timedelta(minutes=1))
+    n = node(ca="true", tainted=True, condition=failed)
+    waiting = plan(preserved_machine(FAILED), n, config=config)
+    assert waiting == MachinePlan(requeue_after=dt.timedelta(minutes=1))
+    due = plan(preserved_machine(FAILED), n, config=config, now=NOW + dt.timedelta(minutes=1))
+    assert write_kinds(due) == ["DrainNode"]
+
+
+def test_failed_drain_without_heartbeat_is_retried_at_once() -> None:
+    n = node(ca="true", tainted=True, condition=preserved_condition(status="False", message=NOT_DRAINED))
+    assert write_kinds(plan(preserved_machine(FAILED), n)) == ["DrainNode"]
+
+
+def test_waiting_drain_still_follows_the_value_reason() -> None:
+    failed = preserved_condition(status="False", message=NOT_DRAINED, heartbeat=NOW, reason="Preserved by MCM.")
+    result = plan(preserved_machine(FAILED), node(ca="true", tainted=True, condition=failed))
+    condition = only(result, SetPreservedCondition)
+    assert (condition.reason, condition.message, condition.last_heartbeat_time) == (
+        "Preserved by user.",
+        NOT_DRAINED,
+        NOW,
+    )
+
+
+def test_condition_after_drain_success() -> None:
+    drain = DrainNode(reason="Preserved by MCM.", expiry=KEPT)
+    condition = condition_after_drain(node=node(), drain=drain, drained=True, blocking_pods=["a/b"], now=NOW)
+    assert condition == SetPreservedCondition(
+        status="True", reason="Preserved by MCM.", message=DRAINED, last_transition_time=NOW, last_heartbeat_time=NOW
+    )
+
+
+def test_condition_after_drain_failure_names_the_blocking_pods_sorted_and_bounded() -> None:
+    pods = [f"ns/p{i:02d}" for i in range(12, 0, -1)] + ["ns/p01"]
+    n = node(condition=preserved_condition(status="False", message=NOT_DRAINED, transition=NOW - HOUR))
+    condition = condition_after_drain(
+        node=n, drain=DrainNode(reason="Preserved by user.", expiry=KEPT), drained=False, blocking_pods=pods, now=NOW
+    )
+    listed = ", ".join(f"ns/p{i:02d}" for i in range(1, 11))
+    assert condition.message == f"{NOT_DRAINED} Pods blocking the drain: {listed} and 2 more."
+    assert condition.message.startswith(v.DRAIN_FAILED_MESSAGE)
+    assert (condition.status, condition.last_transition_time) == ("False", NOW - HOUR)  # status unchanged
+
+
+def test_condition_after_drain_failure_without_pods() -> None:
+    condition = condition_after_drain(
+        node=node(), drain=DrainNode(reason="Preserved by user.", expiry=KEPT), drained=False, blocking_pods=(), now=NOW
+    )
+    assert condition.message == NOT_DRAINED
+
+
+def test_condition_after_drain_needs_the_expiry() -> None:
+    with pytest.raises(ValueError, match="expiry"):
+        condition_after_drain(node=node(), drain=DrainNode(), drained=True, blocking_pods=(), now=NOW)
+
+
+def test_plan_after_drain_writes_the_condition_then_events_on_machine_and_node() -> None:
+    drain = DrainNode(reason="Preserved by user.", expiry=KEPT)
+    result = plan_after_drain(
+        machine=machine(), node=node(), drain=drain, drained=False, blocking_pods=["ns/web-0"], now=NOW
+    )
+    assert isinstance(result.steps[0], SetPreservedCondition)
+    assert event_reasons(result) == [
+        ("Machine", v.EventReason.PRESERVED_NODE_DRAIN_FAILED),
+        ("Node", v.EventReason.PRESERVED_NODE_DRAIN_FAILED),
+    ]
+    assert all(e.type == "Warning" and "ns/web-0" in e.message for e in of_type(result, RecordEvent))
+    success = plan_after_drain(machine=machine(), node=node(), drain=drain, drained=True, blocking_pods=(), now=NOW)
+    assert {e.type for e in of_type(success, RecordEvent)} == {"Normal"}
+
+
+def test_drain_outcome_converges() -> None:
+    m, n = machine(phase=FAILED, preserve="now"), node()
+    m, after = execute(m, n, plan(m, n))
+    assert plan(m, after).steps == ()
+
+
+# --- orphans ---------------------------------------------------------------------------------------------
+
+
+def test_condition_still_preserved_without_expiry_is_cleaned_up() -> None:
+    # e.g. MCM's in-place update dropped the expiry without the stop clean-up (reference §2)
+    n = node(ca="true", ca_marker="true", tainted=True, condition=preserved_condition(message=UNTIL_KEPT))
+    result = plan(machine(phase=RUNNING, preserve="when-failed"), n)
+    assert write_kinds(result) == ["PatchNodeAnnotations", "SetPreservedCondition", "SetPreservedTaint"]
+    assert event_reasons(result)[0] == ("Machine", v.EventReason.PRESERVATION_STOPPED)
+
+
+# --- Go time format --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("moment", "text"),
+    [
+        (dt.datetime(2026, 8, 23, 10, 0, tzinfo=dt.UTC), "2026-08-23 10:00:00 +0000 UTC"),
+        (dt.datetime(2026, 8, 23, 10, 0, 0, 500000, tzinfo=dt.UTC), "2026-08-23 10:00:00.5 +0000 UTC"),
+        (dt.datetime(2026, 8, 23, 10, 0, 0, 120, tzinfo=dt.UTC), "2026-08-23 10:00:00.00012 +0000 UTC"),
+        (dt.datetime(2026, 8, 23, 12, 0, tzinfo=dt.timezone(dt.timedelta(hours=2))), "2026-08-23 10:00:00 +0000 UTC"),
+        (dt.datetime(2026, 8, 23, 10, 0), "2026-08-23 10:00:00 +0000 UTC"),  # naive: taken as UTC
+    ],
+)
+def test_go_time_string(moment: dt.datetime, text: str) -> None:
+    assert go_time_string(moment) == text

@@ -1,0 +1,247 @@
+"""Properties of the machine plan over arbitrary machines, nodes, values, phases and times.
+
+The central one is convergence: executing a plan and planning again yields no step, so a converged machine
+costs no API write.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.models import Machine, Node
+from machine_preservation.core.plan import (
+    DeleteMachine,
+    DrainNode,
+    MachinePlan,
+    PatchMachineAnnotations,
+    PatchNodeAnnotations,
+    RecordEvent,
+    SetMachinePhase,
+    SetPreservedTaint,
+    SetPreserveExpiry,
+)
+
+from .lifecycle_helpers import CONFIG, execute, of_type, plan, writes
+from .preservation_objects import ABSENT, HOUR, NOW, machine, node, preserved_condition
+
+VALUES = [ABSENT, "", "now", "when-failed", "false", "auto-preserve", "auto-preserved", "yes", " now"]
+PHASES = ["Running", "Failed", "Unknown", "Pending", "CrashLoopBackOff", "", "Terminating"]
+EXPIRIES = [None, None, NOW - HOUR, NOW, NOW + dt.timedelta(seconds=1), NOW + 5 * HOUR, NOW + 100 * HOUR]
+UNTIL = "Machine preserved until 2026-08-20 15:00:00 +0000 UTC."
+CONDITIONS: list[dict[str, Any] | None] = [
+    None,
+    preserved_condition(message=UNTIL),
+    preserved_condition(message=f"Preserved node drained successfully. {UNTIL}"),
+    preserved_condition(reason="Preserved by MCM.", message=f"Preserved node drained successfully. {UNTIL}"),
+    preserved_condition(status="False", message=f"Preserved node could not be drained. {UNTIL}", heartbeat=NOW),
+    preserved_condition(status="False", message=f"Preserved node could not be drained. {UNTIL} Pods blocking: a/b."),
+    preserved_condition(status="False", reason="Preservation stopped."),
+    preserved_condition(message="Machine preserved until 2030-01-01 00:00:00 +0000 UTC."),
+]
+PRIORITY_SETTINGS = st.fixed_dictionaries(
+    {
+        "priority": st.sampled_from([ABSENT, "1", "2", "3", "5", "10", "abc"]),
+        "last_priority": st.sampled_from([ABSENT, ABSENT, "", "1", "7", "abc"]),
+    }
+)
+
+
+@st.composite
+def snapshots(draw: st.DrawFn, timeouts: tuple[str | None, ...] = (None, "1h", "bad", "-1h")) -> dict[str, Any]:
+    has_label = draw(st.booleans())
+    m = machine(
+        node="n1" if has_label else "",
+        phase=draw(st.sampled_from(PHASES)),
+        expiry=draw(st.sampled_from(EXPIRIES)),
+        preserve=draw(st.sampled_from(VALUES)),
+        last_applied=draw(st.sampled_from([ABSENT, ABSENT, "", "now", "when-failed", "false", "auto-preserved"])),
+        reported_invalid=draw(st.sampled_from([ABSENT, ABSENT, "garbage", '[["Node","yes"]]', '[["Machine","yes"]]'])),
+        timeout=draw(st.sampled_from(timeouts)),
+        deleting=draw(st.integers(0, 9)) == 0,
+        **draw(PRIORITY_SETTINGS),
+    )
+    n = None
+    node_missing = False
+    if has_label and draw(st.integers(0, 4)) > 0:
+        n = node(
+            preserve=draw(st.sampled_from(VALUES)),
+            ca=draw(st.sampled_from([ABSENT, "true", "false"])),
+            ca_marker=draw(st.sampled_from([ABSENT, "true", "false"])),
+            ready=draw(st.sampled_from(["True", "False"])),
+            tainted=draw(st.booleans()),
+            unschedulable=draw(st.booleans()),
+            condition=draw(st.sampled_from(CONDITIONS)),
+        )
+    elif has_label:
+        node_missing = draw(st.booleans())
+    return {
+        "machine": m,
+        "node": n,
+        "node_missing": node_missing,
+        "ceiling": draw(st.integers(3, 12)),
+        "drained": draw(st.booleans()),
+        "now": NOW + dt.timedelta(microseconds=draw(st.sampled_from([0, 1, 999_999]))),
+    }
+
+
+def plan_of(s: dict[str, Any]) -> MachinePlan:
+    return replan(s, s["machine"], s["node"])
+
+
+def replan(s: dict[str, Any], m: Machine, n: Node | None) -> MachinePlan:
+    """Plan the snapshot's machine as it is now (same node_missing, ceiling and time)."""
+    return plan(m, n, node_missing=s["node_missing"], ceiling=s["ceiling"], now=s["now"])
+
+
+def run(s: dict[str, Any]) -> tuple[MachinePlan, Machine, Node | None]:
+    first = plan_of(s)
+    m, n = execute(s["machine"], s["node"], first, now=s["now"], drained=s["drained"], blocking_pods=("ns/p",))
+    return first, m, n
+
+
+PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPERTY
+@given(snapshots())
+def test_executing_a_plan_converges_in_one_step(s: dict[str, Any]) -> None:
+    _, m, n = run(s)
+    again = replan(s, m, n)
+    assert again.steps == (), again.steps
+
+
+@settings(max_examples=150, deadline=None)
+@given(snapshots(timeouts=("0s", None)))
+def test_even_a_zero_timeout_converges_within_three_rounds(s: dict[str, Any]) -> None:
+    m, n = s["machine"], s["node"]
+    for _ in range(3):
+        step = replan(s, m, n)
+        if not step.steps:
+            return
+        m, n = execute(m, n, step, now=s["now"], drained=s["drained"])
+    assert replan(s, m, n).steps == ()
+
+
+@PROPERTY
+@given(snapshots())
+def test_a_ca_annotation_is_removed_only_with_our_marker(s: dict[str, Any]) -> None:
+    removes_ca = any(v.CA_SCALE_DOWN_DISABLED_ANNOTATION in p.remove for p in of_type(plan_of(s), PatchNodeAnnotations))
+    if removes_ca:
+        assert s["node"].metadata.annotations.get(v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION) == "true"
+
+
+@PROPERTY
+@given(snapshots())
+def test_unschedulable_is_never_changed(s: dict[str, Any]) -> None:
+    _, _, n = run(s)
+    if s["node"] is not None:
+        assert n is not None
+        assert n.spec.unschedulable == s["node"].spec.unschedulable
+
+
+@PROPERTY
+@given(snapshots())
+def test_expiry_is_never_extended_or_reset_while_preserved(s: dict[str, Any]) -> None:
+    new_expiries = [step.expiry for step in of_type(plan_of(s), SetPreserveExpiry) if step.expiry is not None]
+    if s["machine"].preserve_expiry_time is not None:
+        assert new_expiries == []
+    else:
+        assert all(expiry > s["now"] - dt.timedelta(seconds=1) for expiry in new_expiries)
+
+
+@PROPERTY
+@given(snapshots())
+def test_taint_and_drain_only_for_failed_machines_and_drain_is_last(s: dict[str, Any]) -> None:
+    result = plan_of(s)
+    failed_now = s["machine"].phase == v.MachinePhase.FAILED and not of_type(result, SetMachinePhase)
+    if any(step.present for step in of_type(result, SetPreservedTaint)) or of_type(result, DrainNode):
+        assert failed_now
+    api_writes = writes(result)
+    if of_type(result, DrainNode):
+        assert isinstance(api_writes[-1], DrainNode)
+    if of_type(result, DeleteMachine):
+        assert failed_now
+        assert isinstance(api_writes[-1], DeleteMachine)
+
+
+@PROPERTY
+@given(snapshots())
+def test_requeue_exactly_at_expiry_while_preserved(s: dict[str, Any]) -> None:
+    first, m, n = run(s)
+    expiry = m.preserve_expiry_time
+    if m.metadata.deletion_timestamp is not None or m.phase == v.MachinePhase.TERMINATING or expiry is None:
+        assert first.requeue_after is None
+        return
+    wake = expiry
+    condition = n.preserved_condition if n is not None else None
+    drain_failed_at = (
+        condition.last_heartbeat_time
+        if condition is not None and condition.message.startswith(v.DRAIN_FAILED_MESSAGE)
+        else None
+    )
+    if drain_failed_at is not None and m.phase == v.MachinePhase.FAILED and not of_type(first, DrainNode):
+        # waiting: a failed drain is retried after the interval, or at expiry if that comes first
+        wake = min(expiry, drain_failed_at + CONFIG.drain_retry_interval)
+    assert first.requeue_after == max(wake - s["now"], dt.timedelta(0))
+
+
+@PROPERTY
+@given(snapshots())
+def test_patches_never_set_and_remove_the_same_key(s: dict[str, Any]) -> None:
+    for patch in (*of_type(plan_of(s), PatchMachineAnnotations), *of_type(plan_of(s), PatchNodeAnnotations)):
+        assert not set(patch.set) & set(patch.remove)
+        assert patch.set or patch.remove  # no empty writes
+
+
+@PROPERTY
+@given(snapshots())
+def test_warnings_only_for_invalid_values(s: dict[str, Any]) -> None:
+    for event in of_type(plan_of(s), RecordEvent):
+        assert event.type in ("Normal", "Warning")
+        if event.type == "Warning":
+            assert event.reason == v.EventReason.INVALID_PRESERVE_VALUE
+
+
+def essentials(m: Machine, n: Node | None) -> tuple[object, ...]:
+    """What a converged state is judged by (timestamps and Events aside)."""
+    machine_state = (
+        m.metadata.annotations,
+        m.phase,
+        m.preserve_expiry_time,
+        m.metadata.deletion_timestamp is not None,
+    )
+    if n is None:
+        return machine_state
+    condition = n.preserved_condition
+    return (
+        *machine_state,
+        n.metadata.annotations,
+        [(t.key, t.effect) for t in n.spec.taints],
+        n.spec.unschedulable,
+        None if condition is None else (condition.status, condition.reason, condition.message),
+    )
+
+
+def converge(s: dict[str, Any], m: Machine, n: Node | None) -> tuple[Machine, Node | None]:
+    for _ in range(4):
+        step = replan(s, m, n)
+        if not step.steps:
+            return m, n
+        m, n = execute(m, n, step, now=s["now"], drained=s["drained"], blocking_pods=("ns/p",))
+    raise AssertionError("no convergence after a crash")
+
+
+@PROPERTY
+@given(snapshots(), st.integers(0, 12))
+def test_a_crash_after_any_write_converges_to_the_same_state(s: dict[str, Any], crash_after: int) -> None:
+    first = plan_of(s)
+    _, m_full, n_full = run(s)
+    prefix = MachinePlan(steps=first.steps[: min(crash_after, len(first.steps))])
+    m, n = execute(s["machine"], s["node"], prefix, now=s["now"], drained=s["drained"], blocking_pods=("ns/p",))
+    m, n = converge(s, m, n)
+    assert essentials(m, n) == essentials(m_full, n_full)

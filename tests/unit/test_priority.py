@@ -1,0 +1,188 @@
+"""Scale-down priority of preserved machines: raised above the unpreserved, remembered, restored."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.apply import patched_annotations
+from machine_preservation.core.models import Machine
+from machine_preservation.core.plan import PatchMachineAnnotations
+from machine_preservation.core.priority import (
+    own_priority,
+    parse_priority,
+    priority_patch,
+    unpreserved_priority_ceiling,
+)
+
+from .lifecycle_helpers import only, plan
+from .preservation_objects import ABSENT, HOUR, NOW, machine, node
+
+PRIORITY, LAST = v.MACHINE_PRIORITY_ANNOTATION, v.LAST_MACHINE_PRIORITY_ANNOTATION
+KEPT = NOW + 5 * HOUR
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"), [(None, 3), ("1", 1), ("3", 3), ("10", 10), ("-2", -2), ("abc", 3), ("", 3), ("2.5", 3)]
+)
+def test_parse_priority_defaults_like_mcm(raw: str | None, expected: int) -> None:
+    assert parse_priority(raw) == expected
+
+
+@pytest.mark.parametrize(
+    ("priority", "last", "expected"),
+    [(ABSENT, ABSENT, 3), ("7", ABSENT, 7), ("9", "4", 4), ("9", "", 3), ("9", "x", 3), ("1", "5", 5)],
+)
+def test_own_priority_is_the_remembered_one_while_raised(priority: object, last: object, expected: int) -> None:
+    assert own_priority(machine(priority=priority, last_priority=last)) == expected
+
+
+def test_ceiling_is_the_highest_own_priority_of_the_other_unpreserved_machines() -> None:
+    planned = machine(name="me", priority="50")
+    siblings = [
+        planned,  # itself: left out
+        machine(name="a", priority="4"),
+        machine(name="b", priority="9", expiry=KEPT),  # preserved: left out
+        machine(name="c", priority="8", deleting=True),  # going away: left out
+        machine(name="d", priority="12", last_priority="6"),  # raised, not preserved any more: counts as 6
+        machine(name="e", priority="7", expiry=NOW),  # expired: unpreserved
+    ]
+    assert unpreserved_priority_ceiling(machine=planned, machine_set_machines=siblings, now=NOW) == 7
+
+
+def test_ceiling_is_at_least_the_default() -> None:
+    only_low = [machine(name="a", priority="1"), machine(name="b", priority="2")]
+    assert unpreserved_priority_ceiling(machine=machine(name="me"), machine_set_machines=only_low, now=NOW) == 3
+    assert unpreserved_priority_ceiling(machine=machine(name="me"), machine_set_machines=[], now=NOW) == 3
+
+
+@pytest.mark.parametrize(
+    ("priority", "last", "preserved", "auto", "expected"),
+    [
+        # raising remembers what was there ("" = nothing)
+        (ABSENT, ABSENT, True, False, PatchMachineAnnotations(set={PRIORITY: "12", LAST: ""})),
+        ("7", ABSENT, True, True, PatchMachineAnnotations(set={PRIORITY: "11", LAST: "7"})),
+        ("100", ABSENT, True, False, PatchMachineAnnotations(set={PRIORITY: "12", LAST: "100"})),
+        ("abc", ABSENT, True, False, PatchMachineAnnotations(set={PRIORITY: "12", LAST: "abc"})),
+        # never raise a value below the default (CA's deletion mark)
+        ("1", ABSENT, True, False, PatchMachineAnnotations()),
+        ("2", ABSENT, True, True, PatchMachineAnnotations()),
+        # while raised: follow the ceiling and the kind, never overwrite a deletion mark set meanwhile
+        ("12", "", True, False, PatchMachineAnnotations()),
+        ("11", "", True, False, PatchMachineAnnotations(set={PRIORITY: "12"})),
+        ("1", "5", True, False, PatchMachineAnnotations()),
+        (ABSENT, "5", True, True, PatchMachineAnnotations(set={PRIORITY: "11"})),
+        # restore: the remembered value, absent stays absent, a deletion mark set meanwhile stays
+        ("12", "7", False, False, PatchMachineAnnotations(set={PRIORITY: "7"}, remove=(LAST,))),
+        ("12", "", False, False, PatchMachineAnnotations(remove=(PRIORITY, LAST))),
+        ("12", "abc", False, False, PatchMachineAnnotations(set={PRIORITY: "abc"}, remove=(LAST,))),
+        ("1", "7", False, False, PatchMachineAnnotations(remove=(LAST,))),
+        # never raised: nothing to restore
+        ("9", ABSENT, False, False, PatchMachineAnnotations()),
+    ],
+)
+def test_priority_patch(
+    priority: object, last: object, preserved: bool, auto: bool, expected: PatchMachineAnnotations
+) -> None:
+    m = machine(priority=priority, last_priority=last)
+    assert priority_patch(machine=m, preserved=preserved, auto=auto, ceiling=10) == expected
+
+
+def test_machine_plan_raises_auto_below_manual() -> None:
+    manual = plan(machine(phase="Failed", preserve="now"), None, ceiling=6)
+    auto = plan(machine(phase="Failed", preserve="auto-preserve"), None, ceiling=6)
+    assert only(manual, PatchMachineAnnotations).set[PRIORITY] == "8"
+    assert only(auto, PatchMachineAnnotations).set[PRIORITY] == "7"
+
+
+def test_machine_plan_restores_on_stop_before_clearing_the_expiry() -> None:
+    result = plan(machine(preserve="false", expiry=KEPT, priority="8", last_priority="4"), node())
+    assert result.steps[0] == PatchMachineAnnotations(set={PRIORITY: "4"}, remove=(LAST,))
+
+
+# --- a whole MachineSet ---------------------------------------------------------------------------------
+
+STATES = ["unpreserved", "auto", "manual"]
+
+
+@st.composite
+def machine_sets(draw: st.DrawFn) -> list[tuple[Machine, str]]:
+    count = draw(st.integers(1, 8))
+    members = []
+    for index in range(count):
+        state = draw(st.sampled_from(STATES))
+        members.append(
+            (
+                machine(
+                    name=f"m{index}",
+                    priority=draw(st.sampled_from([ABSENT, "1", "2", "3", "4", "9", "abc"])),
+                    expiry=None if state == "unpreserved" else KEPT,
+                ),
+                state,
+            )
+        )
+    return members
+
+
+def settle(members: list[tuple[Machine, str]], *, preserved: bool = True) -> list[tuple[Machine, str]]:
+    """Every machine's priority patch against the snapshot, applied (as the shell's reconciles would)."""
+    snapshot = [m for m, _ in members]
+    settled = []
+    for m, state in members:
+        ceiling = unpreserved_priority_ceiling(machine=m, machine_set_machines=snapshot, now=NOW)
+        patch = priority_patch(
+            machine=m, preserved=preserved and state != "unpreserved", auto=state == "auto", ceiling=ceiling
+        )
+        metadata = m.metadata.model_copy(update={"annotations": patched_annotations(m.metadata.annotations, patch)})
+        settled.append((m.model_copy(update={"metadata": metadata}), state))
+    return settled
+
+
+@settings(max_examples=300, deadline=None)
+@given(machine_sets())
+def test_preserved_machines_outrank_unpreserved_ones_and_manual_outranks_auto(
+    members: list[tuple[Machine, str]],
+) -> None:
+    settled = settle(members)
+    priority = {m.metadata.name: parse_priority(m.metadata.annotations.get(PRIORITY)) for m, _ in settled}
+    original = {m.metadata.name: m.metadata.annotations.get(PRIORITY) for m, _ in members}
+    raised = {name for name, raw in original.items() if parse_priority(raw) >= v.DEFAULT_MACHINE_PRIORITY}
+    by_state = {state: [m.metadata.name for m, s in settled if s == state] for state in STATES}
+    for name, raw in original.items():
+        if name not in raised or name in by_state["unpreserved"]:
+            assert settled[int(name[1:])][0].metadata.annotations.get(PRIORITY) == raw  # untouched
+    for high in set(by_state["auto"] + by_state["manual"]) & raised:
+        assert all(priority[high] > priority[low] for low in by_state["unpreserved"])
+    for manual in set(by_state["manual"]) & raised:
+        assert all(priority[manual] > priority[auto] for auto in set(by_state["auto"]) & raised)
+    # converged: settling again changes nothing
+    assert settle(settled) == settled
+
+
+@settings(max_examples=300, deadline=None)
+@given(machine_sets())
+def test_stopping_restores_every_original_priority(members: list[tuple[Machine, str]]) -> None:
+    restored = settle(settle(members), preserved=False)
+    assert [m.metadata.annotations for m, _ in restored] == [m.metadata.annotations for m, _ in members]
+
+
+def test_deletion_mark_set_while_preserved_survives_the_restore() -> None:
+    raised = machine(priority="5", last_priority="", expiry=KEPT)
+    marked = raised.model_copy(
+        update={"metadata": raised.metadata.model_copy(update={"annotations": {PRIORITY: "1", LAST: ""}})}
+    )
+    assert priority_patch(machine=marked, preserved=True, auto=False, ceiling=3) == PatchMachineAnnotations()
+    restore = priority_patch(machine=marked, preserved=False, auto=False, ceiling=3)
+    assert patched_annotations(marked.metadata.annotations, restore) == {PRIORITY: "1"}
+
+
+def test_a_sibling_expiring_exactly_now_counts_as_unpreserved() -> None:
+    # expiry == now counts as expired (unpreserved), as in MCM's sort
+    sibling = machine(name="a", priority="9", expiry=NOW)
+    assert unpreserved_priority_ceiling(machine=machine(), machine_set_machines=[sibling], now=NOW) == 9
+    later = NOW - dt.timedelta(seconds=1)
+    assert unpreserved_priority_ceiling(machine=machine(), machine_set_machines=[sibling], now=later) == 3

@@ -1,0 +1,101 @@
+"""`machine-preservation webhook` as a process: self-signed certificates, serving, stopping on SIGTERM."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import signal
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from machine_preservation.cli import build_parser
+from machine_preservation.webhook.commands import write_self_signed
+
+
+def test_self_signed_writes_a_ca_and_a_serving_cert_it_signs(tmp_path: Path) -> None:
+    target = tmp_path / "certs"
+    assert write_self_signed(cert_dir=target, names=("webhook.example", "127.0.0.1"), now=dt.datetime.now(dt.UTC))
+    ca = x509.load_pem_x509_certificate((target / "ca.crt").read_bytes())
+    cert = x509.load_pem_x509_certificate((target / "tls.crt").read_bytes())
+    assert cert.issuer == ca.subject
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == ["webhook.example"]
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert (target / "tls.key").stat().st_mode & 0o777 == 0o600
+    assert not (target / "ca.key").exists()
+
+
+def test_self_signed_leaves_a_populated_directory_alone(tmp_path: Path) -> None:
+    (tmp_path / "tls.crt").write_text("mine")
+    assert not write_self_signed(cert_dir=tmp_path, names=("localhost",), now=dt.datetime.now(dt.UTC))
+    assert (tmp_path / "tls.crt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tls.crt"]
+
+
+def test_flags_and_defaults() -> None:
+    args = build_parser().parse_args(
+        ["webhook", "--cert-dir", "/x", "--mcm-username", "a", "--mcm-username", "b", "--max-preserve-timeout", "48h"]
+    )
+    assert args.mcm_username == ["a", "b"]
+    assert args.max_preserve_timeout == dt.timedelta(hours=48)
+    assert args.max_body_bytes == 3 * 1024 * 1024
+    assert args.port == 9443
+    defaults = build_parser().parse_args(["webhook", "--cert-dir", "/x"])
+    assert defaults.max_preserve_timeout == dt.timedelta(hours=720)
+    assert defaults.controller_username.startswith("system:serviceaccount:")
+
+
+@pytest.mark.parametrize(
+    "flags", [["--max-preserve-timeout", "3d"], ["--max-preserve-timeout", "-1h"], ["--max-body-bytes", "0"]]
+)
+def test_bad_flags_are_refused(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["webhook", "--cert-dir", "/x", *flags])
+    assert exited.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_the_command_serves_until_sigterm(tmp_path: Path) -> None:
+    cert_dir = tmp_path / "certs"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "machine_preservation",
+            "webhook",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--cert-dir",
+            str(cert_dir),
+            "--self-signed",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stderr is not None
+        port = 0
+        deadline = time.monotonic() + 60
+        while not port and time.monotonic() < deadline:
+            line = process.stderr.readline()
+            if match := re.search(r"webhook serving on https://127\.0\.0\.1:(\d+) \(ready: True\)", line):
+                port = int(match.group(1))
+        assert port, "the server did not report its port"
+        context = ssl.create_default_context(cafile=str(cert_dir / "ca.crt"))
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/readyz", context=context, timeout=10) as response:
+            assert response.status == 200
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

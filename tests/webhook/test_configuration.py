@@ -1,0 +1,80 @@
+"""The webhook-configuration builders: node rules narrowed and fail-open, the others as specified.
+
+What the CEL expressions select is proven against the real API server in tests/integration/test_webhook.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from machine_preservation.core import vocabulary as v
+from machine_preservation.webhook import configuration as c
+
+CLIENT = c.ClientConfig(ca_bundle=b"CA", url="https://127.0.0.1:9443/")
+SERVICE = c.ClientConfig(ca_bundle=b"CA", service_namespace="mp", service_name="webhook", service_port=443)
+CONTROLLER = "system:serviceaccount:mp:controller"
+MCM = ("system:serviceaccount:kube-system:machine-controller-manager",)
+
+
+def test_client_config_by_url_or_service() -> None:
+    assert CLIENT.for_path("/validate-shoot") == {"caBundle": "Q0E=", "url": "https://127.0.0.1:9443/validate-shoot"}
+    assert SERVICE.for_path("/x") == {
+        "caBundle": "Q0E=",
+        "service": {"namespace": "mp", "name": "webhook", "port": 443, "path": "/x"},
+    }
+
+
+@pytest.mark.parametrize("builder", [c.node_preserve_annotation_webhook, c.node_ca_annotation_webhook])
+def test_node_webhooks_never_block_nodes(builder: Callable[..., dict[str, Any]]) -> None:
+    webhook = builder(client=CLIENT, controller_username=CONTROLLER, mcm_usernames=MCM)
+    assert webhook["failurePolicy"] == "Ignore"
+    assert webhook["timeoutSeconds"] <= 5
+    assert webhook["sideEffects"] == "None"
+    assert webhook["admissionReviewVersions"] == ["v1"]
+    assert webhook["rules"][0]["resources"] == ["nodes", "nodes/status"]
+    names = [condition["name"] for condition in webhook["matchConditions"]]
+    assert {"not-a-kubelet", "not-mcm-or-controller"} <= set(names)
+    exclusion = next(m for m in webhook["matchConditions"] if m["name"] == "not-mcm-or-controller")["expression"]
+    assert CONTROLLER in exclusion
+    assert MCM[0] in exclusion
+    with pytest.raises(ValueError, match="timeoutSeconds"):
+        builder(client=CLIENT, controller_username=CONTROLLER, mcm_usernames=MCM, timeout_seconds=6)
+
+
+def test_annotation_rules_watch_every_preserve_related_key() -> None:
+    webhook = c.node_preserve_annotation_webhook(client=CLIENT, controller_username=CONTROLLER, mcm_usernames=MCM)
+    expression = webhook["matchConditions"][0]["expression"]
+    for key in (v.PRESERVE_ANNOTATION, *v.CONTROLLER_OWNED_ANNOTATIONS):
+        assert f"'{key}'" in expression
+    assert webhook["rules"][0]["operations"] == ["CREATE", "UPDATE"]
+
+
+def test_machine_and_shoot_webhooks_fail_closed_by_default() -> None:
+    machine = c.machine_preserve_annotation_webhook(client=SERVICE, controller_username=CONTROLLER)
+    deletion = c.machine_deletion_webhook(client=SERVICE, mcm_usernames=MCM)
+    shoot = c.shoot_webhook(client=SERVICE)
+    assert [w["failurePolicy"] for w in (machine, deletion, shoot)] == ["Fail", "Fail", "Fail"]
+    assert deletion["rules"][0]["operations"] == ["DELETE"]
+    assert deletion["matchConditions"] == [
+        {"name": "deleted-by-mcm", "expression": f"request.userInfo.username in ['{MCM[0]}']"}
+    ]
+    assert shoot["rules"][0]["apiGroups"] == ["core.gardener.cloud"]
+    assert c.shoot_webhook(client=SERVICE, failure_policy="Ignore")["failurePolicy"] == "Ignore"
+
+
+def test_cel_strings_are_quoted() -> None:
+    expression = c.annotation_changed("it's")
+    assert "'it\\'s'" in expression
+    assert "'it's'" not in expression
+
+
+def test_configurations_wrap_the_webhooks() -> None:
+    webhook = c.shoot_webhook(client=CLIENT, namespace_selector={"matchLabels": {"a": "b"}})
+    config = c.validating_configuration(name="mp", webhooks=[webhook], labels={"app": "mp"})
+    assert config["kind"] == "ValidatingWebhookConfiguration"
+    assert config["metadata"] == {"name": "mp", "labels": {"app": "mp"}}
+    assert config["webhooks"][0]["namespaceSelector"] == {"matchLabels": {"a": "b"}}
+    assert c.mutating_configuration(name="mp", webhooks=[])["kind"] == "MutatingWebhookConfiguration"

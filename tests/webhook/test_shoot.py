@@ -1,0 +1,71 @@
+"""POST /validate-shoot: worker preservation fields, field-error style, warnings, UPDATE scope."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.webhook.conftest import Webhook
+from tests.webhook.reviews import SHOOT_KIND, review, shoot
+
+PATH = "/validate-shoot"
+
+
+def worker(name: str, maximum: int = 4, **mcm: Any) -> dict[str, Any]:
+    document: dict[str, Any] = {"name": name, "minimum": 1, "maximum": maximum, "systemComponents": {"allow": False}}
+    if mcm:
+        document["machineControllerManager"] = mcm
+    return document
+
+
+async def test_the_issue_example(webhook: Webhook) -> None:
+    body = review(
+        kind=SHOOT_KIND, operation="CREATE", obj=shoot(worker("a"), worker("b", autoPreserveFailedMachineMax=5))
+    )
+    response = await webhook.review(PATH, body)
+    assert response["allowed"] is False
+    assert response["status"] == {
+        "code": 403,
+        "reason": "Forbidden",
+        "message": "spec.provider.workers[1].machineControllerManager.autoPreserveFailedMachineMax: "
+        "Invalid value: 5: must be less than or equal to maximum (4)",
+    }
+
+
+async def test_valid_settings_pass_and_uneven_zone_spreads_warn(webhook: Webhook) -> None:
+    pool = {
+        **worker("a", 10, autoPreserveFailedMachineMax=2, machinePreserveTimeout="48h"),
+        "zones": ["z1", "z2", "z3"],
+    }
+    response = await webhook.review(PATH, review(kind=SHOOT_KIND, operation="CREATE", obj=shoot(pool)))
+    assert response["allowed"] is True
+    assert response["warnings"] == [
+        "spec.provider.workers[0].machineControllerManager.autoPreserveFailedMachineMax: "
+        "2 cannot be spread evenly over 3 zones; per zone: z1=1, z2=1, z3=0"
+    ]
+
+
+async def test_every_error_at_once(webhook: Webhook) -> None:
+    obj = shoot(
+        worker("a", autoPreserveFailedMachineMax=-1, machinePreserveTimeout="5d"),
+        worker("b", machinePreserveTimeout="800h"),
+    )
+    response = await webhook.review(PATH, review(kind=SHOOT_KIND, operation="CREATE", obj=obj))
+    message = response["status"]["message"]
+    assert message.count("Invalid value") == 3
+    assert "workers[0].machineControllerManager.autoPreserveFailedMachineMax: Invalid value: -1" in message
+    assert 'workers[0].machineControllerManager.machinePreserveTimeout: Invalid value: "5d"' in message
+    assert 'workers[1].machineControllerManager.machinePreserveTimeout: Invalid value: "800h0m0s"' in message
+
+
+async def test_only_changed_workers_are_judged_on_update(webhook: Webhook) -> None:
+    legacy = worker("a", autoPreserveFailedMachineMax=9)
+    old = shoot(legacy, worker("b"))
+    untouched = review(kind=SHOOT_KIND, operation="UPDATE", obj=shoot(legacy, worker("b", 6)), old=old)
+    assert (await webhook.review(PATH, untouched))["allowed"] is True
+    touched = review(kind=SHOOT_KIND, operation="UPDATE", obj=shoot({**legacy, "maximum": 5}, worker("b")), old=old)
+    assert (await webhook.review(PATH, touched))["allowed"] is False
+
+
+async def test_workerless_shoots_pass(webhook: Webhook) -> None:
+    obj = {"apiVersion": "core.gardener.cloud/v1beta1", "kind": "Shoot", "metadata": {"name": "s"}, "spec": {}}
+    assert (await webhook.review(PATH, review(kind=SHOOT_KIND, operation="CREATE", obj=obj)))["allowed"] is True
