@@ -31,7 +31,7 @@ from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import WebhookServer
 from tests.integration.chart import CHART, find, helm, set_args, template
 from tests.integration.test_chart_render import VALUE_SETS
-from tests.integration.test_control_plane import eventually
+from tests.polling import eventually
 
 T = TypeVar("T")
 MCM = "system:serviceaccount:kube-system:machine-controller-manager"

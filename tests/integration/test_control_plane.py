@@ -10,11 +10,9 @@ import datetime as dt
 import json
 import os
 import ssl
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -23,25 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from machine_preservation.certs.authority import issue_serving_cert
 from machine_preservation.cluster.controlplane import ControlPlane, free_port
-
-T = TypeVar("T")
-
-
-def eventually(check: Callable[[], T], *, timeout: float = 60.0, interval: float = 0.2) -> T:
-    """Poll until `check` returns a truthy value (or stops raising); fail with the last outcome."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-        except (AssertionError, ApiException) as error:
-            last = error
-        else:
-            if result:
-                return result
-            last = result
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s; last outcome: {last!r}")
+from tests.polling import eventually
 
 
 def test_version_is_the_pinned_release(kube_client: client.ApiClient) -> None:

@@ -14,18 +14,16 @@ import json
 import ssl
 import subprocess
 import threading
-import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from machine_preservation.certs.authority import KeyPair, generate_ca, issue_serving_cert
@@ -36,8 +34,7 @@ from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.webhook import configuration as wc
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import WebhookServer
-
-T = TypeVar("T")
+from tests.polling import eventually
 
 CONTROLLER = "system:serviceaccount:mp-test:controller"
 MCM = "system:serviceaccount:kube-system:machine-controller-manager"
@@ -47,23 +44,6 @@ P = v.PRESERVE_ANNOTATION
 CA_KEY = v.CA_SCALE_DOWN_DISABLED_ANNOTATION
 MARKER = v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION
 GROUP, VERSION = v.MACHINE_API_GROUP, v.MACHINE_API_VERSION
-
-
-def eventually(check: Callable[[], T], *, timeout: float = 60.0, interval: float = 0.2) -> T:
-    """Poll until `check` returns something truthy; fail with the last outcome."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-        except (AssertionError, ApiException) as error:
-            last = error
-        else:
-            if result:
-                return result
-            last = result
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s; last outcome: {last!r}")
 
 
 class ServerThread:
@@ -418,24 +398,27 @@ def test_on_unpreserved_nodes_and_for_the_controller_the_annotation_is_free(env:
 # --- Machines -------------------------------------------------------------------------------------------------
 
 
-def _machine(name: str, *, owner: str = "ms", annotations: dict[str, str] | None = None) -> dict[str, Any]:
+def _machine(
+    name: str, *, owner: tuple[str, str] | None = None, annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A Machine, optionally owned by the MachineSet (name, uid). The owner must exist: the garbage
+    collector deletes dependents of a missing owner."""
+    metadata: dict[str, Any] = {"name": name, "labels": {"node": f"node-{name}"}, "annotations": annotations or {}}
+    if owner is not None:
+        owner_name, owner_uid = owner
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "MachineSet",
+                "name": owner_name,
+                "uid": owner_uid,
+                "controller": True,
+            }
+        ]
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "Machine",
-        "metadata": {
-            "name": name,
-            "labels": {"node": f"node-{name}"},
-            "annotations": annotations or {},
-            "ownerReferences": [
-                {
-                    "apiVersion": f"{GROUP}/{VERSION}",
-                    "kind": "MachineSet",
-                    "name": owner,
-                    "uid": str(uuid.uuid4()),
-                    "controller": True,
-                }
-            ],
-        },
+        "metadata": metadata,
         "spec": {"class": {"kind": "AWSMachineClass", "name": "c"}},
     }
 
@@ -478,9 +461,11 @@ def test_mcm_cannot_delete_a_preserved_or_pending_failed_machine_but_users_can(e
         },
     }
     env.ok(CONTROLLER, "-n", ns, "create", "-f", "-", stdin=json.dumps(machine_set))
+    created_set = client.CustomObjectsApi(env.api).get_namespaced_custom_object(GROUP, VERSION, ns, "machinesets", "ms")
+    owner = ("ms", created_set["metadata"]["uid"])
     expiry = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     for name in ("preserved", "pending", "healthy"):
-        env.ok(CONTROLLER, "-n", ns, "create", "-f", "-", stdin=json.dumps(_machine(name)))
+        env.ok(CONTROLLER, "-n", ns, "create", "-f", "-", stdin=json.dumps(_machine(name, owner=owner)))
     _set_status(env, "preserved", {"phase": "Failed", "preserveExpiryTime": expiry})
     _set_status(env, "pending", {"phase": "Failed"})
     _set_status(env, "healthy", {"phase": "Running"})
