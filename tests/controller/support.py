@@ -1,20 +1,29 @@
-"""Helpers for the controller's integration tests: aio clients, object builders, eventual polling."""
+"""Helpers for the controller's integration tests: aio clients, object builders, eventual polling, and the
+shared fixtures (`api`, `node_names`, `standin`; tests/integration/conftest.py makes them available)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import time
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
+from kubernetes import client as sync_client
 from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
 
+from machine_preservation.cluster.controlplane import ControlPlane
 from machine_preservation.controller.clients import new_api_client
+from machine_preservation.controller.events import NODE_EVENT_NAMESPACE
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.models import Node
+from machine_preservation.core.models import Machine, Node
+from machine_preservation.standin.mcm import MCM_USERNAME, McmStandIn
 
 T = TypeVar("T")
 
@@ -111,3 +120,180 @@ async def read_raw(response_coroutine: Awaitable[Any]) -> dict[str, Any]:
 
 async def read_node_model(core: client.CoreV1Api, name: str) -> Node:
     return Node.model_validate(await read_raw(core.read_node_without_preload_content(name)))
+
+
+# --- shared fixtures ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def api(control_plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
+    """An aio client with the control plane's admin identity."""
+    api_client = await aio_client(control_plane.kubeconfig)
+    yield api_client
+    await api_client.close()
+
+
+@pytest.fixture
+async def node_names(api: client.ApiClient) -> AsyncIterator[list[str]]:
+    """Nodes are cluster-scoped: the ones a test made with `new_node` are deleted afterwards."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        with contextlib.suppress(ApiException):
+            await client.CoreV1Api(api).delete_node(name)
+
+
+@pytest.fixture
+async def standin(
+    kube_client: sync_client.ApiClient, kubeconfig_for: Callable[[str], Path], namespace: str
+) -> AsyncIterator[McmStandIn]:
+    """The MCM stand-in running as MCM's identity (cluster-admin here: it plays MCM, the cloud provider and
+    kubelets), so the webhook's deletion guard applies to its deletes."""
+    binding = {
+        "metadata": {"name": f"mcm-{namespace}"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": MCM_USERNAME}],
+    }
+    rbac = sync_client.RbacAuthorizationV1Api(kube_client)
+    await asyncio.to_thread(rbac.create_cluster_role_binding, binding)
+    mcm = await aio_client(kubeconfig_for(MCM_USERNAME))
+    stand_in = McmStandIn(api=mcm, namespace=namespace, health_timeout=dt.timedelta(seconds=1), interval=0.2)
+    stopping = asyncio.Event()
+    task = asyncio.create_task(stand_in.run(stopping))
+    try:
+        yield stand_in
+    finally:
+        stopping.set()
+        await asyncio.wait_for(task, 30)
+        for machine in (await machines_of(mcm, namespace)).values():
+            if machine.node_name:
+                with contextlib.suppress(sync_client.exceptions.ApiException):
+                    await asyncio.to_thread(sync_client.CoreV1Api(kube_client).delete_node, machine.node_name)
+        await mcm.close()
+        await asyncio.to_thread(rbac.delete_cluster_role_binding, f"mcm-{namespace}")
+
+
+# --- objects and their state -------------------------------------------------------------------------------
+
+
+async def new_node(api: client.ApiClient, names: list[str], *, ready: bool, **metadata: Any) -> str:
+    """A Node with a fresh name, recorded in `names` (the `node_names` fixture) for clean-up."""
+    name = f"n-{uuid.uuid4().hex[:8]}"
+    names.append(name)
+    await create_node(client.CoreV1Api(api), name, ready=ready, **metadata)
+    return name
+
+
+async def machine_model(api: client.ApiClient, namespace: str, name: str) -> Machine | None:
+    """The Machine as our model reads it; None once it is gone."""
+    try:
+        return Machine.model_validate(await get_machine(client.CustomObjectsApi(api), namespace, name))
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+async def machines_of(api: client.ApiClient, namespace: str) -> dict[str, Machine]:
+    listed = await client.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, namespace, "machines")
+    assert isinstance(listed, dict)
+    return {m.metadata.name: m for m in map(Machine.model_validate, listed["items"])}
+
+
+def owner_reference(kind: str, created: dict[str, Any]) -> dict[str, Any]:
+    """A controller ownerReference to `created` (a custom object as the API returned it)."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": kind,
+        "name": created["metadata"]["name"],
+        "uid": created["metadata"]["uid"],
+        "controller": True,
+    }
+
+
+async def create_custom(
+    api: client.ApiClient,
+    namespace: str,
+    kind: str,
+    name: str,
+    *,
+    spec: dict[str, Any] | None = None,
+    owner: dict[str, Any] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A MachineSet or MachineDeployment (kind), optionally owned and annotated."""
+    metadata: dict[str, Any] = {"name": name, "annotations": annotations or {}}
+    if owner:
+        metadata["ownerReferences"] = [owner]
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": kind, "metadata": metadata, "spec": spec or {}}
+    created = await client.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, f"{kind.lower()}s", body
+    )
+    assert isinstance(created, dict)
+    return created
+
+
+async def machine_set_owner(api: client.ApiClient, namespace: str, name: str = "ms", **spec: Any) -> dict[str, Any]:
+    """Create a MachineSet with `spec`; returns the ownerReference its Machines carry."""
+    return owner_reference("MachineSet", await create_custom(api, namespace, "MachineSet", name, spec=spec))
+
+
+async def running_pod(
+    core: client.CoreV1Api,
+    namespace: str,
+    name: str,
+    *,
+    node: str,
+    labels: dict[str, str] | None = None,
+    **metadata: Any,
+) -> None:
+    """A pod bound to `node` and shown Running and Ready (as its kubelet would report it), so the Eviction API
+    applies PodDisruptionBudgets to it (a Pending pod may be evicted regardless)."""
+    await core.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": name, "labels": labels or {}, **metadata},
+            "spec": {
+                "nodeName": node,
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "c", "image": "registry.invalid/none"}],
+            },
+        },
+    )
+    now = rfc3339(dt.datetime.now(dt.UTC))
+    status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}]}
+    await core.patch_namespaced_pod_status(name, namespace, {"status": status})
+
+
+async def pdb_settled(policy: client.PolicyV1Api, namespace: str, name: str, *, allowed: int) -> bool:
+    """The disruption controller has counted the PDB's pods and allows `allowed` disruptions."""
+    pdb = await policy.read_namespaced_pod_disruption_budget(name, namespace)
+    status = pdb.status
+    return bool(
+        status
+        and status.observed_generation == pdb.metadata.generation
+        and status.current_healthy == status.expected_pods
+        and status.disruptions_allowed == allowed
+    )
+
+
+async def guarded_pods(api: client.ApiClient, namespace: str, node: str, *names: str) -> None:
+    """Running pods `names` on `node` under a PodDisruptionBudget ("guard") that allows no disruption,
+    once the disruption controller has it in force."""
+    core, policy = client.CoreV1Api(api), client.PolicyV1Api(api)
+    for name in names:
+        await running_pod(core, namespace, name, node=node, labels={"app": "guarded"})
+    selector = {"matchLabels": {"app": "guarded"}}
+    budget = {"metadata": {"name": "guard"}, "spec": {"minAvailable": len(names), "selector": selector}}
+    await policy.create_namespaced_pod_disruption_budget(namespace, budget)
+    await eventually(lambda: pdb_settled(policy, namespace, "guard", allowed=0))
+
+
+async def events_about(api: client.ApiClient, namespace: str, kind: str, name: str) -> list[client.CoreV1Event]:
+    """The Events regarding one Machine (in its namespace) or Node (in `default`), oldest first."""
+    where = namespace if kind == "Machine" else NODE_EVENT_NAMESPACE
+    listed = await client.CoreV1Api(api).list_namespaced_event(
+        where, field_selector=f"involvedObject.kind={kind},involvedObject.name={name}"
+    )
+    items: list[client.CoreV1Event] = listed.items
+    return items

@@ -332,14 +332,14 @@ def test_rbac_grants_exactly_the_verbs_used(rendered: dict[str, list[dict[str, A
     documents = rendered["default"]
     machine = "machine.sapcloud.io"
     assert _rules(documents, "Role", f"{CONTROLLER}-control") == (
-        _expand(machine, "machines", "get list watch patch update delete")
-        | _expand(machine, "machinesets machinedeployments", "get list watch patch update")
-        | _expand(machine, "machines/status machinesets/status machinedeployments/status", "patch update")
+        _expand(machine, "machines", "list watch patch delete")
+        | _expand(machine, "machinesets machinedeployments", "list watch")
+        | _expand(machine, "machines/status machinesets/status machinedeployments/status", "patch")
         | _expand("", "events", "create get patch")
         | _expand("coordination.k8s.io", "leases", "get create update")
     )
     assert _rules(documents, "ClusterRole", f"{CONTROLLER}-{NAMESPACE}-target") == (
-        _expand("", "nodes", "get list watch patch")
+        _expand("", "nodes", "list watch patch")
         | _expand("", "nodes/status", "patch")
         | _expand("", "pods", "list watch")
         | _expand("", "pods/eviction", "create")

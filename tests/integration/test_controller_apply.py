@@ -11,7 +11,6 @@ import pytest
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.cluster.controlplane import ControlPlane
 from machine_preservation.controller.apply import (
     ObjectGone,
     Snapshot,
@@ -26,7 +25,6 @@ from machine_preservation.core.models import Machine, Node
 from tests.controller.support import (
     GROUP,
     VERSION,
-    aio_client,
     create_machine,
     create_node,
     get_machine,
@@ -35,13 +33,6 @@ from tests.controller.support import (
 
 NOW = dt.datetime(2026, 11, 21, 12, 0, 0, tzinfo=dt.UTC)
 PRESERVED = {"key": v.PRESERVED_TAINT_KEY, "effect": v.PRESERVED_TAINT_EFFECT}
-
-
-@pytest.fixture
-async def api(control_plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
-    api_client = await aio_client(control_plane.kubeconfig)
-    yield api_client
-    await api_client.close()
 
 
 @pytest.fixture

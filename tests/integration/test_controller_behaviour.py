@@ -4,14 +4,10 @@ Event for an invalid value."""
 
 from __future__ import annotations
 
-import contextlib
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from kubernetes.aio import client
-from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.cluster.controlplane import ControlPlane
 from machine_preservation.core import vocabulary as v
@@ -21,38 +17,14 @@ from tests.controller.running import running_controller
 from tests.controller.support import (
     GROUP,
     VERSION,
-    aio_client,
     create_machine,
-    create_node,
     eventually,
     get_machine,
+    new_node,
     read_node_model,
 )
 
 MERGE = "application/merge-patch+json"
-
-
-@pytest.fixture
-async def api(control_plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
-    api_client = await aio_client(control_plane.kubeconfig)
-    yield api_client
-    await api_client.close()
-
-
-@pytest.fixture
-async def node_names(api: client.ApiClient) -> AsyncIterator[list[str]]:
-    names: list[str] = []
-    yield names
-    for name in names:
-        with contextlib.suppress(ApiException):
-            await client.CoreV1Api(api).delete_node(name)
-
-
-async def new_node(api: client.ApiClient, names: list[str], *, ready: bool) -> str:
-    name = f"n-{uuid.uuid4().hex[:8]}"
-    names.append(name)
-    await create_node(client.CoreV1Api(api), name, ready=ready)
-    return name
 
 
 async def snapshot(api: client.ApiClient, namespace: str, machine: str, node: str) -> tuple[Machine, Node]:

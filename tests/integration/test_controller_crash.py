@@ -1,33 +1,48 @@
-"""Crash safety: the controller dies right after its n-th API write of a preserve (and of a stop)
-sequence; a fresh controller started afterwards converges to the same final state, with nothing lost
-and nothing left behind. The "crash" is raised inside the HTTP client's request-end hook, after the
-apiserver answered the write, and takes the whole controller down with no clean-up of its own."""
+"""Crash safety: the controller dies right after its n-th API write of a preserve sequence, and of each way
+a preservation ends (the node's value removed, the expiry reached, the auto value released); a fresh
+controller started afterwards converges to the same final state, with nothing lost and nothing left behind.
+The "crash" is raised inside the HTTP client's request-end hook, after the apiserver answered the write, and
+takes the whole controller down with no clean-up of its own."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import types
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
 from kubernetes.aio import client
-from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.cluster.controlplane import ControlPlane
 from machine_preservation.controller.manager import Controller, ControllerOptions
 from machine_preservation.controller.metrics import WRITE_VERBS, Metrics, request_verb_and_resource
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Machine, Node
-from tests.controller.support import aio_client, create_machine, create_node, eventually, get_machine, read_node_model
+from tests.controller.support import (
+    GROUP,
+    VERSION,
+    create_machine,
+    eventually,
+    get_machine,
+    machine_model,
+    machine_set_owner,
+    new_node,
+    read_node_model,
+    rfc3339,
+)
 
 # Writes of an uninterrupted run: preserve (expiry, events, machine and node annotations, taint, eviction,
 # condition, events) and stop (machine and node annotations, condition, taint, expiry, events).
 PRESERVE_WRITES = range(1, 11)
 STOP_WRITES = range(1, 8)
+# Expiry of a Failed machine: node annotations, condition, taint, delete, events (machine, node).
+EXPIRY_WRITES = range(1, 7)
+# Lowering the max to 0: the MachineSet releases (annotation, event, status), then the machine stops (as
+# STOP_WRITES), then the MachineSet's status follows.
+RELEASE_WRITES = range(1, 12)
 
 
 class Crash(BaseException):
@@ -58,19 +73,12 @@ class CrashAfterWrites(Metrics):
         return trace
 
 
-@pytest.fixture
-async def api(control_plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
-    api_client = await aio_client(control_plane.kubeconfig)
-    yield api_client
-    await api_client.close()
-
-
-@pytest.fixture
-async def node(api: client.ApiClient, namespace: str) -> AsyncIterator[str]:
-    name = f"n-{uuid.uuid4().hex[:8]}"
-    core = client.CoreV1Api(api)
-    await create_node(core, name, ready=False, annotations={v.PRESERVE_ANNOTATION: "now"})
-    await core.create_namespaced_pod(
+async def failed_machine_with_workload(
+    api: client.ApiClient, namespace: str, node_names: list[str], *, node_annotations: dict[str, str], **machine: Any
+) -> str:
+    """A Failed Machine "m" on a NotReady Node carrying a pod to evict; returns the Node's name."""
+    name = await new_node(api, node_names, ready=False, annotations=node_annotations)
+    await client.CoreV1Api(api).create_namespaced_pod(
         namespace,
         {
             "metadata": {"name": "workload"},
@@ -81,10 +89,23 @@ async def node(api: client.ApiClient, namespace: str) -> AsyncIterator[str]:
             },
         },
     )
-    await create_machine(client.CustomObjectsApi(api), namespace, "m", node=name, phase="Failed")
-    yield name
-    with contextlib.suppress(ApiException):
-        await core.delete_node(name)
+    await create_machine(client.CustomObjectsApi(api), namespace, "m", node=name, phase="Failed", **machine)
+    return name
+
+
+@pytest.fixture
+async def node(api: client.ApiClient, namespace: str, node_names: list[str]) -> str:
+    """Preserved by the node's `now`."""
+    return await failed_machine_with_workload(
+        api, namespace, node_names, node_annotations={v.PRESERVE_ANNOTATION: "now"}
+    )
+
+
+@pytest.fixture
+async def auto_node(api: client.ApiClient, namespace: str, node_names: list[str]) -> str:
+    """Auto-preserved by its MachineSet (autoPreserveFailedMachineMax 1)."""
+    owner = await machine_set_owner(api, namespace, replicas=1, autoPreserveFailedMachineMax=1)
+    return await failed_machine_with_workload(api, namespace, node_names, node_annotations={}, owner=owner)
 
 
 async def run_controller(
@@ -111,49 +132,75 @@ async def run_controller(
     return task
 
 
+async def crash_then_converge(control_plane: ControlPlane, namespace: str, crash_after: int, *, until: Any) -> None:
+    """A controller that crashes right after its `crash_after`-th write, then a fresh one until `until`."""
+    crashing = CrashAfterWrites(crash_after)
+    await run_controller(control_plane, namespace, crashing, until=lambda: crashing.crashed.is_set())
+    await run_controller(control_plane, namespace, Metrics(), until=until)
+
+
 async def state(api: client.ApiClient, namespace: str, node: str) -> tuple[Machine, Node]:
     machine = Machine.model_validate(await get_machine(client.CustomObjectsApi(api), namespace, "m"))
     return machine, await read_node_model(client.CoreV1Api(api), node)
 
 
-async def fully_preserved(api: client.ApiClient, namespace: str, node: str) -> bool:
+async def fully_preserved(api: client.ApiClient, namespace: str, node: str, *, auto: bool = False) -> bool:
     machine, n = await state(api, namespace, node)
     condition = n.preserved_condition
+    ca = {v.CA_SCALE_DOWN_DISABLED_ANNOTATION: "true", v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION: "true"}
+    # Auto-preserved: ceiling 3 + 1, the value on the machine; by the node's `now`: 3 + 2, synced from the node.
+    value = {v.PRESERVE_ANNOTATION: "auto-preserve"} if auto else {v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION: "now"}
+    priority = {v.MACHINE_PRIORITY_ANNOTATION: "4" if auto else "5", v.LAST_MACHINE_PRIORITY_ANNOTATION: ""}
     return (
         machine.preserve_expiry_time is not None
-        and machine.metadata.annotations
-        == {
-            v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION: "now",
-            v.MACHINE_PRIORITY_ANNOTATION: "5",
-            v.LAST_MACHINE_PRIORITY_ANNOTATION: "",
-        }
-        and n.metadata.annotations
-        == {
-            v.PRESERVE_ANNOTATION: "now",
-            v.CA_SCALE_DOWN_DISABLED_ANNOTATION: "true",
-            v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION: "true",
-        }
+        and machine.metadata.annotations == {**value, **priority}
+        and n.metadata.annotations == (ca if auto else {v.PRESERVE_ANNOTATION: "now", **ca})
         and [t.key for t in n.spec.taints if t.key == v.PRESERVED_TAINT_KEY] == [v.PRESERVED_TAINT_KEY]
         and condition is not None
-        and (condition.status, condition.reason) == ("True", "Preserved by user.")
+        and (condition.status, condition.reason) == ("True", "Preserved by MCM." if auto else "Preserved by user.")
         and condition.message.startswith(v.DRAINED_SUCCESSFULLY_MESSAGE)
+    )
+
+
+def node_cleaned(n: Node, *, annotations: dict[str, str]) -> bool:
+    """No taint, no CA annotation or marker, the condition says stopped."""
+    condition = n.preserved_condition
+    return (
+        n.metadata.annotations == annotations
+        and not n.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT)
+        and condition is not None
+        and (condition.status, condition.reason, condition.message) == ("False", "Preservation stopped.", "")
     )
 
 
 async def fully_stopped(api: client.ApiClient, namespace: str, node: str) -> bool:
     machine, n = await state(api, namespace, node)
-    condition = n.preserved_condition
     return (
         machine.preserve_expiry_time is None
         and machine.phase == "Failed"
+        and v.PRESERVE_ANNOTATION not in machine.metadata.annotations
         and v.MACHINE_PRIORITY_ANNOTATION not in machine.metadata.annotations
         and v.LAST_MACHINE_PRIORITY_ANNOTATION not in machine.metadata.annotations
         and machine.metadata.annotations.get(v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION, "") == ""
-        and n.metadata.annotations == {}
-        and not n.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT)
-        and condition is not None
-        and (condition.status, condition.reason, condition.message) == ("False", "Preservation stopped.", "")
+        and node_cleaned(n, annotations={})
     )
+
+
+async def expired_and_deleted(api: client.ApiClient, namespace: str, node: str) -> bool:
+    """The Failed machine is deleted at its expiry; its node is cleaned up first (the node's own `now` stays:
+    the node goes with the machine)."""
+    gone = await machine_model(api, namespace, "m") is None
+    return gone and node_cleaned(
+        await read_node_model(client.CoreV1Api(api), node), annotations={v.PRESERVE_ANNOTATION: "now"}
+    )
+
+
+async def released(api: client.ApiClient, namespace: str, node: str) -> bool:
+    status = (
+        await client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, namespace, "machinesets", "ms")
+    ).get("status", {})
+    counters = (status.get("autoPreserveFailedMachineCount"), status.get("preservedFailedReplicas"))
+    return counters == (0, 0) and await fully_stopped(api, namespace, node)
 
 
 async def started_events(api: client.ApiClient, namespace: str) -> list[Any]:
@@ -165,9 +212,9 @@ async def started_events(api: client.ApiClient, namespace: str) -> list[Any]:
 async def test_preserve_converges_after_a_crash_after_any_write(
     control_plane: ControlPlane, api: client.ApiClient, namespace: str, node: str, crash_after: int
 ) -> None:
-    crashing = CrashAfterWrites(crash_after)
-    await run_controller(control_plane, namespace, crashing, until=lambda: crashing.crashed.is_set())
-    await run_controller(control_plane, namespace, Metrics(), until=lambda: fully_preserved(api, namespace, node))
+    await crash_then_converge(
+        control_plane, namespace, crash_after, until=lambda: fully_preserved(api, namespace, node)
+    )
     started = await started_events(api, namespace)
     # At most once: the restart never starts a second preservation. (The core orders the start Event
     # after the expiry write, so a crash right after the expiry loses that Event - reported to the core.)
@@ -184,6 +231,44 @@ async def test_stop_converges_after_a_crash_after_any_write(
 ) -> None:
     await run_controller(control_plane, namespace, Metrics(), until=lambda: fully_preserved(api, namespace, node))
     await client.CoreV1Api(api).patch_node(node, {"metadata": {"annotations": {v.PRESERVE_ANNOTATION: None}}})
-    crashing = CrashAfterWrites(crash_after)
-    await run_controller(control_plane, namespace, crashing, until=lambda: crashing.crashed.is_set())
-    await run_controller(control_plane, namespace, Metrics(), until=lambda: fully_stopped(api, namespace, node))
+    await crash_then_converge(control_plane, namespace, crash_after, until=lambda: fully_stopped(api, namespace, node))
+
+
+@pytest.mark.parametrize("crash_after", EXPIRY_WRITES)
+async def test_expiry_converges_after_a_crash_after_any_write(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node: str, crash_after: int
+) -> None:
+    await run_controller(control_plane, namespace, Metrics(), until=lambda: fully_preserved(api, namespace, node))
+    # Time passes: the expiry is now behind us (as if the controller had been down over it).
+    past = rfc3339(dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1))
+    await client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+        GROUP,
+        VERSION,
+        namespace,
+        "machines",
+        "m",
+        {"status": {"currentStatus": {"preserveExpiryTime": past}}},
+        _content_type="application/merge-patch+json",
+    )
+    await crash_then_converge(
+        control_plane, namespace, crash_after, until=lambda: expired_and_deleted(api, namespace, node)
+    )
+
+
+@pytest.mark.parametrize("crash_after", RELEASE_WRITES)
+async def test_auto_release_converges_after_a_crash_after_any_write(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, auto_node: str, crash_after: int
+) -> None:
+    await run_controller(
+        control_plane, namespace, Metrics(), until=lambda: fully_preserved(api, namespace, auto_node, auto=True)
+    )
+    await client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        "machinesets",
+        "ms",
+        {"spec": {"autoPreserveFailedMachineMax": 0}},
+        _content_type="application/merge-patch+json",
+    )
+    await crash_then_converge(control_plane, namespace, crash_after, until=lambda: released(api, namespace, auto_node))

@@ -12,19 +12,11 @@ from typing import Any
 import pytest
 from kubernetes.aio import client
 
-from machine_preservation.cluster.controlplane import ControlPlane
 from machine_preservation.cluster.crds import crd_manifests
 from machine_preservation.controller.crd_check import CrdCheckFailed, verify_machine_crd
-from tests.controller.support import aio_client, eventually
+from tests.controller.support import eventually
 
 GROUP = "prune-check.machine-preservation.test"
-
-
-@pytest.fixture
-async def api(control_plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
-    api_client = await aio_client(control_plane.kubeconfig)
-    yield api_client
-    await api_client.close()
 
 
 @pytest.fixture

@@ -7,27 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
-import uuid
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 from kubernetes.aio import client
-from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.cluster.controlplane import ControlPlane
 from machine_preservation.controller.drain import POD_NODE_INDEX, Drainer
 from machine_preservation.controller.informer import Informer, Source
 from machine_preservation.core.models import Pod
-from tests.controller.support import aio_client, create_node, eventually, read_node_model, read_raw, rfc3339
-
-
-@pytest.fixture
-async def api(control_plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
-    api_client = await aio_client(control_plane.kubeconfig)
-    yield api_client
-    await api_client.close()
+from tests.controller.support import (
+    eventually,
+    guarded_pods,
+    new_node,
+    pdb_settled,
+    read_node_model,
+    read_raw,
+    running_pod,
+)
 
 
 @pytest.fixture
@@ -42,58 +38,6 @@ async def pods(api: client.ApiClient) -> AsyncIterator[Informer[Pod]]:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-
-
-@pytest.fixture
-async def node_names(api: client.ApiClient) -> AsyncIterator[list[str]]:
-    names: list[str] = []
-    yield names
-    for name in names:
-        with contextlib.suppress(ApiException):
-            await client.CoreV1Api(api).delete_node(name)
-
-
-async def new_node(api: client.ApiClient, names: list[str], *, ready: bool) -> str:
-    name = f"n-{uuid.uuid4().hex[:8]}"
-    names.append(name)
-    await create_node(client.CoreV1Api(api), name, ready=ready)
-    return name
-
-
-async def running_pod(
-    core: client.CoreV1Api,
-    namespace: str,
-    name: str,
-    *,
-    node: str,
-    labels: dict[str, str] | None = None,
-    **metadata: Any,
-) -> None:
-    await core.create_namespaced_pod(
-        namespace,
-        {
-            "metadata": {"name": name, "labels": labels or {}, **metadata},
-            "spec": {
-                "nodeName": node,
-                "terminationGracePeriodSeconds": 1,
-                "containers": [{"name": "c", "image": "registry.invalid/none"}],
-            },
-        },
-    )
-    now = rfc3339(dt.datetime.now(dt.UTC))
-    status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}]}
-    await core.patch_namespaced_pod_status(name, namespace, {"status": status})
-
-
-async def pdb_settled(policy: client.PolicyV1Api, namespace: str, name: str, *, allowed: int) -> bool:
-    pdb = await policy.read_namespaced_pod_disruption_budget(name, namespace)
-    status = pdb.status
-    return bool(
-        status
-        and status.observed_generation == pdb.metadata.generation
-        and status.current_healthy == status.expected_pods
-        and status.disruptions_allowed == allowed
-    )
 
 
 async def pod_state(core: client.CoreV1Api, namespace: str, name: str) -> str:
@@ -153,15 +97,9 @@ async def test_evicts_every_pod_but_daemonset_and_mirror_pods_on_an_unreachable_
 async def test_a_pdb_allowing_no_disruption_blocks_and_the_blocking_pods_are_named(
     api: client.ApiClient, namespace: str, pods: Informer[Pod], node_names: list[str]
 ) -> None:
-    core, policy = client.CoreV1Api(api), client.PolicyV1Api(api)
+    core = client.CoreV1Api(api)
     node = await new_node(api, node_names, ready=False)
-    for name in ("guarded-b", "guarded-a"):
-        await running_pod(core, namespace, name, node=node, labels={"app": "guarded"})
-    await policy.create_namespaced_pod_disruption_budget(
-        namespace,
-        {"metadata": {"name": "guard"}, "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "guarded"}}}},
-    )
-    await eventually(lambda: pdb_settled(policy, namespace, "guard", allowed=0))
+    await guarded_pods(api, namespace, node, "guarded-b", "guarded-a")
     await eventually(lambda: len(pods.by_index(POD_NODE_INDEX, node)) == 2)
 
     drainer = Drainer(target=api, pods=pods)
@@ -176,14 +114,9 @@ async def test_a_pdb_allowing_no_disruption_blocks_and_the_blocking_pods_are_nam
 async def test_eviction_retries_are_bounded_by_max_evict_retries(
     api: client.ApiClient, namespace: str, pods: Informer[Pod], node_names: list[str]
 ) -> None:
-    core, policy = client.CoreV1Api(api), client.PolicyV1Api(api)
+    core = client.CoreV1Api(api)
     node = await new_node(api, node_names, ready=False)
-    await running_pod(core, namespace, "guarded", node=node, labels={"app": "guarded"})
-    await policy.create_namespaced_pod_disruption_budget(
-        namespace,
-        {"metadata": {"name": "guard"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}},
-    )
-    await eventually(lambda: pdb_settled(policy, namespace, "guard", allowed=0))
+    await guarded_pods(api, namespace, node, "guarded")
     await eventually(lambda: len(pods.by_index(POD_NODE_INDEX, node)) == 1)
 
     drainer = Drainer(target=api, pods=pods)

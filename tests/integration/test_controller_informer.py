@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import pytest
 from kubernetes.aio import client
 
 from machine_preservation.cluster.controlplane import ControlPlane
@@ -20,13 +19,6 @@ from tests.controller.support import GROUP, VERSION, aio_client, create_machine,
 from tests.controller.tcpproxy import TcpProxy
 
 Event = tuple[str, str]
-
-
-@pytest.fixture
-async def api(control_plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
-    api_client = await aio_client(control_plane.kubeconfig)
-    yield api_client
-    await api_client.close()
 
 
 def machine_informer(api_client: client.ApiClient, namespace: str, **kwargs: object) -> Informer[Machine]:

@@ -11,11 +11,9 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
-import pytest
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
@@ -26,7 +24,6 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Node
 from tests.controller.running import running_controller
 from tests.controller.support import (
-    aio_client,
     create_machine,
     create_node,
     eventually,
@@ -35,13 +32,6 @@ from tests.controller.support import (
 )
 
 FAST_LEASE = {"lease_duration": 3, "renew_deadline": 2.0, "retry_period": 1.0}
-
-
-@pytest.fixture
-async def api(control_plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
-    api_client = await aio_client(control_plane.kubeconfig)
-    yield api_client
-    await api_client.close()
 
 
 async def holder(api: client.ApiClient, namespace: str, name: str = LEASE_NAME) -> str | None:

@@ -4,64 +4,13 @@ nothing; when preservation is turned off the controller ends it and MCM replaces
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import datetime as dt
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
-
-import pytest
-from kubernetes import client as sync_client
 from kubernetes.aio import client
 
 from machine_preservation.cluster.controlplane import ControlPlane
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.models import Machine
-from machine_preservation.standin.mcm import MCM_USERNAME, McmStandIn, set_node_ready
+from machine_preservation.standin.mcm import McmStandIn, set_node_ready
 from tests.controller.running import running_controller
-from tests.controller.support import GROUP, VERSION, aio_client, eventually, read_node_model
-
-
-@pytest.fixture
-async def api(control_plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
-    api_client = await aio_client(control_plane.kubeconfig)
-    yield api_client
-    await api_client.close()
-
-
-@pytest.fixture
-async def standin(
-    kube_client: sync_client.ApiClient, kubeconfig_for: Callable[[str], Path], namespace: str
-) -> AsyncIterator[McmStandIn]:
-    """The stand-in as MCM's identity (cluster-admin here: it plays MCM, the cloud provider and kubelets)."""
-    binding = {
-        "metadata": {"name": f"mcm-{namespace}"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": MCM_USERNAME}],
-    }
-    rbac = sync_client.RbacAuthorizationV1Api(kube_client)
-    await asyncio.to_thread(rbac.create_cluster_role_binding, binding)
-    mcm = await aio_client(kubeconfig_for(MCM_USERNAME))
-    stand_in = McmStandIn(api=mcm, namespace=namespace, health_timeout=dt.timedelta(seconds=1), interval=0.2)
-    stopping = asyncio.Event()
-    task = asyncio.create_task(stand_in.run(stopping))
-    try:
-        yield stand_in
-    finally:
-        stopping.set()
-        await asyncio.wait_for(task, 30)
-        for machine in (await machines_of(mcm, namespace)).values():
-            if machine.node_name:
-                with contextlib.suppress(sync_client.exceptions.ApiException):
-                    await asyncio.to_thread(sync_client.CoreV1Api(kube_client).delete_node, machine.node_name)
-        await mcm.close()
-        await asyncio.to_thread(rbac.delete_cluster_role_binding, f"mcm-{namespace}")
-
-
-async def machines_of(api: client.ApiClient, namespace: str) -> dict[str, Machine]:
-    listed = await client.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, namespace, "machines")
-    assert isinstance(listed, dict)
-    return {m.metadata.name: m for m in map(Machine.model_validate, listed["items"])}
+from tests.controller.support import GROUP, VERSION, eventually, machines_of, read_node_model
 
 
 async def create_machine_set(api: client.ApiClient, namespace: str, replicas: int) -> None:

@@ -223,7 +223,7 @@ podAntiAffinity:
 {{- define "mp.controller.targetRules" -}}
 - apiGroups: [""]
   resources: [nodes]
-  verbs: [get, list, watch, patch]
+  verbs: [list, watch, patch]
 - apiGroups: [""]
   resources: [nodes/status]
   verbs: [patch]

@@ -1,0 +1,467 @@
+"""Issue 4's behaviour list, the items the other controller tests leave out, through the whole controller on
+the real control plane: `""` and removal on the machine, node-over-machine precedence with the last-applied
+record, `false`, rollouts and auto-preservation, scale-down priority, every Event reason, and machines
+without a node. Stable outcomes ("not preserved again") are checked across several informer resyncs, each
+of which reconciles every machine again."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kubernetes.aio import client
+
+from machine_preservation.cluster.controlplane import ControlPlane
+from machine_preservation.controller.manager import Controller
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.models import Machine, Node
+from tests.controller.running import running_controller
+from tests.controller.support import (
+    GROUP,
+    VERSION,
+    create_custom,
+    create_machine,
+    events_about,
+    eventually,
+    guarded_pods,
+    machine_model,
+    machine_set_owner,
+    new_node,
+    owner_reference,
+    read_node_model,
+)
+
+MERGE = "application/merge-patch+json"
+P = v.PRESERVE_ANNOTATION
+PRIORITY, LAST_PRIORITY = v.MACHINE_PRIORITY_ANNOTATION, v.LAST_MACHINE_PRIORITY_ANNOTATION
+STOPPED = ("False", "Preservation stopped.", "")
+
+
+async def machine(api: client.ApiClient, namespace: str, name: str) -> Machine:
+    found = await machine_model(api, namespace, name)
+    assert found is not None, f"machine {name} is gone"
+    return found
+
+
+async def node(api: client.ApiClient, name: str) -> Node:
+    return await read_node_model(client.CoreV1Api(api), name)
+
+
+async def annotate_machine(api: client.ApiClient, namespace: str, name: str, annotations: dict[str, Any]) -> None:
+    await client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "machines", name, {"metadata": {"annotations": annotations}}, _content_type=MERGE
+    )
+
+
+async def preserved_on_node(api: client.ApiClient, namespace: str, name: str, node_name: str) -> bool:
+    m, n = await machine(api, namespace, name), await node(api, node_name)
+    condition = n.preserved_condition
+    return (
+        m.preserve_expiry_time is not None
+        and condition is not None
+        and condition.status == "True"
+        and n.metadata.annotations.get(v.CA_SCALE_DOWN_DISABLED_ANNOTATION) == "true"
+    )
+
+
+async def stopped_on_node(api: client.ApiClient, namespace: str, name: str, node_name: str) -> bool:
+    m, n = await machine(api, namespace, name), await node(api, node_name)
+    condition = n.preserved_condition
+    return (
+        m.preserve_expiry_time is None
+        and condition is not None
+        and (condition.status, condition.reason, condition.message) == STOPPED
+        and not (
+            {v.CA_SCALE_DOWN_DISABLED_ANNOTATION, v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION}
+            & set(n.metadata.annotations)
+        )
+        and not n.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT)
+        and not ({PRIORITY, LAST_PRIORITY} & set(m.metadata.annotations))
+    )
+
+
+@contextlib.asynccontextmanager
+async def preserved_by_its_own_now(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_name: str
+) -> AsyncIterator[Controller]:
+    """Machine "m" on Node `node_name`, preserved by its own `now`, with a controller that resyncs twice a second."""
+    await create_machine(client.CustomObjectsApi(api), namespace, "m", node=node_name, annotations={P: "now"})
+    async with running_controller(
+        kubeconfig=control_plane.kubeconfig, namespace=namespace, resync_period=0.5
+    ) as running:
+        await eventually(lambda: preserved_on_node(api, namespace, "m", node_name))
+        yield running.controller
+
+
+async def resyncs(controller: Controller, count: int = 3) -> None:
+    """Wait until every cached Machine was replayed to the reconcilers `count` more times."""
+    caches = controller.caches
+    assert caches is not None
+    target = caches.machines.stats.resyncs + count
+    await eventually(lambda: caches.machines.stats.resyncs >= target)
+
+
+async def reasons_about(api: client.ApiClient, namespace: str, kind: str, name: str) -> dict[str, list[str]]:
+    """Event reason -> the messages recorded under it, for one Machine or Node."""
+    found: dict[str, list[str]] = {}
+    for event in await events_about(api, namespace, kind, name):
+        found.setdefault(event.reason or "", []).append(event.message or "")
+    return found
+
+
+async def reported(api: client.ApiClient, namespace: str, reason: str, machine_name: str, node_name: str) -> bool:
+    """The Event `reason` is on the Machine and on its Node."""
+    on_machine = await reasons_about(api, namespace, "Machine", machine_name)
+    on_node = await reasons_about(api, namespace, "Node", node_name)
+    return reason in on_machine and reason in on_node
+
+
+# --- `""` and removal of the machine's annotation -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("change", [None, ""], ids=["removed", "empty"])
+async def test_removing_or_emptying_the_machine_annotation_stops_and_does_not_preserve_again(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str], change: str | None
+) -> None:
+    node_name = await new_node(api, node_names, ready=True)
+    async with preserved_by_its_own_now(control_plane, api, namespace, node_name) as controller:
+        await annotate_machine(api, namespace, "m", {P: change})
+        await eventually(lambda: stopped_on_node(api, namespace, "m", node_name))
+        await resyncs(controller)
+        assert await stopped_on_node(api, namespace, "m", node_name), "not preserved again"
+    m = await machine(api, namespace, "m")
+    assert m.metadata.annotations.get(P) == change, "the user's change is left as it is"
+    for kind, name in (("Machine", "m"), ("Node", node_name)):
+        events = await reasons_about(api, namespace, kind, name)
+        assert events["PreservationStarted"] == [events["PreservationStarted"][0]], "started once"
+        assert events["PreservationStopped"] == [
+            "Preservation stopped: no preserve value is in force (annotation removed or empty)."
+        ]
+
+
+# --- node over machine, and the last-applied record ----------------------------------------------------------
+
+
+async def test_the_node_value_wins_and_its_removal_is_seen_through_the_last_applied_record(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str]
+) -> None:
+    # `when-failed` on a Running machine alone would not preserve it; the node's `now` does.
+    node_name = await new_node(api, node_names, ready=True, annotations={P: "now"})
+    await create_machine(client.CustomObjectsApi(api), namespace, "m", node=node_name, annotations={P: "when-failed"})
+    async with running_controller(
+        kubeconfig=control_plane.kubeconfig, namespace=namespace, resync_period=0.5
+    ) as running:
+        await eventually(lambda: preserved_on_node(api, namespace, "m", node_name))
+
+        async def synced_from_node() -> bool:
+            annotations = (await machine(api, namespace, "m")).metadata.annotations
+            return P not in annotations and annotations.get(v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION) == "now"
+
+        await eventually(synced_from_node)
+        condition = (await node(api, node_name)).preserved_condition
+        assert condition is not None
+        assert condition.reason == "Preserved by user."
+
+        # The node's annotation goes: only the machine's last-applied record says there was one.
+        await client.CoreV1Api(api).patch_node(node_name, {"metadata": {"annotations": {P: None}}})
+        await eventually(lambda: stopped_on_node(api, namespace, "m", node_name))
+        await resyncs(running.controller)
+        assert await stopped_on_node(api, namespace, "m", node_name), "not preserved again"
+    annotations = (await machine(api, namespace, "m")).metadata.annotations
+    assert annotations == {v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION: ""}, "the machine's own value stays removed"
+    assert P not in (await node(api, node_name)).metadata.annotations
+    assert await reported(api, namespace, "PreservationStopped", "m", node_name)
+
+
+async def test_an_empty_node_value_overrides_the_machines_value(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str]
+) -> None:
+    node_name = await new_node(api, node_names, ready=True)
+    async with preserved_by_its_own_now(control_plane, api, namespace, node_name) as controller:
+        # DESIGN.md §3: a node's `""` still overrides the machine's annotation (and takes it over).
+        await client.CoreV1Api(api).patch_node(node_name, {"metadata": {"annotations": {P: ""}}})
+        await eventually(lambda: stopped_on_node(api, namespace, "m", node_name))
+        await resyncs(controller)
+        assert await stopped_on_node(api, namespace, "m", node_name), "not preserved again"
+    assert P not in (await machine(api, namespace, "m")).metadata.annotations, "the node decided"
+    assert (await node(api, node_name)).metadata.annotations == {P: ""}
+
+
+# --- `false` ------------------------------------------------------------------------------------------------
+
+
+async def test_false_stops_a_preservation_and_opts_a_failed_machine_out_of_auto_preservation(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str]
+) -> None:
+    custom = client.CustomObjectsApi(api)
+    owner = await machine_set_owner(api, namespace, replicas=3, autoPreserveFailedMachineMax=2)
+    for name, values in (("opted-out", {P: "false"}), ("plain", {})):
+        failed_node = await new_node(api, node_names, ready=False)
+        await create_machine(custom, namespace, name, node=failed_node, phase="Failed", owner=owner, annotations=values)
+    running_node = await new_node(api, node_names, ready=True)
+    await create_machine(custom, namespace, "running", node=running_node, owner=owner, annotations={P: "now"})
+    async with running_controller(
+        kubeconfig=control_plane.kubeconfig, namespace=namespace, resync_period=0.5
+    ) as running:
+
+        async def settled() -> bool:
+            plain, opted = await machine(api, namespace, "plain"), await machine(api, namespace, "opted-out")
+            return (
+                plain.metadata.annotations.get(P) == "auto-preserve"
+                and plain.preserve_expiry_time is not None
+                and await preserved_on_node(api, namespace, "running", running_node)
+                and opted.preserve_expiry_time is None
+            )
+
+        await eventually(settled)
+        await annotate_machine(api, namespace, "running", {P: "false"})
+        await eventually(lambda: stopped_on_node(api, namespace, "running", running_node))
+        await resyncs(running.controller)
+
+        # The budget (2) has room, yet the opted-out machine is never auto-preserved.
+        opted = await machine(api, namespace, "opted-out")
+        assert (opted.metadata.annotations.get(P), opted.preserve_expiry_time) == ("false", None)
+        stopped = await machine(api, namespace, "running")
+        assert (stopped.metadata.annotations.get(P), stopped.preserve_expiry_time) == ("false", None)
+        assert await stopped_on_node(api, namespace, "running", running_node)
+        status = (await custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "machinesets", "ms"))["status"]
+        assert (status["autoPreserveFailedMachineCount"], status["preservedFailedReplicas"]) == (1, 1)
+    stops = (await reasons_about(api, namespace, "Machine", "running"))["PreservationStopped"]
+    assert stops == ['Preservation stopped: the preserve value is "false".']
+
+
+# --- rollouts -----------------------------------------------------------------------------------------------
+
+
+async def test_failed_machines_of_a_machine_set_being_replaced_are_not_auto_preserved(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str]
+) -> None:
+    custom = client.CustomObjectsApi(api)
+    deployment = owner_reference("MachineDeployment", await create_custom(api, namespace, "MachineDeployment", "md"))
+    spec = {"replicas": 1, "autoPreserveFailedMachineMax": 1}
+    for name, revision in (("old", "1"), ("new", "2")):
+        machine_set = await create_custom(
+            api,
+            namespace,
+            "MachineSet",
+            name,
+            spec=spec,
+            owner=deployment,
+            annotations={v.MACHINE_SET_REVISION_ANNOTATION: revision},
+        )
+        failed_node = await new_node(api, node_names, ready=False)
+        await create_machine(
+            custom,
+            namespace,
+            f"{name}-m",
+            node=failed_node,
+            phase="Failed",
+            owner=owner_reference("MachineSet", machine_set),
+        )
+    async with running_controller(
+        kubeconfig=control_plane.kubeconfig, namespace=namespace, resync_period=0.5
+    ) as running:
+
+        async def newer_auto_preserved() -> bool:
+            m = await machine(api, namespace, "new-m")
+            return m.metadata.annotations.get(P) == "auto-preserve" and m.preserve_expiry_time is not None
+
+        await eventually(newer_auto_preserved)
+        await resyncs(running.controller)
+        old = await machine(api, namespace, "old-m")
+        assert P not in old.metadata.annotations, "the MachineSet being replaced grants no auto value"
+        assert old.preserve_expiry_time is None
+
+        # The rollout is undone (the newer MachineSet goes): the old one is no longer being replaced.
+        await custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "machinesets", "new")
+
+        async def older_auto_preserved() -> bool:
+            m = await machine(api, namespace, "old-m")
+            return m.metadata.annotations.get(P) == "auto-preserve" and m.preserve_expiry_time is not None
+
+        await eventually(older_auto_preserved)
+
+
+# --- scale-down priority ------------------------------------------------------------------------------------
+
+
+async def test_scale_down_priority_is_raised_while_preserved_and_restored_after(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str]
+) -> None:
+    custom = client.CustomObjectsApi(api)
+    owner = await machine_set_owner(api, namespace, replicas=5, autoPreserveFailedMachineMax=1)
+    machines: dict[str, tuple[dict[str, str], bool]] = {
+        "manual": ({P: "now", PRIORITY: "4"}, True),
+        "marked": ({P: "now", PRIORITY: "1"}, True),  # the cluster-autoscaler's deletion mark
+        "marked-later": ({P: "now"}, True),
+        "other": ({}, True),
+        "auto": ({}, False),
+    }
+    for name, (values, ready) in machines.items():
+        node_name = await new_node(api, node_names, ready=ready)
+        phase = "Running" if ready else "Failed"
+        await create_machine(custom, namespace, name, node=node_name, phase=phase, owner=owner, annotations=values)
+
+    async def priorities(expected: dict[str, dict[str, str]]) -> bool:
+        for name, wanted in expected.items():
+            annotations = (await machine(api, namespace, name)).metadata.annotations
+            actual = {k: annotations[k] for k in (PRIORITY, LAST_PRIORITY) if k in annotations}
+            assert actual == wanted, (name, actual)
+        return True
+
+    async with running_controller(
+        kubeconfig=control_plane.kubeconfig, namespace=namespace, resync_period=0.5
+    ) as running:
+        # Unpreserved ceiling 3 ("other" has the default): manual 3 + 2, auto-preserved 3 + 1; "marked" stays 1.
+        preserved = {
+            "manual": {PRIORITY: "5", LAST_PRIORITY: "4"},
+            "marked": {PRIORITY: "1"},
+            "marked-later": {PRIORITY: "5", LAST_PRIORITY: ""},
+            "other": {},
+            "auto": {PRIORITY: "4", LAST_PRIORITY: ""},
+        }
+        await eventually(lambda: priorities(preserved))
+        for name in ("manual", "marked", "marked-later", "auto"):
+            assert (await machine(api, namespace, name)).preserve_expiry_time is not None, name
+
+        # The cluster-autoscaler marks a preserved machine for deletion: the mark is not overwritten.
+        await annotate_machine(api, namespace, "marked-later", {PRIORITY: "1"})
+        await resyncs(running.controller)
+        await priorities({**preserved, "marked-later": {PRIORITY: "1", LAST_PRIORITY: ""}})
+
+        for name in ("manual", "marked", "marked-later"):
+            await annotate_machine(api, namespace, name, {P: None})
+        # Restored on stop (a deletion mark stays); "manual" is unpreserved with 4 now, so the auto-preserved
+        # one moves above it.
+        await eventually(
+            lambda: priorities(
+                {
+                    "manual": {PRIORITY: "4"},
+                    "marked": {PRIORITY: "1"},
+                    "marked-later": {PRIORITY: "1"},
+                    "other": {},
+                    "auto": {PRIORITY: "5", LAST_PRIORITY: ""},
+                }
+            )
+        )
+
+
+# --- Events: expiry, drain outcome, invalid node value --------------------------------------------------------
+
+
+async def test_expiry_stops_removes_the_annotation_and_is_reported(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str]
+) -> None:
+    node_name = await new_node(api, node_names, ready=True)
+    timeout = {"machinePreserveTimeout": "5s"}
+    await create_machine(
+        client.CustomObjectsApi(api), namespace, "m", node=node_name, annotations={P: "now"}, spec=timeout
+    )
+    async with running_controller(
+        kubeconfig=control_plane.kubeconfig, namespace=namespace, resync_period=0.5
+    ) as running:
+        await eventually(lambda: reported(api, namespace, "PreservationStarted", "m", node_name))
+        await eventually(lambda: stopped_on_node(api, namespace, "m", node_name), limit=60)
+        await resyncs(running.controller)
+        assert await stopped_on_node(api, namespace, "m", node_name), "not preserved again"
+    assert P not in (await machine(api, namespace, "m")).metadata.annotations, "removed at expiry"
+    for kind, name in (("Machine", "m"), ("Node", node_name)):
+        events = await reasons_about(api, namespace, kind, name)
+        assert "PreservationStopped" not in events
+        [message] = events["PreservationExpired"]
+        assert message.startswith("Preservation expired at ")
+        assert message.endswith("the preserve annotation is removed so the machine is not preserved again.")
+
+
+async def test_a_blocked_drain_names_the_blocking_pod_and_is_reported(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str]
+) -> None:
+    core = client.CoreV1Api(api)
+    node_name = await new_node(api, node_names, ready=False)
+    await guarded_pods(api, namespace, node_name, "guarded")
+    await create_machine(
+        client.CustomObjectsApi(api), namespace, "m", node=node_name, phase="Failed", annotations={P: "now"}
+    )
+    async with running_controller(
+        kubeconfig=control_plane.kubeconfig, namespace=namespace, max_drain_attempt=dt.timedelta(seconds=3)
+    ):
+
+        async def drain_failed() -> str:
+            condition = (await node(api, node_name)).preserved_condition
+            return condition.message if condition is not None and condition.status == "False" else ""
+
+        message = await eventually(drain_failed, limit=60)
+        assert message.startswith(v.DRAIN_FAILED_MESSAGE)
+        assert message.endswith(f"Pods blocking the drain: {namespace}/guarded."), message
+        n = await node(api, node_name)
+        assert n.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT)
+        assert (await machine(api, namespace, "m")).preserve_expiry_time is not None, "still preserved"
+        pod = await core.read_namespaced_pod("guarded", namespace)
+        assert pod.metadata.deletion_timestamp is None, "the PDB kept the pod from being evicted"
+        await eventually(lambda: reported(api, namespace, "PreservedNodeDrainFailed", "m", node_name))
+    for kind, name in (("Machine", "m"), ("Node", node_name)):
+        failures = [e for e in await events_about(api, namespace, kind, name) if e.reason == "PreservedNodeDrainFailed"]
+        assert [e.type for e in failures] == ["Warning"]
+        assert f"pods blocking: {namespace}/guarded" in (failures[0].message or "")
+
+
+async def test_an_invalid_node_value_is_treated_as_absent_and_reported_on_the_node(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str]
+) -> None:
+    node_name = await new_node(api, node_names, ready=True, annotations={P: "forever"})
+    await create_machine(client.CustomObjectsApi(api), namespace, "m", node=node_name, annotations={P: "now"})
+    async with running_controller(kubeconfig=control_plane.kubeconfig, namespace=namespace):
+        # The node's value does not count: the machine's own `now` is in force.
+        await eventually(lambda: preserved_on_node(api, namespace, "m", node_name))
+
+        async def warned() -> list[client.CoreV1Event]:
+            events = await events_about(api, namespace, "Node", node_name)
+            return [e for e in events if e.reason == "InvalidPreserveValue"]
+
+        [event] = await eventually(warned)
+        assert event.type == "Warning"
+        assert f'{P}="forever" on Node "{node_name}" is invalid and ignored' in (event.message or "")
+    annotations = (await machine(api, namespace, "m")).metadata.annotations
+    assert annotations[P] == "now", "an invalid node value does not take over"
+    assert v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION not in annotations
+
+
+# --- machines without a node --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("node_label", "says"),
+    [("", "The machine has no node: only the expiry is set."), ("n-absent", 'Node "n-absent" not found')],
+    ids=["no-node-label", "node-not-found"],
+)
+async def test_a_machine_without_a_node_gets_only_the_expiry(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_label: str, says: str
+) -> None:
+    await create_machine(client.CustomObjectsApi(api), namespace, "m", node=node_label, annotations={P: "now"})
+    async with running_controller(kubeconfig=control_plane.kubeconfig, namespace=namespace):
+
+        async def started() -> list[str]:
+            return (await reasons_about(api, namespace, "Machine", "m")).get("PreservationStarted", [])
+
+        [message] = await eventually(started)
+        assert says in message
+        m = await machine(api, namespace, "m")
+        assert m.preserve_expiry_time is not None
+        assert v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION not in m.metadata.annotations
+
+        await annotate_machine(api, namespace, "m", {P: None})
+
+        async def stopped() -> bool:
+            return (await machine(api, namespace, "m")).preserve_expiry_time is None
+
+        await eventually(stopped)
+
+        async def stop_reported() -> bool:
+            return "PreservationStopped" in await reasons_about(api, namespace, "Machine", "m")
+
+        await eventually(stop_reported)
+    if node_label:
+        assert not await events_about(api, namespace, "Node", node_label), "no Node to report on"
