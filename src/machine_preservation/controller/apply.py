@@ -95,23 +95,17 @@ class Writer:
         annotations: dict[str, str | None] = dict.fromkeys(step.remove)
         annotations.update(step.set)
         body = {"metadata": {"resourceVersion": snap.machine_version, "annotations": annotations}}
-        result = await self._custom().patch_namespaced_custom_object(
-            v.MACHINE_API_GROUP,
-            v.MACHINE_API_VERSION,
-            self.namespace,
-            MACHINES,
-            snap.machine.metadata.name,
-            body,
-            _content_type=MERGE_PATCH,
-        )
-        snap.machine_version = _version_of(result)
+        await self._merge_patch_machine(snap, body, status=False)
 
     async def patch_machine_status(self, snap: Snapshot, current_status: dict[str, Any]) -> None:
-        body = {
-            "metadata": {"resourceVersion": snap.machine_version},
-            "status": {"currentStatus": current_status},
-        }
-        result = await self._custom().patch_namespaced_custom_object_status(
+        body = {"metadata": {"resourceVersion": snap.machine_version}, "status": {"currentStatus": current_status}}
+        await self._merge_patch_machine(snap, body, status=True)
+
+    async def _merge_patch_machine(self, snap: Snapshot, body: dict[str, Any], *, status: bool) -> None:
+        """One merge patch on the Machine or its status subresource; remembers the new resourceVersion."""
+        custom = self._custom()
+        patch = custom.patch_namespaced_custom_object_status if status else custom.patch_namespaced_custom_object
+        result = await patch(
             v.MACHINE_API_GROUP,
             v.MACHINE_API_VERSION,
             self.namespace,
