@@ -1,0 +1,755 @@
+"""Scale benchmark of the preservation controller on its own real control plane (loopback only).
+
+Starts a fresh etcd + kube-apiserver + kube-controller-manager on 127.0.0.1 (stopped again at the end, and
+killed with this process), installs the CRDs and creates N Ready Nodes and N Machines (phase Running via the
+status subresource, `node` label naming their Node) spread evenly over M MachineSets
+(`autoPreserveFailedMachineMax: 0`). A sample of the Machines (spread evenly over the sets) carries
+`node.machine.sapcloud.io/preserve: when-failed` and a short `spec.machinePreserveTimeout`. Then it runs the
+controller as its own process (so /proc/PID/status gives a clean RSS) and prints:
+
+1. cold start: controller process start -> /readyz 200, and -> first full reconcile, defined as: /readyz 200,
+   at least N Machine reconciles and M MachineSet reconciles done, both queues empty and the reconcile counters
+   unchanged over two consecutive /metrics scrapes 100 ms apart (every key was queued by the initial list
+   before the workers started, so an empty queue after >= N reconciles means every Machine was reconciled);
+2. Failed -> fully preserved: one sample at a time (spread over time), the script sets the Node's Ready
+   condition to Unknown, then the Machine's phase to Failed; "fully preserved" is the first moment (this
+   script's clock, from watches on the sample Nodes and Machines) at which the Machine has a
+   preserveExpiryTime and its Node has the CA annotation "true", the Preserved condition True with the
+   "drained successfully" message and the preserved taint (the Node is empty, so the drain has nothing to evict);
+3. expiry lag: for the same samples, the moment the stop is complete (expiry cleared or the Failed Machine
+   deleted, and the Node's Preserved condition False, taint and CA annotation gone) minus the recorded
+   preserveExpiryTime (which has whole-second resolution);
+4. API writes of the controller (its own machine_preservation_api_requests_total, verbs create/update/patch/
+   delete) during a steady-state window with nothing changing (--steady-seconds, default 300); the controller's
+   informer resync period is --resync-seconds (default 60, the product default is 600) so the window contains
+   resyncs, i.e. every object is re-reconciled several times in it;
+5. controller RSS: VmHWM (peak) and VmRSS from /proc/PID/status.
+
+    .venv/bin/python benchmarks/controller_scale.py --machines 200 --machine-sets 10
+    .venv/bin/python benchmarks/controller_scale.py --machines 2000 --machine-sets 10 --steady-seconds 300
+
+Bounded by --time-limit (default 1500 s): on expiry everything is stopped and what was measured is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import datetime as dt
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Only the standard library at module level: the controller child process imports what the controller needs.
+
+NAMESPACE = "bench"
+GROUP, VERSION = "machine.sapcloud.io", "v1alpha1"
+SAMPLE_LABEL = "bench.machine-preservation/sample"
+PRESERVE = "node.machine.sapcloud.io/preserve"
+CA_ANNOTATION = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
+TAINT_KEY, TAINT_EFFECT = "node.machine.sapcloud.io/preserved", "NoSchedule"
+DRAINED = "Preserved node drained successfully."
+WRITE_VERBS = ("create", "update", "patch", "delete")
+SCRIPT = Path(__file__).resolve()
+TARGETS = {"failed_p99_s": 2.0, "expiry_lag_s": 2.0, "steady_writes": 0, "rss_mb": 250.0}
+
+
+def log(message: str) -> None:
+    load = "/".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"[{time.strftime('%H:%M:%S')} load {load}] {message}", flush=True)
+
+
+def rfc3339(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str) -> float:
+    return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest rank (for fewer than 100 samples p99 is the maximum)."""
+    ordered = sorted(values)
+    return ordered[max(math.ceil(q / 100 * len(ordered)) - 1, 0)]
+
+
+def summary(values: list[float]) -> str:
+    if not values:
+        return "no samples"
+    return (
+        f"n={len(values)} p50={percentile(values, 50):.3f}s p90={percentile(values, 90):.3f}s "
+        f"p99={percentile(values, 99):.3f}s max={max(values):.3f}s min={min(values):.3f}s"
+    )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def die_with_parent() -> None:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def proc_memory(pid: int) -> dict[str, float]:
+    """VmHWM / VmRSS of a process in MB (MiB, as /proc reports kB)."""
+    result: dict[str, float] = {}
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmHWM", "VmRSS"):
+                result[key] = int(value.split()[0]) / 1024
+    return result
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (from /proc/PID/stat)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# --- the controller as a child process -------------------------------------------------------------------------
+
+
+def run_controller_child(args: argparse.Namespace) -> int:
+    """`--controller-child`: what `machine-preservation controller` runs, with a settable resync period."""
+    from machine_preservation.controller.commands import serve
+    from machine_preservation.controller.manager import ControllerOptions
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    options = ControllerOptions(
+        namespace=args.namespace,
+        control_kubeconfig=args.kubeconfig,
+        target_kubeconfig=args.kubeconfig,
+        leader_elect=False,
+        metrics_port=args.metrics_port,
+        resync_period=args.resync_seconds,
+        workers=args.workers,
+    )
+    return asyncio.run(serve(options))
+
+
+def spawn(command: list[str], log_file: Path) -> subprocess.Popen[bytes]:
+    """The controller process, killed with this one (PR_SET_PDEATHSIG)."""
+    with log_file.open("wb") as output:
+        return subprocess.Popen(
+            command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent
+        )
+
+
+# --- the benchmark ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    index: int
+    machine: str
+    node: str
+    failed_at: float = 0.0  # wall clock, just before the phase patch is sent
+    machine_preserved_at: float | None = None
+    node_preserved_at: float | None = None
+    expiry: float | None = None  # the recorded preserveExpiryTime
+    machine_stopped_at: float | None = None
+    node_stopped_at: float | None = None
+
+    @property
+    def preserved_at(self) -> float | None:
+        if self.machine_preserved_at is None or self.node_preserved_at is None:
+            return None
+        return max(self.machine_preserved_at, self.node_preserved_at)
+
+    @property
+    def stopped_at(self) -> float | None:
+        if self.machine_stopped_at is None or self.node_stopped_at is None:
+            return None
+        return max(self.machine_stopped_at, self.node_stopped_at)
+
+
+@dataclass
+class Results:
+    figures: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+class MetricsReader:
+    def __init__(self, port: int) -> None:
+        import aiohttp
+
+        self.base = f"http://127.0.0.1:{port}"
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    async def ready(self) -> bool:
+        try:
+            async with self.session.get(f"{self.base}/readyz") as response:
+                return response.status == 200
+        except Exception:  # connection refused (aiohttp.ClientError, OSError) while the process starts
+            return False
+
+    async def healthz_seconds(self) -> float:
+        """How long /healthz takes to answer: the controller's event-loop stalls show up here."""
+        started = time.monotonic()
+        async with self.session.get(f"{self.base}/healthz") as response:
+            await response.read()
+        return time.monotonic() - started
+
+    async def scrape(self) -> dict[str, float]:
+        """Flattened samples: 'name{k=v,...}' -> value (labels sorted)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        async with self.session.get(f"{self.base}/metrics") as response:
+            text = await response.text()
+        flat: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                flat[f"{sample.name}{{{labels}}}"] = sample.value
+        return flat
+
+
+def total(flat: dict[str, float], name: str, **labels: str) -> float:
+    wanted = [f"{k}={v}" for k, v in labels.items()]
+    result = 0.0
+    for key, value in flat.items():
+        metric, _, rest = key.partition("{")
+        if metric == name and all(w in rest.rstrip("}").split(",") for w in wanted):
+            result += value
+    return result
+
+
+def writes(flat: dict[str, float]) -> tuple[float, dict[str, float]]:
+    """Controller write requests in total and by 'cluster verb resource code'."""
+    by: dict[str, float] = {}
+    for key, value in flat.items():
+        metric, _, rest = key.partition("{")
+        if metric != "machine_preservation_api_requests_total":
+            continue
+        labels = dict(part.split("=", 1) for part in rest.rstrip("}").split(",") if part)
+        if labels.get("verb") in WRITE_VERBS:
+            name = f"{labels['cluster']} {labels['verb']} {labels['resource']} {labels['code']}"
+            by[name] = by.get(name, 0.0) + value
+    return sum(by.values()), by
+
+
+async def gather_limited(limit: int, jobs: list[Callable[[], Awaitable[None]]]) -> None:
+    semaphore = asyncio.Semaphore(limit)
+
+    async def run(job: Callable[[], Awaitable[None]]) -> None:
+        async with semaphore:
+            await job()
+
+    await asyncio.gather(*(run(job) for job in jobs))
+
+
+def ready_condition(status: str) -> dict[str, Any]:
+    now = rfc3339(dt.datetime.now(dt.UTC))
+    ready = status == "True"
+    return {
+        "type": "Ready",
+        "status": status,
+        "reason": "KubeletReady" if ready else "NodeStatusUnknown",
+        "message": "" if ready else "Kubelet stopped posting node status.",
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": now,
+    }
+
+
+async def create_objects(api: Any, args: argparse.Namespace, samples: dict[str, Sample]) -> None:
+    from kubernetes.aio import client
+
+    # Plain dict bodies (the API accepts them; the generated stubs only name the models).
+    core: Any = client.CoreV1Api(api)
+    custom: Any = client.CustomObjectsApi(api)
+    await core.create_namespace({"metadata": {"name": NAMESPACE}})
+    per_set = args.machines // args.machine_sets
+    owners: list[dict[str, Any]] = []
+    for s in range(args.machine_sets):
+        name = f"ms-{s:02d}"
+        replicas = per_set + (1 if s < args.machines % args.machine_sets else 0)
+        created = await custom.create_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            NAMESPACE,
+            "machinesets",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "MachineSet",
+                "metadata": {"name": name},
+                "spec": {"replicas": replicas, "autoPreserveFailedMachineMax": 0},
+            },
+        )
+        owners.append(
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "MachineSet",
+                "name": name,
+                "uid": created["metadata"]["uid"],
+                "controller": True,
+            }
+        )
+    stride = max(args.machines // max(args.samples, 1), 1)
+    sample_indices = {i * stride for i in range(min(args.samples, args.machines))}
+
+    def job(i: int) -> Callable[[], Awaitable[None]]:
+        async def create() -> None:
+            node, machine = f"node-{i:05d}", f"machine-{i:05d}"
+            sample = i in sample_indices
+            labels = {SAMPLE_LABEL: "true"} if sample else {}
+            await core.create_node({"metadata": {"name": node, "labels": labels}})
+            await core.patch_node_status(node, {"status": {"conditions": [ready_condition("True")]}})
+            spec: dict[str, Any] = {"class": {"kind": "TestMachineClass", "name": "c"}}
+            metadata: dict[str, Any] = {
+                "name": machine,
+                "labels": {"node": node, **labels},
+                "ownerReferences": [owners[i % args.machine_sets]],
+            }
+            if sample:
+                metadata["annotations"] = {PRESERVE: "when-failed"}
+                spec["machinePreserveTimeout"] = args.preserve_timeout
+            await custom.create_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                NAMESPACE,
+                "machines",
+                {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Machine", "metadata": metadata, "spec": spec},
+            )
+            status = {
+                "status": {"currentStatus": {"phase": "Running", "lastUpdateTime": rfc3339(dt.datetime.now(dt.UTC))}}
+            }
+            await custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, NAMESPACE, "machines", machine, status, _content_type="application/merge-patch+json"
+            )
+            if sample:
+                samples[machine] = Sample(index=i, machine=machine, node=node)
+
+        return create
+
+    await gather_limited(args.concurrency, [job(i) for i in range(args.machines)])
+
+
+def node_preserved(raw: dict[str, Any]) -> bool:
+    metadata, spec, status = raw.get("metadata") or {}, raw.get("spec") or {}, raw.get("status") or {}
+    tainted = any(t.get("key") == TAINT_KEY and t.get("effect") == TAINT_EFFECT for t in spec.get("taints") or [])
+    condition = next((c for c in status.get("conditions") or [] if c.get("type") == "Preserved"), None)
+    return bool(
+        tainted
+        and (metadata.get("annotations") or {}).get(CA_ANNOTATION) == "true"
+        and condition is not None
+        and condition.get("status") == "True"
+        and (condition.get("message") or "").startswith(DRAINED)
+    )
+
+
+def node_stopped(raw: dict[str, Any]) -> bool:
+    metadata, spec, status = raw.get("metadata") or {}, raw.get("spec") or {}, raw.get("status") or {}
+    tainted = any(t.get("key") == TAINT_KEY for t in spec.get("taints") or [])
+    condition = next((c for c in status.get("conditions") or [] if c.get("type") == "Preserved"), None)
+    return bool(
+        not tainted
+        and CA_ANNOTATION not in (metadata.get("annotations") or {})
+        and condition is not None
+        and condition.get("status") == "False"
+    )
+
+
+async def watch_samples(api: Any, samples: dict[str, Sample], stop: asyncio.Event) -> None:
+    """Record, on this process's clock, when each sample reaches 'preserved' and 'stopped'."""
+    from kubernetes.aio import client, watch
+
+    class RawWatch(watch.Watch):
+        def get_return_type(self, func: object) -> None:
+            return None
+
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    by_node = {s.node: s for s in samples.values()}
+
+    def on_node(kind: str, raw: dict[str, Any], now: float) -> None:
+        sample = by_node.get((raw.get("metadata") or {}).get("name", ""))
+        if sample is None or not sample.failed_at or kind == "DELETED":
+            return
+        if sample.node_preserved_at is None and node_preserved(raw):
+            sample.node_preserved_at = now
+        elif sample.node_preserved_at is not None and sample.node_stopped_at is None and node_stopped(raw):
+            sample.node_stopped_at = now
+
+    def on_machine(kind: str, raw: dict[str, Any], now: float) -> None:
+        metadata = raw.get("metadata") or {}
+        sample = samples.get(metadata.get("name", ""))
+        if sample is None or not sample.failed_at:
+            return
+        expiry = ((raw.get("status") or {}).get("currentStatus") or {}).get("preserveExpiryTime")
+        if sample.machine_preserved_at is None:
+            if expiry and kind != "DELETED":
+                sample.machine_preserved_at = now
+                sample.expiry = parse_time(expiry)
+        elif sample.machine_stopped_at is None and (
+            kind == "DELETED" or metadata.get("deletionTimestamp") or not expiry
+        ):
+            sample.machine_stopped_at = now
+
+    async def loop(
+        list_function: Callable[..., Any],
+        call_args: tuple[Any, ...],
+        handle: Callable[[str, dict[str, Any], float], None],
+    ) -> None:
+        while not stop.is_set():
+            stream = RawWatch()  # type: ignore[no-untyped-call]
+            try:
+                async for event in stream.stream(  # type: ignore[no-untyped-call]
+                    list_function,
+                    *call_args,
+                    label_selector=f"{SAMPLE_LABEL}=true",
+                    timeout_seconds=3600,
+                    _request_timeout=3700,
+                ):
+                    handle(event["type"], event["raw_object"], time.time())
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                log(f"sample watch restarted after {error!r}")
+                await asyncio.sleep(0.5)
+            finally:
+                await stream.close()  # type: ignore[no-untyped-call]
+
+    await asyncio.gather(
+        loop(core.list_node, (), on_node),
+        loop(custom.list_namespaced_custom_object, (GROUP, VERSION, NAMESPACE, "machines"), on_machine),
+    )
+
+
+async def bench(args: argparse.Namespace, results: Results) -> None:
+    from machine_preservation.cluster.controlplane import ControlPlane
+    from machine_preservation.cluster.crds import install_crds
+    from machine_preservation.cluster.toolchain import ensure_toolchain
+    from machine_preservation.controller.clients import new_api_client
+
+    figures = results.figures
+    figures["machines"], figures["machine_sets"], figures["samples"] = args.machines, args.machine_sets, args.samples
+    figures["cpus"] = os.cpu_count()
+    directory = Path(tempfile.mkdtemp(prefix="mp-controller-bench-"))
+    toolchain = await asyncio.to_thread(ensure_toolchain)
+    plane = ControlPlane(directory=directory / "cluster", bin_dir=toolchain.bin_dir)
+    child: subprocess.Popen[bytes] | None = None
+    api: Any = None
+    reader: MetricsReader | None = None
+    watcher: asyncio.Task[None] | None = None
+    stop_watch = asyncio.Event()
+    try:
+        started = time.monotonic()
+        await asyncio.to_thread(plane.start)
+        await asyncio.to_thread(install_crds, plane.kubeconfig)
+        log(f"control plane up and CRDs installed in {time.monotonic() - started:.1f}s ({plane.server})")
+        api = await new_api_client(kubeconfig=plane.kubeconfig)
+        api.configuration.connection_pool_maxsize = args.concurrency
+        samples: dict[str, Sample] = {}
+        started = time.monotonic()
+        await create_objects(api, args, samples)
+        figures["setup_seconds"] = round(time.monotonic() - started, 1)
+        log(
+            f"created {args.machines} Nodes (Ready) and {args.machines} Machines (Running) in "
+            f"{args.machine_sets} MachineSets in {figures['setup_seconds']}s ({len(samples)} when-failed samples)"
+        )
+        await asyncio.sleep(2)
+
+        # --- 1. cold start ---------------------------------------------------------------------------------------
+        port = free_port()
+        command = [
+            sys.executable,
+            str(SCRIPT),
+            "--controller-child",
+            "--kubeconfig",
+            str(plane.kubeconfig),
+            "--namespace",
+            NAMESPACE,
+            "--metrics-port",
+            str(port),
+            "--resync-seconds",
+            str(args.resync_seconds),
+            "--workers",
+            str(args.workers),
+        ]
+        load_before = os.getloadavg()[0]
+        t_start = time.monotonic()
+        child = spawn(command, directory / "controller.log")
+        reader = MetricsReader(port)
+        deadline = t_start + args.cold_start_limit
+        while not await reader.ready():
+            if child.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"controller not ready (exit {child.poll()}); see {directory / 'controller.log'}")
+            await asyncio.sleep(0.02)
+        t_ready = time.monotonic()
+        previous: tuple[float, float] | None = None
+        while True:
+            flat = await reader.scrape()
+            machines_done = total(flat, "machine_preservation_reconcile_duration_seconds_count", controller="machines")
+            sets_done = total(flat, "machine_preservation_reconcile_duration_seconds_count", controller="machinesets")
+            depth = total(flat, "machine_preservation_queue_depth", queue="machines") + total(
+                flat, "machine_preservation_queue_depth", queue="machinesets"
+            )
+            current = (machines_done, sets_done)
+            if machines_done >= args.machines and sets_done >= args.machine_sets and depth == 0 and previous == current:
+                break
+            previous = current
+            if child.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"no full reconcile in time; see {directory / 'controller.log'}")
+            await asyncio.sleep(0.1)
+        # The first of the two equal scrapes is when it was done (the second only confirms it).
+        t_full = time.monotonic() - 0.1
+        cold_writes, cold_by = writes(flat)
+        figures["cold_ready_s"] = round(t_ready - t_start, 2)
+        figures["cold_full_s"] = round(t_full - t_start, 2)
+        figures["cold_machine_reconciles"] = machines_done
+        figures["cold_writes"] = cold_writes
+        figures["rss_after_cold_start"] = proc_memory(child.pid)
+        figures["cold_cpu_s"] = round(proc_cpu_seconds(child.pid), 2)
+        log(
+            f"COLD START: process start -> /readyz 200 in {figures['cold_ready_s']}s; -> first full reconcile "
+            f"({int(machines_done)} Machine and {int(sets_done)} MachineSet reconciles, queues empty) in "
+            f"{figures['cold_full_s']}s; controller CPU {figures['cold_cpu_s']}s; writes during it: "
+            f"{cold_writes:.0f} {cold_by}; load before {load_before:.2f}"
+        )
+
+        # --- 2./3. Failed -> preserved, and expiry lag -------------------------------------------------------------
+        from kubernetes.aio import client
+
+        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+        watcher = asyncio.create_task(watch_samples(api, samples, stop_watch))
+        await asyncio.sleep(2)
+        writes_before_samples = writes(await reader.scrape())[0]
+        cpu_before_samples = proc_cpu_seconds(child.pid)
+        order = sorted(samples.values(), key=lambda s: s.index)
+        loads: list[float] = []
+        for sample in order:
+            await core.patch_node_status(sample.node, {"status": {"conditions": [ready_condition("Unknown")]}})
+            sample.failed_at = time.time()
+            status = {
+                "status": {"currentStatus": {"phase": "Failed", "lastUpdateTime": rfc3339(dt.datetime.now(dt.UTC))}}
+            }
+            await custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                NAMESPACE,
+                "machines",
+                sample.machine,
+                status,
+                _content_type="application/merge-patch+json",
+            )
+            loads.append(os.getloadavg()[0])
+            await asyncio.sleep(args.fail_interval)
+        deadline = time.monotonic() + args.sample_limit
+        while True:
+            if all(s.stopped_at is not None for s in order) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+        preserve_times = [s.preserved_at - s.failed_at for s in order if s.preserved_at is not None]
+        lags = [s.stopped_at - s.expiry for s in order if s.stopped_at is not None and s.expiry is not None]
+        figures["failed_to_preserved"] = preserve_times
+        figures["expiry_lag"] = lags
+        figures["sample_load"] = (min(loads), max(loads)) if loads else None
+        missing_preserved = [s.machine for s in order if s.preserved_at is None]
+        missing_stopped = [s.machine for s in order if s.stopped_at is None]
+        sample_writes = writes(await reader.scrape())[0] - writes_before_samples
+        figures["writes_per_sample"] = round(sample_writes / max(len(order), 1), 1)
+        figures["sample_phase_cpu_s"] = round(proc_cpu_seconds(child.pid) - cpu_before_samples, 2)
+        log(f"FAILED -> FULLY PRESERVED: {summary(preserve_times)}; not preserved: {missing_preserved or 'none'}")
+        log(
+            f"EXPIRY LAG (stop complete - recorded preserveExpiryTime): {summary(lags)}; not stopped: "
+            f"{missing_stopped or 'none'}; controller writes per sample (preserve+drain+stop+delete): "
+            f"{figures['writes_per_sample']}"
+        )
+        stop_watch.set()
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await watcher
+        watcher = None
+
+        # --- 4. steady state -------------------------------------------------------------------------------------
+        settle_deadline = time.monotonic() + 60
+        previous_writes = -1.0
+        while time.monotonic() < settle_deadline:  # until a 5 s stretch without writes and with empty queues
+            await asyncio.sleep(5)
+            flat = await reader.scrape()
+            now_writes = writes(flat)[0]
+            if now_writes == previous_writes and total(flat, "machine_preservation_queue_depth") == 0:
+                break
+            previous_writes = now_writes
+        flat = await reader.scrape()
+        first_writes, first_by = writes(flat)
+        first_reconciles = total(flat, "machine_preservation_reconcile_duration_seconds_count")
+        first_requests = total(flat, "machine_preservation_api_requests_total")
+        first_cpu = proc_cpu_seconds(child.pid)
+        log(f"STEADY STATE: {args.steady_seconds}s window starts (resync every {args.resync_seconds}s)")
+        window_loads: list[float] = []
+        probes: list[float] = []
+        end = time.monotonic() + args.steady_seconds
+        next_load = time.monotonic()
+        while time.monotonic() < end:  # probe /healthz every 100 ms (reads only)
+            probes.append(await reader.healthz_seconds())
+            if time.monotonic() >= next_load:
+                window_loads.append(os.getloadavg()[0])
+                next_load += 30.0
+            await asyncio.sleep(0.1)
+        flat = await reader.scrape()
+        last_writes, last_by = writes(flat)
+        delta_by = {k: v - first_by.get(k, 0.0) for k, v in last_by.items() if v - first_by.get(k, 0.0)}
+        figures["steady_seconds"] = args.steady_seconds
+        figures["steady_writes"] = last_writes - first_writes
+        figures["steady_writes_by"] = delta_by
+        figures["steady_reconciles"] = (
+            total(flat, "machine_preservation_reconcile_duration_seconds_count") - first_reconciles
+        )
+        figures["steady_requests"] = total(flat, "machine_preservation_api_requests_total") - first_requests
+        figures["healthz_max_s"] = round(max(probes), 3) if probes else None
+        figures["healthz_p99_s"] = round(percentile(probes, 99), 3) if probes else None
+        figures["steady_cpu_s"] = round(proc_cpu_seconds(child.pid) - first_cpu, 2)
+        figures["steady_load"] = (min(window_loads), max(window_loads)) if window_loads else None
+        log(
+            f"STEADY STATE: {figures['steady_writes']:.0f} API writes in {args.steady_seconds}s {delta_by or ''} "
+            f"({figures['steady_reconciles']:.0f} reconciles, {figures['steady_requests']:.0f} API requests of any "
+            f"verb, i.e. watch restarts); controller CPU in the window {figures['steady_cpu_s']}s; /healthz answered "
+            f"in p99 {figures['healthz_p99_s']}s, max {figures['healthz_max_s']}s (event-loop stalls)"
+        )
+
+        # --- 5. RSS ----------------------------------------------------------------------------------------------
+        figures["rss_end"] = proc_memory(child.pid)
+        log(f"RSS: after cold start {figures['rss_after_cold_start']}, at the end {figures['rss_end']} (MiB)")
+    finally:
+        stop_watch.set()
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(BaseException):
+                await watcher
+        if reader is not None:
+            await reader.close()
+        if child is not None:
+            if child.poll() is None:
+                figures.setdefault("rss_end", proc_memory(child.pid))
+                child.send_signal(signal.SIGTERM)
+                try:
+                    await asyncio.to_thread(child.wait, 45)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
+            figures["controller_exit"] = child.returncode
+            with contextlib.suppress(OSError):
+                tail = (directory / "controller.log").read_text(errors="replace").splitlines()
+                errors = [line for line in tail if " ERROR " in line or "Traceback" in line]
+                figures["controller_log_errors"] = len(errors)
+        if api is not None:
+            await api.close()
+        await asyncio.to_thread(plane.stop)
+        if args.keep:
+            log(f"kept {directory}")
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def report(args: argparse.Namespace, results: Results) -> None:
+    f = results.figures
+    print("\n=== controller scale benchmark ===", flush=True)
+    print(
+        f"{f.get('machines')} Machines + Nodes in {f.get('machine_sets')} MachineSets, {f.get('samples')} failure "
+        f"samples every {args.fail_interval}s, machinePreserveTimeout {args.preserve_timeout}, "
+        f"{args.workers} workers, resync {args.resync_seconds}s, {f.get('cpus')} CPUs"
+    )
+    print(f"setup (create all objects, concurrency {args.concurrency}): {f.get('setup_seconds')} s")
+    if "cold_full_s" in f:
+        print(
+            f"1. cold start: process start -> /readyz 200 {f['cold_ready_s']} s; -> first full reconcile "
+            f"{f['cold_full_s']} s ({f['cold_writes']:.0f} writes, controller CPU {f.get('cold_cpu_s')} s)"
+        )
+    pt, lags = f.get("failed_to_preserved") or [], f.get("expiry_lag") or []
+    p99 = percentile(pt, 99) if pt else math.inf
+    print(f"2. Failed -> fully preserved: {summary(pt)} (load {f.get('sample_load')})")
+    print(f"   target p99 <= {TARGETS['failed_p99_s']} s: {'met' if p99 <= TARGETS['failed_p99_s'] else 'NOT met'}")
+    worst = max(lags) if lags else math.inf
+    print(f"3. expiry lag: {summary(lags)}")
+    print(f"   target <= {TARGETS['expiry_lag_s']} s (max): {'met' if worst <= TARGETS['expiry_lag_s'] else 'NOT met'}")
+    if "steady_writes" in f:
+        print(
+            f"4. API writes in {f['steady_seconds']} s of steady state: {f['steady_writes']:.0f} "
+            f"{f['steady_writes_by'] or ''} (reconciles {f['steady_reconciles']:.0f}, controller CPU "
+            f"{f.get('steady_cpu_s')} s, /healthz max {f.get('healthz_max_s')} s, load {f.get('steady_load')}); "
+            f"target 0: {'met' if f['steady_writes'] == 0 else 'NOT met'}"
+        )
+    rss = f.get("rss_end") or {}
+    if rss:
+        peak = rss.get("VmHWM", 0.0)
+        print(
+            f"5. controller memory: peak VmHWM {peak:.1f} MiB, VmRSS at the end {rss.get('VmRSS', 0.0):.1f} MiB; "
+            f"target <= {TARGETS['rss_mb']:.0f} MB: {'met' if peak * 1.048576 <= TARGETS['rss_mb'] else 'NOT met'}"
+        )
+    print(f"controller exit code {f.get('controller_exit')}, ERROR lines in its log: {f.get('controller_log_errors')}")
+    for note in results.notes:
+        print(f"note: {note}")
+    print("json: " + json.dumps(f, default=str), flush=True)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--machines", type=int, default=200)
+    parser.add_argument("--machine-sets", type=int, default=10)
+    parser.add_argument("--samples", type=int, default=30, help="machines failed one after another (metrics 2, 3)")
+    parser.add_argument("--fail-interval", type=float, default=1.0, help="seconds between two failures")
+    parser.add_argument("--preserve-timeout", default="15s", help="spec.machinePreserveTimeout of the samples")
+    parser.add_argument("--steady-seconds", type=float, default=300.0)
+    parser.add_argument("--resync-seconds", type=float, default=60.0, help="the controller's informer resync")
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=64, help="concurrent requests while creating objects")
+    parser.add_argument("--cold-start-limit", type=float, default=300.0)
+    parser.add_argument("--sample-limit", type=float, default=120.0, help="wait for the samples after the last fail")
+    parser.add_argument("--time-limit", type=float, default=1500.0, help="the whole run, in seconds")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs)")
+    # The controller child process (internal).
+    parser.add_argument("--controller-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--kubeconfig", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--namespace", default=NAMESPACE, help=argparse.SUPPRESS)
+    parser.add_argument("--metrics-port", type=int, default=0, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main() -> int:
+    args = parse_args()
+    if args.controller_child:
+        return run_controller_child(args)
+    results = Results()
+    log(f"start: {args.machines} machines, {args.machine_sets} MachineSets")
+
+    async def bounded() -> None:
+        await asyncio.wait_for(bench(args, results), timeout=args.time_limit)
+
+    try:
+        asyncio.run(bounded())
+    except TimeoutError:
+        results.notes.append(f"stopped by --time-limit {args.time_limit}s; figures above are partial")
+    except Exception as error:
+        results.notes.append(f"failed: {error!r}")
+        report(args, results)
+        raise
+    report(args, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
