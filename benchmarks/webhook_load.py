@@ -5,11 +5,12 @@ pins it to CPU 0 and the load to CPU 1): the real `machine-preservation webhook`
 aiohttp handler that only parses the review and answers (DESIGN.md §4 calibration). The load generator (this
 process) sends ~66 KB Node UPDATE reviews (two ~30 KB Nodes) open-loop at a fixed rate to
 POST /validate-preserve-annotation; latency is measured from each request's *scheduled* send time, so queueing
-shows up in the figures. For each server: a warm-up, a sustained 500 req/s phase (10 s), then a ramp from
+shows up in the figures. For each server: a warm-up, a sustained 500 req/s phase (20 s), then a ramp from
 200/s in 3 s steps that stops at the first rate that breaks p99 ≤ 5 ms, zero errors and ≥ 97 % of the
-offered rate; the last rate that held is the maximum sustainable rate. The server's CPU time per request
-(from /proc) is reported too: unlike latency it hardly depends on other load on the machine. Bounded to under
-two minutes.
+offered rate twice in a row; the last rate that held is then confirmed over 20 s (stepping down the ramp if
+it does not hold that long) and reported as the maximum sustainable rate. The server's CPU time per request
+(from /proc) is reported too: unlike latency it hardly depends on other load on the machine. About two and a
+half minutes.
 
     .venv/bin/python benchmarks/webhook_load.py            # full run
     .venv/bin/python benchmarks/webhook_load.py --quick    # shorter phases, for a smoke test
@@ -297,23 +298,29 @@ async def measure(
         sustained = await run_phase(session, url, body, rate=TARGET_RATE, seconds=sustain)
         cpu_per_request = (cpu_seconds(pid) - before) / sustained.sent * 1e6
         results.append(("sustained", sustained))
+        held: list[int] = []
         for rate in RAMP:
             phase = await run_phase(session, url, body, rate=rate, seconds=step)
             results.append(("ramp", phase))
             if not phase.holds:
+                # One hiccup (a VM steal, a GC pass) decides the p99 of a 3 s step: a rate fails only twice.
+                phase = await run_phase(session, url, body, rate=rate, seconds=step)
+                results.append(("retry", phase))
+                if not phase.holds:
+                    break
+            held.append(rate)
+        # A short ramp step can hide a slow build-up of queueing: confirm the best rate over a sustained phase.
+        for rate in reversed(held):
+            phase = await run_phase(session, url, body, rate=rate, seconds=sustain)
+            results.append(("confirm", phase))
+            if phase.holds:
                 break
     return results, cpu_per_request
 
 
 def max_sustainable(results: list[tuple[str, Phase]]) -> int:
-    best = 0
-    for label, phase in results:
-        if label != "ramp":
-            continue
-        if not phase.holds:
-            break
-        best = phase.rate
-    return best
+    """The highest rate that held through a confirmation phase (0 when none did)."""
+    return max((phase.rate for label, phase in results if label == "confirm" and phase.holds), default=0)
 
 
 def main() -> int:
@@ -330,7 +337,7 @@ def main() -> int:
         serve_baseline(args.cert_dir)
         return 0
 
-    sustain, step = (3.0, 1.0) if args.quick else (10.0, 3.0)
+    sustain, step = (3.0, 1.0) if args.quick else (20.0, 3.0)
     if args.pin:
         os.sched_setaffinity(0, {CLIENT_CPU})
     body = review_body()
@@ -366,11 +373,15 @@ def main() -> int:
                 "p99": sustained.percentile(0.99),
                 "throughput": sustained.throughput,
                 "errors": sustained.errors,
+                "holds": sustained.holds,
                 "max": max_sustainable(results),
                 "cpu": cpu_per_request,
             }
             print(f"  server CPU per request at {TARGET_RATE}/s: {cpu_per_request:.0f} µs")
-            print(f"  max sustainable rate: {summary[kind]['max']}/s (ramp steps {', '.join(map(str, RAMP))})\n")
+            print(
+                f"  max sustainable rate: {summary[kind]['max']}/s, held for {sustain:.0f} s "
+                f"(ramp steps {', '.join(map(str, RAMP))})\n"
+            )
         ours, floor = summary["webhook"], summary["baseline"]
         print(
             f"at {TARGET_RATE}/s: webhook p50 {ours['p50']:.2f} ms / p99 {ours['p99']:.2f} ms, "
@@ -382,8 +393,8 @@ def main() -> int:
             f"server CPU per request: webhook {ours['cpu']:.0f} µs, floor {floor['cpu']:.0f} µs "
             f"(ratio {ours['cpu'] / floor['cpu']:.2f}; one core saturates near {1e6 / ours['cpu']:.0f}/s)"
         )
-        target_met = ours["p99"] <= P99_LIMIT_MS and ours["errors"] == 0
-        print(f"target (500/s sustained, p99 ≤ 5 ms, zero errors): {'met' if target_met else 'NOT met'}")
+        verdict = "met" if ours["holds"] else "NOT met"
+        print(f"target ({TARGET_RATE}/s sustained for {sustain:.0f} s, p99 ≤ 5 ms, zero errors): {verdict}")
     return 0
 
 
