@@ -1,11 +1,14 @@
 """Work-queue semantics with a controlled clock: de-duplication, no concurrent processing of a key,
-delayed requeue at the exact time (earliest wins), per-key exponential backoff, shutdown."""
+delayed requeue at the exact time (earliest wins), per-key exponential backoff, shutdown, and the background
+lane that keeps resyncs behind changes and due timers."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from machine_preservation.controller.queue import Backoff, WorkQueue
 from tests.controller.fakeclock import FakeClock
@@ -142,6 +145,116 @@ async def test_many_workers_never_share_a_key() -> None:
     assert overlaps == []
     assert len(processed) >= 40
     assert set(processed) == {"a", "b", "c"}
+
+
+async def test_background_keys_wait_until_the_normal_lane_is_empty() -> None:
+    queue: WorkQueue[str] = WorkQueue(name="t", clock=FakeClock())
+    queue.add("r1", background=True)
+    queue.add("r2", background=True)
+    queue.add("a")
+    queue.add("b")
+    assert len(queue) == 4
+    assert [await next_now(queue) for _ in range(4)] == ["a", "b", "r1", "r2"]
+    assert await blocks(queue)
+
+
+async def test_a_normal_add_moves_a_waiting_background_key_up_once() -> None:
+    queue: WorkQueue[str] = WorkQueue(name="t", clock=FakeClock())
+    for key in ("r1", "r2", "r3"):
+        queue.add(key, background=True)
+    queue.add("r3")
+    queue.add("r3", background=True)  # a later resync does not move it back down
+    assert len(queue) == 3
+    assert [await next_now(queue) for _ in range(3)] == ["r3", "r1", "r2"]
+    assert await blocks(queue)
+
+
+async def test_a_due_timer_overtakes_a_waiting_resync() -> None:
+    """The expiry case: a machine's requeue comes due while every machine waits from a resync."""
+    clock = FakeClock()
+    queue: WorkQueue[str] = WorkQueue(name="t", clock=clock)
+    queue.add_after("expiring", 5.0)
+    for n in range(100):
+        queue.add(f"m{n}", background=True)
+    assert await next_now(queue) == "m0"
+    queue.done("m0")
+    await clock.advance(5.0)
+    assert await next_now(queue) == "expiring"
+    assert await next_now(queue) == "m1"
+
+
+async def test_a_key_in_flight_is_requeued_in_the_lane_it_was_asked_for() -> None:
+    queue: WorkQueue[str] = WorkQueue(name="t", clock=FakeClock())
+    queue.add("a")
+    assert await next_now(queue) == "a"
+    queue.add("a", background=True)  # a resync while "a" is being reconciled
+    queue.add("b")
+    queue.done("a")
+    assert await next_now(queue) == "b", "the resynced key goes behind the change"
+    assert await next_now(queue) == "a"
+    queue.add("a", background=True)
+    queue.add("a")  # ... unless a change arrives for it too
+    queue.add("c", background=True)
+    queue.done("a")
+    assert await next_now(queue) == "a"
+    assert await next_now(queue) == "c"
+
+
+Operation = tuple[str, int, bool]  # ("add", key, background) or ("take", -, -) or ("finish", index, -)
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.integers(0, 5), st.booleans()),
+        st.tuples(st.just("take"), st.just(0), st.just(False)),
+        st.tuples(st.just("finish"), st.integers(0, 5), st.just(False)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(operations)
+def test_lanes_never_lose_duplicate_or_share_a_key_and_serve_changes_first(ops: list[Operation]) -> None:
+    """Against any interleaving of adds (either lane), gets and dones:
+    - a key is never handed out while in flight, and never twice for one round of adds;
+    - while any waiting key was asked for normally, `get` hands out such a key;
+    - draining at the end hands out every key added since it was last handed out."""
+
+    async def run() -> None:
+        queue: WorkQueue[int] = WorkQueue(name="t", clock=FakeClock())
+        in_flight: list[int] = []
+        pending: dict[int, bool] = {}  # key added since last handed out -> asked for normally at least once
+
+        async def take() -> None:
+            urgent_waiting = {k for k, normal in pending.items() if normal and k not in in_flight}
+            key = await next_now(queue)
+            assert key is not None
+            assert key not in in_flight
+            assert key in pending, f"{key} handed out without a pending add"
+            if urgent_waiting:
+                assert pending[key], f"resynced {key} served before changed {sorted(urgent_waiting)}"
+            del pending[key]
+            in_flight.append(key)
+
+        def waiting() -> bool:
+            return any(k not in in_flight for k in pending)
+
+        for op, arg, background in ops:
+            if op == "add":
+                queue.add(arg, background=background)
+                pending[arg] = pending.get(arg, False) or not background
+            elif op == "take" and waiting():
+                await take()
+            elif op == "finish" and in_flight:
+                queue.done(in_flight.pop(arg % len(in_flight)))
+        while in_flight:
+            queue.done(in_flight.pop())
+        while pending:
+            await take()
+            queue.done(in_flight.pop())
+        assert await blocks(queue)
+
+    asyncio.run(run())
 
 
 @pytest.mark.parametrize(("failures", "expected"), [(0, 0.0), (1, 0.2), (3, 0.8), (100, 300.0)])

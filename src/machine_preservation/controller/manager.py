@@ -114,7 +114,12 @@ class Controller:
         runner = None
         try:
             await verify_machine_crd(control)
-            self.caches = self._caches(control=control, target=target)
+            self.caches = new_caches(
+                control=control,
+                target=target,
+                namespace=self.options.namespace,
+                resync_period=self.options.resync_period,
+            )
             app = metrics_app(metrics=self.metrics, probes=Probes(ready=self.ready))
             runner = await start_metrics_server(app=app, host=options.metrics_host, port=options.metrics_port)
             self.metrics_port = runner.addresses[0][1] if runner.addresses else options.metrics_port
@@ -271,40 +276,45 @@ class Controller:
             # letting the watches, the probes or the Lease renewal run.
             await asyncio.sleep(0)
 
-    def _caches(self, *, control: client.ApiClient, target: client.ApiClient) -> Caches:
-        namespace, resync = self.options.namespace, self.options.resync_period
-        custom, core = client.CustomObjectsApi(control), client.CoreV1Api(target)
-        group, version = v.MACHINE_API_GROUP, v.MACHINE_API_VERSION
 
-        def custom_source(plural: str) -> Source:
-            return Source(custom.list_namespaced_custom_object, (group, version, namespace, plural))
+def new_caches(*, control: client.ApiClient, target: client.ApiClient, namespace: str, resync_period: float) -> Caches:
+    """The informers the controller reconciles from: MCM's objects in `namespace` of the control cluster,
+    Nodes and Pods of the target cluster."""
+    custom, core = client.CustomObjectsApi(control), client.CoreV1Api(target)
+    group, version = v.MACHINE_API_GROUP, v.MACHINE_API_VERSION
 
-        return Caches(
-            machines=Informer(
-                name="machines", source=custom_source("machines"), parse=Machine.model_validate, resync_period=resync
-            ),
-            machine_sets=Informer(
-                name="machinesets",
-                source=custom_source("machinesets"),
-                parse=MachineSet.model_validate,
-                resync_period=resync,
-            ),
-            machine_deployments=Informer(
-                name="machinedeployments",
-                source=custom_source("machinedeployments"),
-                parse=MachineDeployment.model_validate,
-                resync_period=resync,
-            ),
-            nodes=Informer(
-                name="nodes", source=Source(core.list_node), parse=Node.model_validate, resync_period=resync
-            ),
-            pods=Informer(
-                name="pods",
-                source=Source(core.list_pod_for_all_namespaces),
-                parse=Pod.model_validate,
-                resync_period=resync,
-            ),
-        )
+    def custom_source(plural: str) -> Source:
+        return Source(custom.list_namespaced_custom_object, (group, version, namespace, plural))
+
+    return Caches(
+        machines=Informer(
+            name="machines",
+            source=custom_source("machines"),
+            parse=Machine.model_validate,
+            resync_period=resync_period,
+        ),
+        machine_sets=Informer(
+            name="machinesets",
+            source=custom_source("machinesets"),
+            parse=MachineSet.model_validate,
+            resync_period=resync_period,
+        ),
+        machine_deployments=Informer(
+            name="machinedeployments",
+            source=custom_source("machinedeployments"),
+            parse=MachineDeployment.model_validate,
+            resync_period=resync_period,
+        ),
+        nodes=Informer(
+            name="nodes", source=Source(core.list_node), parse=Node.model_validate, resync_period=resync_period
+        ),
+        pods=Informer(
+            name="pods",
+            source=Source(core.list_pod_for_all_namespaces),
+            parse=Pod.model_validate,
+            resync_period=resync_period,
+        ),
+    )
 
 
 def preserved_counts(machines: list[Machine], now: dt.datetime) -> Counter[tuple[str, str]]:

@@ -4,6 +4,9 @@ Semantics follow client-go's workqueue (the type controller-runtime builds on):
 
 - `add(key)`: a key waiting in the queue is not added twice; a key being processed is marked dirty
   and handed out again only after `done(key)`, so one key is never processed concurrently;
+- `add(key, background=True)`: the same, in a second lane that is served only when the first is empty.
+  Periodic resyncs use it, so a change or a due timer (an expiry) never waits behind a resync of every
+  object; a key waiting in the background lane moves up when it is added normally;
 - `add_after(key, delay)`: the key is added once `delay` has passed on the injected clock; when the
   same key is scheduled several times the earliest time wins (a later event never postpones an
   expiry);
@@ -65,7 +68,9 @@ class WorkQueue(Generic[K]):
         self._clock: Clock = clock or SystemClock()
         self._backoff = backoff or Backoff()
         self._ready: deque[K] = deque()
+        self._background: dict[K, None] = {}  # insertion-ordered, O(1) removal when a key moves up
         self._dirty: set[K] = set()
+        self._requeue_in_background: set[K] = set()  # dirty keys in flight that only a resync asked for
         self._processing: set[K] = set()
         self._failures: dict[K, int] = {}
         self._delayed: list[tuple[float, int, K]] = []
@@ -76,13 +81,26 @@ class WorkQueue(Generic[K]):
 
     # --- producers ---------------------------------------------------------------------------------
 
-    def add(self, key: K) -> None:
-        if self._shutting_down or key in self._dirty:
+    def add(self, key: K, *, background: bool = False) -> None:
+        if self._shutting_down:
+            return
+        if key in self._dirty:
+            if not background:
+                self._requeue_in_background.discard(key)
+                if key in self._background:
+                    del self._background[key]
+                    self._ready.append(key)
             return
         self._dirty.add(key)
-        if key not in self._processing:
+        if key in self._processing:
+            if background:
+                self._requeue_in_background.add(key)
+            return
+        if background:
+            self._background[key] = None
+        else:
             self._ready.append(key)
-            self._changed.set()
+        self._changed.set()
 
     def add_after(self, key: K, delay: float) -> None:
         if self._shutting_down:
@@ -120,8 +138,12 @@ class WorkQueue(Generic[K]):
             if self._shutting_down:
                 return None
             next_due = self._promote_due()
-            if self._ready:
-                key = self._ready.popleft()
+            if self._ready or self._background:
+                if self._ready:
+                    key = self._ready.popleft()
+                else:
+                    key = next(iter(self._background))
+                    del self._background[key]
                 self._processing.add(key)
                 self._dirty.discard(key)
                 return key
@@ -131,7 +153,11 @@ class WorkQueue(Generic[K]):
     def done(self, key: K) -> None:
         self._processing.discard(key)
         if key in self._dirty and not self._shutting_down:
-            self._ready.append(key)
+            if key in self._requeue_in_background:
+                self._requeue_in_background.discard(key)
+                self._background[key] = None
+            else:
+                self._ready.append(key)
             self._changed.set()
 
     def shutdown(self) -> None:
@@ -141,8 +167,8 @@ class WorkQueue(Generic[K]):
     # --- introspection -----------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        """Keys waiting to be processed now (the queue depth)."""
-        return len(self._ready)
+        """Keys waiting to be processed now, in both lanes (the queue depth)."""
+        return len(self._ready) + len(self._background)
 
     def scheduled(self, key: K) -> float | None:
         """When (on the clock) a delayed add of `key` is due, if one is pending."""

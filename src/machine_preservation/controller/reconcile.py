@@ -253,7 +253,11 @@ def _priority_relevant(machine: Machine) -> tuple[str | None, str | None, bool]:
 
 
 def wire_handlers(*, caches: Caches, queues: Queues) -> None:
-    """Map every cache change to the keys it can affect."""
+    """Map every cache change to the keys it can affect.
+
+    A periodic resync hands each cached object to the handlers as both old and new (`old is new`); its keys go
+    to the queues' background lane, so real changes and due timers are served first.
+    """
 
     def machine_set_keys_of(machine: Machine) -> list[str]:
         return [key_of(machine.metadata.namespace, name) for name in owner_name("MachineSet")(machine)]
@@ -261,9 +265,10 @@ def wire_handlers(*, caches: Caches, queues: Queues) -> None:
     def on_machine(old: Machine | None, new: Machine | None) -> None:
         current = new or old
         assert current is not None
-        queues.machines.add(_machine_key(current))
+        resync = old is new
+        queues.machines.add(_machine_key(current), background=resync)
         for key in machine_set_keys_of(current):
-            queues.machine_sets.add(key)
+            queues.machine_sets.add(key, background=resync)
         # A priority or preservation change moves the ceiling of the preserved siblings' priorities.
         if old is None or new is None or _priority_relevant(old) != _priority_relevant(new):
             for sibling in caches.machine_set_of(current):
@@ -273,10 +278,11 @@ def wire_handlers(*, caches: Caches, queues: Queues) -> None:
     def on_node(old: Node | None, new: Node | None) -> None:
         current = new or old
         assert current is not None
+        resync = old is new
         for machine in caches.machines.by_index(MACHINE_NODE_INDEX, current.metadata.name):
-            queues.machines.add(_machine_key(machine))
+            queues.machines.add(_machine_key(machine), background=resync)
             for key in machine_set_keys_of(machine):
-                queues.machine_sets.add(key)
+                queues.machine_sets.add(key, background=resync)
 
     def on_pod(old: Pod | None, new: Pod | None) -> None:
         current = new or old
@@ -285,15 +291,15 @@ def wire_handlers(*, caches: Caches, queues: Queues) -> None:
         if node is None or not node.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT):
             return  # pods matter only on a node being drained
         for machine in caches.machines.by_index(MACHINE_NODE_INDEX, node.metadata.name):
-            queues.machines.add(_machine_key(machine))
+            queues.machines.add(_machine_key(machine), background=old is new)
 
     def on_machine_set(old: MachineSet | None, new: MachineSet | None) -> None:
         current = new or old
         assert current is not None
-        namespace = current.metadata.namespace
-        queues.machine_sets.add(key_of(namespace, current.metadata.name))
+        namespace, resync = current.metadata.namespace, old is new
+        queues.machine_sets.add(key_of(namespace, current.metadata.name), background=resync)
         for deployment in owner_name("MachineDeployment")(current):
-            queues.machine_deployments.add(key_of(namespace, deployment))
+            queues.machine_deployments.add(key_of(namespace, deployment), background=resync)
             if old is None or new is None:  # a rollout's new or removed MachineSet changes its siblings
                 for sibling in caches.machine_sets.by_index(DEPLOYMENT_INDEX, deployment):
                     queues.machine_sets.add(key_of(namespace, sibling.metadata.name))
@@ -301,7 +307,7 @@ def wire_handlers(*, caches: Caches, queues: Queues) -> None:
     def on_machine_deployment(old: MachineDeployment | None, new: MachineDeployment | None) -> None:
         current = new or old
         assert current is not None
-        queues.machine_deployments.add(key_of(current.metadata.namespace, current.metadata.name))
+        queues.machine_deployments.add(key_of(current.metadata.namespace, current.metadata.name), background=old is new)
 
     caches.machines.add_handler(on_machine)
     caches.nodes.add_handler(on_node)
