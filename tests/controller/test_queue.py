@@ -154,7 +154,12 @@ async def test_background_keys_wait_until_the_normal_lane_is_empty() -> None:
     queue.add("a")
     queue.add("b")
     assert len(queue) == 4
-    assert [await next_now(queue) for _ in range(4)] == ["a", "b", "r1", "r2"]
+    assert [await next_now(queue) for _ in range(3)] == ["a", "b", "r1"]
+    assert await blocks(queue), "one background key in flight at a time"
+    queue.add("c")
+    assert await next_now(queue) == "c", "changes still go out while a background key is in flight"
+    queue.done("r1")
+    assert await next_now(queue) == "r2"
     assert await blocks(queue)
 
 
@@ -165,7 +170,9 @@ async def test_a_normal_add_moves_a_waiting_background_key_up_once() -> None:
     queue.add("r3")
     queue.add("r3", background=True)  # a later resync does not move it back down
     assert len(queue) == 3
-    assert [await next_now(queue) for _ in range(3)] == ["r3", "r1", "r2"]
+    assert [await next_now(queue) for _ in range(2)] == ["r3", "r1"]
+    queue.done("r1")
+    assert await next_now(queue) == "r2"
     assert await blocks(queue)
 
 
@@ -181,6 +188,7 @@ async def test_a_due_timer_overtakes_a_waiting_resync() -> None:
     await clock.advance(5.0)
     assert await next_now(queue) == "expiring"
     assert await next_now(queue) == "m1"
+    assert await blocks(queue)
 
 
 async def test_a_key_in_flight_is_requeued_in_the_lane_it_was_asked_for() -> None:
@@ -218,11 +226,13 @@ def test_lanes_never_lose_duplicate_or_share_a_key_and_serve_changes_first(ops: 
     """Against any interleaving of adds (either lane), gets and dones:
     - a key is never handed out while in flight, and never twice for one round of adds;
     - while any waiting key was asked for normally, `get` hands out such a key;
+    - at most one key asked for only in the background is in flight;
     - draining at the end hands out every key added since it was last handed out."""
 
     async def run() -> None:
         queue: WorkQueue[int] = WorkQueue(name="t", clock=FakeClock())
         in_flight: list[int] = []
+        background_in_flight: set[int] = set()
         pending: dict[int, bool] = {}  # key added since last handed out -> asked for normally at least once
 
         async def take() -> None:
@@ -233,25 +243,36 @@ def test_lanes_never_lose_duplicate_or_share_a_key_and_serve_changes_first(ops: 
             assert key in pending, f"{key} handed out without a pending add"
             if urgent_waiting:
                 assert pending[key], f"resynced {key} served before changed {sorted(urgent_waiting)}"
+            if not pending[key]:
+                assert not background_in_flight, f"{key} handed out beside background {background_in_flight}"
+                background_in_flight.add(key)
             del pending[key]
             in_flight.append(key)
 
-        def waiting() -> bool:
-            return any(k not in in_flight for k in pending)
+        def finish(key: int) -> None:
+            in_flight.remove(key)
+            background_in_flight.discard(key)
+            queue.done(key)
+
+        def available() -> bool:
+            waiting = {k: normal for k, normal in pending.items() if k not in in_flight}
+            return any(waiting.values()) or (bool(waiting) and not background_in_flight)
 
         for op, arg, background in ops:
             if op == "add":
                 queue.add(arg, background=background)
                 pending[arg] = pending.get(arg, False) or not background
-            elif op == "take" and waiting():
+            elif op == "take" and available():
                 await take()
+            elif op == "take":
+                assert await blocks(queue)
             elif op == "finish" and in_flight:
-                queue.done(in_flight.pop(arg % len(in_flight)))
+                finish(in_flight[arg % len(in_flight)])
         while in_flight:
-            queue.done(in_flight.pop())
+            finish(in_flight[-1])
         while pending:
             await take()
-            queue.done(in_flight.pop())
+            finish(in_flight[-1])
         assert await blocks(queue)
 
     asyncio.run(run())

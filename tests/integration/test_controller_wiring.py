@@ -1,10 +1,12 @@
-"""How cache changes reach the work queues, on the real apiserver: a periodic resync queues every machine in the
-background lane, and a real change overtakes it (so an expiry or a failure never waits behind a resync)."""
+"""What the controller derives from its caches, on the real apiserver: a periodic resync queues every machine in
+the background lane and a real change overtakes it (so an expiry or a failure never waits behind a resync); the
+per-MachineSet priority summary follows every machine change."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 from collections.abc import AsyncIterator
 
 from kubernetes.aio import client
@@ -12,7 +14,8 @@ from kubernetes.aio import client
 from machine_preservation.controller.manager import new_caches
 from machine_preservation.controller.queue import WorkQueue
 from machine_preservation.controller.reconcile import Caches, Queues, wire_handlers
-from tests.controller.support import GROUP, VERSION, create_machine, eventually
+from machine_preservation.core.priority import unpreserved_priority_ceiling
+from tests.controller.support import GROUP, VERSION, create_machine, eventually, machine_set_owner
 
 
 @contextlib.asynccontextmanager
@@ -61,3 +64,37 @@ async def test_a_change_overtakes_a_resync_of_every_machine(api: client.ApiClien
 
     assert order[0] == f"{namespace}/m5", f"the changed machine waited behind the resync: {order}"
     assert sorted(order) == sorted(f"{namespace}/{n}" for n in names), "each machine queued once"
+
+
+async def test_the_priority_ceiling_follows_machine_changes(api: client.ApiClient, namespace: str) -> None:
+    custom = client.CustomObjectsApi(api)
+    owner = await machine_set_owner(api, namespace, "ms")
+    for name, priority in (("a", "4"), ("b", "6"), ("c", "3")):
+        await create_machine(
+            custom, namespace, name, owner=owner, annotations={"machinepriority.machine.sapcloud.io": priority}
+        )
+    async with wired(api, namespace, resync_period=600) as (caches, _):
+
+        def ceilings() -> dict[str, int]:
+            now = dt.datetime.now(dt.UTC)
+            machines = caches.machines.values()
+            computed = {m.metadata.name: caches.priority_ceiling(m, now=now) for m in machines}
+            defined = {
+                m.metadata.name: unpreserved_priority_ceiling(machine=m, machine_set_machines=machines, now=now)
+                for m in machines
+            }
+            assert computed == defined
+            return computed
+
+        assert ceilings() == {"a": 6, "b": 4, "c": 6}
+        await custom.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            "machines",
+            "c",
+            {"metadata": {"annotations": {"machinepriority.machine.sapcloud.io": "9"}}},
+        )
+        await eventually(lambda: ceilings() == {"a": 9, "b": 9, "c": 6})
+        await custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "machines", "c")
+        await eventually(lambda: ceilings() == {"a": 6, "b": 4})

@@ -16,6 +16,7 @@ from machine_preservation.core.priority import (
     own_priority,
     parse_priority,
     priority_patch,
+    unpreserved_priorities,
     unpreserved_priority_ceiling,
 )
 
@@ -186,3 +187,51 @@ def test_a_sibling_expiring_exactly_now_counts_as_unpreserved() -> None:
     assert unpreserved_priority_ceiling(machine=machine(), machine_set_machines=[sibling], now=NOW) == 9
     later = NOW - dt.timedelta(seconds=1)
     assert unpreserved_priority_ceiling(machine=machine(), machine_set_machines=[sibling], now=later) == 3
+
+
+def brute_force_ceiling(me: Machine, machines: list[Machine], now: dt.datetime) -> int:
+    """The definition, spelled out: the highest own priority of the other unpreserved, not deleted machines."""
+    others = [
+        own_priority(m)
+        for m in machines
+        if m.metadata.name != me.metadata.name
+        and m.metadata.deletion_timestamp is None
+        and not (m.preserve_expiry_time is not None and m.preserve_expiry_time > now)
+    ]
+    return max([v.DEFAULT_MACHINE_PRIORITY, *others])
+
+
+@st.composite
+def machines_with_expiries(draw: st.DrawFn) -> list[Machine]:
+    return [
+        machine(
+            name=f"m{index}",
+            priority=draw(st.sampled_from([ABSENT, "1", "2", "3", "4", "7", "9", "abc"])),
+            last_priority=draw(st.sampled_from([ABSENT, "", "5", "8"])),
+            expiry=draw(st.one_of(st.none(), st.integers(-3, 6).map(lambda h: NOW + h * HOUR))),
+            deleting=draw(st.booleans()),
+        )
+        for index in range(draw(st.integers(0, 9)))
+    ]
+
+
+@settings(max_examples=500, deadline=None)
+@given(machines_with_expiries(), st.integers(0, 8 * 3600))
+def test_one_summary_per_machine_set_answers_every_machines_ceiling_until_it_expires(
+    machines: list[Machine], later_seconds: int
+) -> None:
+    """The controller computes the summary once per MachineSet and reuses it while `holds_at` says so: every
+    answer must equal the definition, at the moment of computing and at any later moment it still holds."""
+    summary = unpreserved_priorities(machine_set_machines=machines, now=NOW)
+    later = NOW + dt.timedelta(seconds=later_seconds)
+    probes = [*machines, machine(name="outsider")]
+    for me in probes:
+        assert summary.ceiling_for(me.metadata.name) == brute_force_ceiling(me, machines, NOW)
+    assert summary.holds_at(NOW)
+    assert not summary.holds_at(NOW - dt.timedelta(seconds=1)), "a clock that went back recomputes"
+    if summary.holds_at(later):
+        for me in probes:
+            assert summary.ceiling_for(me.metadata.name) == brute_force_ceiling(me, machines, later)
+    else:
+        assert summary.valid_until is not None
+        assert later >= summary.valid_until

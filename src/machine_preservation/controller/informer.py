@@ -86,6 +86,8 @@ class Informer(Generic[T]):
     backoff: Backoff = field(default_factory=lambda: Backoff(base=0.2, cap=30.0))
     # The resourceVersion the next watch resumes from ("" = list first).
     resource_version: str = ""
+    # Bumped on every change to the store (not on resyncs): what is derived from the cache is valid while it stays.
+    generation: int = 0
     stats: InformerStats = field(default_factory=InformerStats)
     _store: dict[str, T] = field(default_factory=dict)
     _indexers: dict[str, Indexer[T]] = field(default_factory=dict)
@@ -265,6 +267,7 @@ class Informer(Generic[T]):
     # --- store and indices -------------------------------------------------------------------------
 
     def _put(self, key: str, obj: T) -> T | None:
+        self.generation += 1
         old = self._store.get(key)
         self._store[key] = obj
         for index in self._indexers:
@@ -273,6 +276,7 @@ class Informer(Generic[T]):
         return old
 
     def _remove(self, key: str) -> T | None:
+        self.generation += 1
         old = self._store.pop(key, None)
         for index in self._indexers:
             self._unindex(index, key)

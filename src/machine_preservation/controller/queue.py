@@ -6,7 +6,9 @@ Semantics follow client-go's workqueue (the type controller-runtime builds on):
   and handed out again only after `done(key)`, so one key is never processed concurrently;
 - `add(key, background=True)`: the same, in a second lane that is served only when the first is empty.
   Periodic resyncs use it, so a change or a due timer (an expiry) never waits behind a resync of every
-  object; a key waiting in the background lane moves up when it is added normally;
+  object; a key waiting in the background lane moves up when it is added normally. At most one background
+  key is in flight at a time: reconciles share one event loop, and several workers busy with a resync would
+  slow every await of an urgent reconcile (each HTTP response waits behind their CPU slices);
 - `add_after(key, delay)`: the key is added once `delay` has passed on the injected clock; when the
   same key is scheduled several times the earliest time wins (a later event never postpones an
   expiry);
@@ -72,6 +74,7 @@ class WorkQueue(Generic[K]):
         self._dirty: set[K] = set()
         self._requeue_in_background: set[K] = set()  # dirty keys in flight that only a resync asked for
         self._processing: set[K] = set()
+        self._background_in_flight: set[K] = set()
         self._failures: dict[K, int] = {}
         self._delayed: list[tuple[float, int, K]] = []
         self._delayed_at: dict[K, float] = {}
@@ -138,12 +141,13 @@ class WorkQueue(Generic[K]):
             if self._shutting_down:
                 return None
             next_due = self._promote_due()
-            if self._ready or self._background:
+            if self._ready or (self._background and not self._background_in_flight):
                 if self._ready:
                     key = self._ready.popleft()
                 else:
                     key = next(iter(self._background))
                     del self._background[key]
+                    self._background_in_flight.add(key)
                 self._processing.add(key)
                 self._dirty.discard(key)
                 return key
@@ -152,6 +156,9 @@ class WorkQueue(Generic[K]):
 
     def done(self, key: K) -> None:
         self._processing.discard(key)
+        if key in self._background_in_flight:
+            self._background_in_flight.discard(key)
+            self._changed.set()  # the background slot is free again
         if key in self._dirty and not self._shutting_down:
             if key in self._requeue_in_background:
                 self._requeue_in_background.discard(key)

@@ -23,7 +23,11 @@ from machine_preservation.core.auto_preservation import is_being_replaced, plan_
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.lifecycle import plan_after_drain, plan_machine
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, Pod
-from machine_preservation.core.priority import unpreserved_priority_ceiling
+from machine_preservation.core.priority import (
+    UnpreservedPriorities,
+    unpreserved_priorities,
+    unpreserved_priority_ceiling,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +59,9 @@ class Caches:
     machine_deployments: Informer[MachineDeployment]
     nodes: Informer[Node]
     pods: Informer[Pod]
+    # MachineSet name -> summary, valid for the machines cache's generation; see priority_ceiling.
+    _priorities: dict[str, UnpreservedPriorities] = field(default_factory=dict)
+    _priorities_generation: int = -1
 
     def __post_init__(self) -> None:
         self.machines.add_indexer(MACHINE_NODE_INDEX, lambda m: [m.node_name])
@@ -74,6 +81,23 @@ class Caches:
     def machine_set_of(self, machine: Machine) -> list[Machine]:
         owner = owner_name("MachineSet")(machine)
         return self.machines.by_index(MACHINE_SET_INDEX, owner[0]) if owner else [machine]
+
+    def priority_ceiling(self, machine: Machine, *, now: dt.datetime) -> int:
+        """`unpreserved_priority_ceiling` over the machine's MachineSet, summarised once per MachineSet and
+        reused until the machines change or a preservation in it runs out: a resync reconciles every machine
+        of a set, and a scan of the set for each of them would make it quadratic."""
+        owner = owner_name("MachineSet")(machine)
+        if not owner:
+            return unpreserved_priority_ceiling(machine=machine, machine_set_machines=[machine], now=now)
+        if self._priorities_generation != self.machines.generation:
+            self._priorities.clear()  # any machine change may move any set's ceiling (and sets come and go)
+            self._priorities_generation = self.machines.generation
+        summary = self._priorities.get(owner[0])
+        if summary is None or not summary.holds_at(now):
+            summary = self._priorities[owner[0]] = unpreserved_priorities(
+                machine_set_machines=self.machines.by_index(MACHINE_SET_INDEX, owner[0]), now=now
+            )
+        return summary.ceiling_for(machine.metadata.name)
 
 
 def key_of(namespace: str, name: str) -> str:
@@ -107,9 +131,7 @@ class MachineReconciler:
             return None
         now = self.now()
         node = self.caches.nodes.get(machine.node_name) if machine.node_name else None
-        ceiling = unpreserved_priority_ceiling(
-            machine=machine, machine_set_machines=self.caches.machine_set_of(machine), now=now
-        )
+        ceiling = self.caches.priority_ceiling(machine, now=now)
         plan = plan_machine(
             machine=machine,
             node=node,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Machine
@@ -44,16 +45,46 @@ def own_priority(machine: Machine) -> int:
     return parse_priority(annotations.get(v.MACHINE_PRIORITY_ANNOTATION))
 
 
+@dataclass(frozen=True)
+class UnpreservedPriorities:
+    """The two highest own priorities among a MachineSet's unpreserved, not deleted machines at one moment:
+    enough to answer the ceiling for every machine of the set (the others' maximum leaves out at most one)."""
+
+    top: tuple[tuple[int, str], ...]  # up to two (own priority, machine name), highest first
+    computed_at: dt.datetime
+    # The earliest preserveExpiryTime still ahead: then a machine becomes unpreserved and the answer may change.
+    valid_until: dt.datetime | None
+
+    def ceiling_for(self, machine_name: str) -> int:
+        others = [priority for priority, name in self.top if name != machine_name]
+        return max(v.DEFAULT_MACHINE_PRIORITY, others[0]) if others else v.DEFAULT_MACHINE_PRIORITY
+
+    def holds_at(self, now: dt.datetime) -> bool:
+        """Whether the same machines still count as unpreserved at `now` (given unchanged objects)."""
+        return self.computed_at <= now and (self.valid_until is None or now < self.valid_until)
+
+
+def unpreserved_priorities(*, machine_set_machines: Sequence[Machine], now: dt.datetime) -> UnpreservedPriorities:
+    top: list[tuple[int, str]] = []
+    valid_until: dt.datetime | None = None
+    for m in machine_set_machines:
+        if m.metadata.deletion_timestamp is not None:
+            continue
+        expiry = m.preserve_expiry_time
+        if expiry is not None and expiry > now:
+            valid_until = expiry if valid_until is None else min(valid_until, expiry)
+            continue
+        top.append((own_priority(m), m.metadata.name))
+        if len(top) > 2:
+            top.sort(reverse=True)
+            del top[2:]
+    top.sort(reverse=True)
+    return UnpreservedPriorities(top=tuple(top), computed_at=now, valid_until=valid_until)
+
+
 def unpreserved_priority_ceiling(*, machine: Machine, machine_set_machines: Sequence[Machine], now: dt.datetime) -> int:
     """The highest own priority among the *other* unpreserved, not deleted machines (at least the default)."""
-    others = [
-        own_priority(m)
-        for m in machine_set_machines
-        if m.metadata.name != machine.metadata.name
-        and m.metadata.deletion_timestamp is None
-        and not (m.preserve_expiry_time is not None and m.preserve_expiry_time > now)
-    ]
-    return max([v.DEFAULT_MACHINE_PRIORITY, *others])
+    return unpreserved_priorities(machine_set_machines=machine_set_machines, now=now).ceiling_for(machine.metadata.name)
 
 
 def preserved_priority(*, ceiling: int, auto: bool) -> int:
