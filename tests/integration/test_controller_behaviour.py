@@ -17,10 +17,12 @@ from tests.controller.running import running_controller
 from tests.controller.support import (
     GROUP,
     VERSION,
+    create_custom,
     create_machine,
     eventually,
     get_machine,
     new_node,
+    owner_reference,
     read_node_model,
 )
 
@@ -97,31 +99,19 @@ async def test_lowering_the_max_releases_auto_preserved_machines(
     control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str]
 ) -> None:
     custom = client.CustomObjectsApi(api)
-    deployment = await custom.create_namespaced_custom_object(
-        GROUP,
-        VERSION,
+    deployment = await create_custom(api, namespace, "MachineDeployment", "md")
+    machine_set = await create_custom(
+        api,
         namespace,
-        "machinedeployments",
-        {"apiVersion": f"{GROUP}/{VERSION}", "kind": "MachineDeployment", "metadata": {"name": "md"}, "spec": {}},
+        "MachineSet",
+        "ms",
+        spec={"replicas": 3, "autoPreserveFailedMachineMax": 2},
+        owner=owner_reference("MachineDeployment", deployment),
     )
-    assert isinstance(deployment, dict)
-    machine_set = await custom.create_namespaced_custom_object(
-        GROUP,
-        VERSION,
-        namespace,
-        "machinesets",
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "MachineSet",
-            "metadata": {"name": "ms", "ownerReferences": [_owner("MachineDeployment", "md", deployment)]},
-            "spec": {"replicas": 3, "autoPreserveFailedMachineMax": 2},
-        },
-    )
-    assert isinstance(machine_set, dict)
     for name in ("a", "b", "c"):
         node = await new_node(api, node_names, ready=False)
         await create_machine(
-            custom, namespace, name, node=node, phase="Failed", owner=_owner("MachineSet", "ms", machine_set)
+            custom, namespace, name, node=node, phase="Failed", owner=owner_reference("MachineSet", machine_set)
         )
     async with running_controller(kubeconfig=control_plane.kubeconfig, namespace=namespace):
         await eventually(lambda: _auto_preserved(custom, namespace, count=2))
@@ -166,16 +156,6 @@ async def test_an_invalid_value_is_reported_once_with_a_warning(
         await eventually(lambda: caches.machines.stats.resyncs >= resyncs + 3)
         again = await warned()
         assert [(e.count or 1) for e in again] == [1], "resyncs do not report it again"
-
-
-def _owner(kind: str, name: str, created: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": kind,
-        "name": name,
-        "uid": created["metadata"]["uid"],
-        "controller": True,
-    }
 
 
 async def _auto_preserved(custom: client.CustomObjectsApi, namespace: str, *, count: int) -> bool:

@@ -19,6 +19,7 @@ from tests.controller.support import (
     create_machine,
     eventually,
     machine_model,
+    machine_set_owner,
     new_node,
     read_node_model,
     read_raw,
@@ -150,26 +151,7 @@ async def test_machine_set_auto_preserves_up_to_its_max(
     control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str]
 ) -> None:
     custom = client.CustomObjectsApi(api)
-    machine_set = await custom.create_namespaced_custom_object(
-        GROUP,
-        VERSION,
-        namespace,
-        "machinesets",
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "MachineSet",
-            "metadata": {"name": "ms"},
-            "spec": {"replicas": 3, "autoPreserveFailedMachineMax": 1},
-        },
-    )
-    assert isinstance(machine_set, dict)
-    owner = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "MachineSet",
-        "name": "ms",
-        "uid": machine_set["metadata"]["uid"],
-        "controller": True,
-    }
+    owner = await machine_set_owner(api, namespace, "ms", replicas=3, autoPreserveFailedMachineMax=1)
     for name in ("a", "b"):
         node = await new_node(api, node_names, ready=False)
         await create_machine(custom, namespace, name, node=node, phase="Failed", owner=owner)

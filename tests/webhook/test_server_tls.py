@@ -68,17 +68,22 @@ def ca() -> KeyPair:
     return make_ca("test-ca-1")
 
 
-@pytest.fixture
-async def server(tmp_path: Path, ca: KeyPair) -> AsyncIterator[WebhookServer]:
-    install(tmp_path, serving(ca))
-    async with WebhookServer(
+def webhook_server(cert_dir: Path) -> WebhookServer:
+    """The server on an ephemeral loopback port, polling `cert_dir` quickly."""
+    return WebhookServer(
         host="127.0.0.1",
         port=0,
-        cert_dir=tmp_path,
+        cert_dir=cert_dir,
         settings=AdmissionSettings(),
         machine_sets=StaticMachineSets(),
         cert_poll_interval=0.05,
-    ) as running:
+    )
+
+
+@pytest.fixture
+async def server(tmp_path: Path, ca: KeyPair) -> AsyncIterator[WebhookServer]:
+    install(tmp_path, serving(ca))
+    async with webhook_server(tmp_path) as running:
         yield running
 
 
@@ -170,14 +175,7 @@ async def test_a_broken_replacement_is_rejected_and_the_old_one_kept(
 
 
 async def test_without_a_certificate_it_is_not_ready_until_one_appears(tmp_path: Path, ca: KeyPair) -> None:
-    async with WebhookServer(
-        host="127.0.0.1",
-        port=0,
-        cert_dir=tmp_path,
-        settings=AdmissionSettings(),
-        machine_sets=StaticMachineSets(),
-        cert_poll_interval=0.05,
-    ) as running:
+    async with webhook_server(tmp_path) as running:
         assert not running.certificates.ready()
         with pytest.raises(aiohttp.ClientConnectorError):
             await get(running.port, "/readyz", client_context(ca))

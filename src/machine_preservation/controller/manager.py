@@ -20,9 +20,10 @@ import os
 import socket
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
@@ -51,6 +52,8 @@ from machine_preservation.core.models import Machine, MachineDeployment, Machine
 from machine_preservation.core.preserve_value import is_auto_value
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 EXIT_OK = 0
 EXIT_LOST_LEADERSHIP = 1
@@ -280,40 +283,22 @@ class Controller:
 def new_caches(*, control: client.ApiClient, target: client.ApiClient, namespace: str, resync_period: float) -> Caches:
     """The informers the controller reconciles from: MCM's objects in `namespace` of the control cluster,
     Nodes and Pods of the target cluster."""
-    custom, core = client.CustomObjectsApi(control), client.CoreV1Api(target)
+    custom_objects, core = client.CustomObjectsApi(control), client.CoreV1Api(target)
     group, version = v.MACHINE_API_GROUP, v.MACHINE_API_VERSION
 
-    def custom_source(plural: str) -> Source:
-        return Source(custom.list_namespaced_custom_object, (group, version, namespace, plural))
+    def control_informer(plural: str, parse: Callable[[Mapping[str, Any]], T]) -> Informer[T]:
+        source = Source(custom_objects.list_namespaced_custom_object, (group, version, namespace, plural))
+        return Informer(name=plural, source=source, parse=parse, resync_period=resync_period)
+
+    def target_informer(name: str, source: Source, parse: Callable[[Mapping[str, Any]], T]) -> Informer[T]:
+        return Informer(name=name, source=source, parse=parse, resync_period=resync_period)
 
     return Caches(
-        machines=Informer(
-            name="machines",
-            source=custom_source("machines"),
-            parse=Machine.model_validate,
-            resync_period=resync_period,
-        ),
-        machine_sets=Informer(
-            name="machinesets",
-            source=custom_source("machinesets"),
-            parse=MachineSet.model_validate,
-            resync_period=resync_period,
-        ),
-        machine_deployments=Informer(
-            name="machinedeployments",
-            source=custom_source("machinedeployments"),
-            parse=MachineDeployment.model_validate,
-            resync_period=resync_period,
-        ),
-        nodes=Informer(
-            name="nodes", source=Source(core.list_node), parse=Node.model_validate, resync_period=resync_period
-        ),
-        pods=Informer(
-            name="pods",
-            source=Source(core.list_pod_for_all_namespaces),
-            parse=Pod.model_validate,
-            resync_period=resync_period,
-        ),
+        machines=control_informer("machines", Machine.model_validate),
+        machine_sets=control_informer("machinesets", MachineSet.model_validate),
+        machine_deployments=control_informer("machinedeployments", MachineDeployment.model_validate),
+        nodes=target_informer("nodes", Source(core.list_node), Node.model_validate),
+        pods=target_informer("pods", Source(core.list_pod_for_all_namespaces), Pod.model_validate),
     )
 
 
