@@ -63,6 +63,12 @@ VALUE_SETS: dict[str, dict[str, str]] = {
         "rbac.remoteIdentities.caBundleInjector": '"seed-webhook"',
         "rbac.remoteIdentities.controller": '"seed-controller"',
     },
+    "monitoring": {
+        "metrics.serviceMonitor.enabled": "true",
+        "metrics.serviceMonitor.labels": '{"release": "prometheus"}',
+        "metrics.serviceMonitor.interval": '"15s"',
+    },
+    "monitoring-cert-manager": {"metrics.serviceMonitor.enabled": "true", "certificates.mode": '"certManager"'},
     "customised": {
         "webhook.replicas": "3",
         "webhook.nodeSelector": '{"role": "system"}',
@@ -103,6 +109,7 @@ def test_helm_lint_strict(toolchain: Toolchain, name: str) -> None:
         ({"controller.machinePreserveTimeout": '"3d"'}, "does not match pattern"),
         ({"certificates.selfManaged.servingRenewFraction": "1.5"}, "exclusiveMaximum"),
         ({"webhook.tolerations": '[{"key": "a", "operator": "Maybe"}]'}, "value must be one of"),
+        ({"metrics.serviceMonitor.interval": '"30 seconds"'}, "does not match pattern"),
     ],
 )
 def test_schema_rejects_unknown_keys_and_wrong_types(
@@ -118,6 +125,15 @@ def test_schema_rejects_unknown_keys_and_wrong_types(
     [
         ({"certificates.mode": '"provided"'}, "certificates.provided.secretName is required"),
         ({"webhook.enabled": "false"}, "webhooks.clientConfig.url is required"),
+        (
+            {
+                "certificates.mode": '"provided"',
+                "certificates.provided.secretName": '"my-tls"',
+                "certificates.provided.caBundle": json.dumps(CA_BUNDLE),
+                "metrics.serviceMonitor.enabled": "true",
+            },
+            "metrics.serviceMonitor.webhookTlsConfig is required with certificates.mode=provided",
+        ),
         (
             {
                 "certificates.selfManaged.remoteConfigurations": json.dumps(
@@ -256,6 +272,49 @@ def test_webhook_configurations_are_plain_release_resources(rendered: dict[str, 
     for documents in rendered.values():
         for document in documents:
             assert "helm.sh/hook" not in (document["metadata"].get("annotations") or {}), document["metadata"]["name"]
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+def test_metrics_services_and_service_monitors(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    default = rendered["default"]
+    assert "ServiceMonitor" not in kinds(default), "off by default: the CRD may not exist"
+    controller = find(default, "Deployment", CONTROLLER)
+    metrics = find(default, "Service", f"{CONTROLLER}-metrics")
+    pod_labels = controller["spec"]["template"]["metadata"]["labels"]
+    assert _selects(metrics["spec"]["selector"], pod_labels)
+    port = controller["spec"]["template"]["spec"]["containers"][0]["ports"][0]
+    assert metrics["spec"]["ports"] == [
+        {"name": "metrics", "port": port["containerPort"], "targetPort": "metrics", "protocol": "TCP"}
+    ]
+
+    documents = rendered["monitoring"]
+    services = {d["metadata"]["name"]: d for d in documents if d["kind"] == "Service"}
+    monitors = {d["metadata"]["name"]: d for d in documents if d["kind"] == "ServiceMonitor"}
+    assert set(monitors) == {CONTROLLER, WEBHOOK}
+    for monitor in monitors.values():
+        assert monitor["metadata"]["labels"]["release"] == "prometheus"
+        assert monitor["spec"]["endpoints"][0]["interval"] == "15s"
+        assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+        chosen = [
+            name
+            for name, svc in services.items()
+            if _selects(monitor["spec"]["selector"]["matchLabels"], svc["metadata"]["labels"])
+        ]
+        expected = f"{CONTROLLER}-metrics" if monitor["metadata"]["name"] == CONTROLLER else WEBHOOK
+        assert chosen == [expected], "each ServiceMonitor selects exactly its component's Service"
+    assert monitors[CONTROLLER]["spec"]["endpoints"][0]["port"] == "metrics"
+    webhook = monitors[WEBHOOK]["spec"]["endpoints"][0]
+    assert (webhook["port"], webhook["scheme"]) == ("https", "https")
+    assert webhook["tlsConfig"] == {
+        "ca": {"secret": {"name": f"{WEBHOOK}-certs", "key": "ca-bundle.crt"}},
+        "serverName": f"{WEBHOOK}.{NAMESPACE}.svc",
+    }, "verified against the self-managed CA bundle, never insecureSkipVerify"
+    cert_manager = find(rendered["monitoring-cert-manager"], "ServiceMonitor", WEBHOOK)["spec"]["endpoints"][0]
+    secret = find(rendered["monitoring-cert-manager"], "Certificate", WEBHOOK)["spec"]["secretName"]
+    assert cert_manager["tlsConfig"]["ca"] == {"secret": {"name": secret, "key": "ca.crt"}}
 
 
 def test_default_install_shape(rendered: dict[str, list[dict[str, Any]]]) -> None:
