@@ -6,6 +6,7 @@ of which reconciles every machine again."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ from kubernetes.aio import client
 from machine_preservation.cluster.controlplane import ControlPlane
 from machine_preservation.controller.manager import Controller
 from machine_preservation.core import vocabulary as v
+from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.models import Machine, Node
 from tests.controller.running import running_controller
 from tests.controller.support import (
@@ -406,6 +408,60 @@ async def test_a_blocked_drain_names_the_blocking_pod_and_is_reported(
         failures = [e for e in await events_about(api, namespace, kind, name) if e.reason == "PreservedNodeDrainFailed"]
         assert [e.type for e in failures] == ["Warning"]
         assert f"pods blocking: {namespace}/guarded" in (failures[0].message or "")
+
+
+async def test_evictions_stop_at_the_drain_timeout_and_an_emptied_node_still_counts_as_drained(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str]
+) -> None:
+    core = client.CoreV1Api(api)
+    node_name = await new_node(api, node_names, ready=False)
+    await guarded_pods(api, namespace, node_name, "guarded")
+    await create_machine(
+        client.CustomObjectsApi(api),
+        namespace,
+        "m",
+        node=node_name,
+        phase="Failed",
+        annotations={P: "now"},
+        spec={"drainTimeout": "3s"},
+    )
+    async with running_controller(
+        kubeconfig=control_plane.kubeconfig,
+        namespace=namespace,
+        max_drain_attempt=dt.timedelta(seconds=1),
+        preservation=PreservationConfig(drain_retry_interval=dt.timedelta(seconds=1)),
+    ):
+
+        async def gave_up() -> Any:
+            condition = (await node(api, node_name)).preserved_condition
+            return condition if condition is not None and "Evictions stopped" in condition.message else None
+
+        condition = await eventually(gave_up, limit=60)
+        assert condition.status == "False"
+        assert condition.message.endswith(
+            f"Pods blocking the drain: {namespace}/guarded. Evictions stopped after the drain timeout (3s); "
+            "the node counts as drained once these pods are gone."
+        ), condition.message
+        # Attempts are over: with a 1 s retry interval, an attempt would have moved the heartbeat by now.
+        await asyncio.sleep(3)
+        later = (await node(api, node_name)).preserved_condition
+        assert later is not None
+        assert (later.message, later.last_heartbeat_time) == (condition.message, condition.last_heartbeat_time)
+        assert (await core.read_namespaced_pod("guarded", namespace)).metadata.deletion_timestamp is None
+
+        # The user removes the blocking pod: the controller notices the empty node without evicting anything.
+        await core.delete_namespaced_pod("guarded", namespace, grace_period_seconds=0)
+
+        async def drained() -> bool:
+            condition = (await node(api, node_name)).preserved_condition
+            return (
+                condition is not None
+                and condition.status == "True"
+                and condition.message.startswith(v.DRAINED_SUCCESSFULLY_MESSAGE)
+            )
+
+        await eventually(drained, limit=30)
+        await eventually(lambda: reported(api, namespace, "PreservedNodeDrained", "m", node_name))
 
 
 async def test_an_invalid_node_value_is_treated_as_absent_and_reported_on_the_node(

@@ -187,6 +187,77 @@ def test_waiting_drain_still_follows_the_value_reason() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("failing_for", "evict"),
+    [(dt.timedelta(minutes=29), True), (dt.timedelta(minutes=30), False), (dt.timedelta(hours=5), False)],
+)
+def test_evictions_stop_once_the_drain_has_failed_for_the_drain_timeout(failing_for: dt.timedelta, evict: bool) -> None:
+    failed = preserved_condition(
+        status="False", message=NOT_DRAINED, transition=NOW - failing_for, heartbeat=NOW - dt.timedelta(minutes=5)
+    )
+    n = node(ca="true", tainted=True, condition=failed)
+    drain = only(plan(preserved_machine(FAILED, drain_timeout="30m"), n), DrainNode)
+    assert (drain.evict, drain.timeout) == (evict, dt.timedelta(minutes=30))
+
+
+def test_the_drain_timeout_counts_from_the_first_failure_not_from_a_success() -> None:
+    # A True condition (drained, or preserved while Running) never counts as failing, however old.
+    running_preserved = preserved_condition(message=UNTIL_KEPT, transition=NOW - 10 * HOUR)
+    drain = only(plan(preserved_machine(FAILED), node(ca="true", tainted=True, condition=running_preserved)), DrainNode)
+    assert drain.evict
+
+
+GAVE_UP = "Evictions stopped after the drain timeout (30m0s); the node counts as drained once these pods are gone."
+
+
+def test_a_look_after_giving_up_says_so_once_and_then_writes_nothing() -> None:
+    drain = DrainNode(reason="Preserved by user.", expiry=KEPT, timeout=dt.timedelta(minutes=30), evict=False)
+    failing = preserved_condition(
+        status="False",
+        message=f"{NOT_DRAINED} Pods blocking the drain: ns/a.",
+        transition=NOW - HOUR,
+        heartbeat=NOW - 2 * HOUR,
+    )
+    first = plan_after_drain(
+        machine=machine(), node=node(condition=failing), drain=drain, drained=False, blocking_pods=["ns/a"], now=NOW
+    )
+    condition = only(first, SetPreservedCondition)
+    assert condition.message == f"{NOT_DRAINED} Pods blocking the drain: ns/a. {GAVE_UP}"
+    assert (condition.status, condition.last_transition_time, condition.last_heartbeat_time) == (
+        "False",
+        NOW - HOUR,
+        NOW - 2 * HOUR,
+    ), "a look is not an attempt: the heartbeat that paces attempts is kept"
+    assert [e.message for e in of_type(first, RecordEvent)] == [
+        f'Preserved node "n1" could not be drained; pods blocking: ns/a. {GAVE_UP}'
+    ] * 2
+    said = preserved_condition(status="False", message=condition.message, transition=NOW - HOUR)
+    again = plan_after_drain(
+        machine=machine(), node=node(condition=said), drain=drain, drained=False, blocking_pods=["ns/a"], now=NOW
+    )
+    assert again == MachinePlan(), "still blocked by the same pods: nothing to write, no event"
+    fewer = plan_after_drain(
+        machine=machine(), node=node(condition=said), drain=drain, drained=False, blocking_pods=["ns/b"], now=NOW
+    )
+    assert only(fewer, SetPreservedCondition).message == f"{NOT_DRAINED} Pods blocking the drain: ns/b. {GAVE_UP}"
+
+
+def test_a_look_that_finds_the_node_empty_marks_it_drained() -> None:
+    drain = DrainNode(reason="Preserved by user.", expiry=KEPT, timeout=dt.timedelta(minutes=30), evict=False)
+    said = preserved_condition(status="False", message=f"{NOT_DRAINED} {GAVE_UP}", transition=NOW - HOUR)
+    result = plan_after_drain(
+        machine=machine(), node=node(condition=said), drain=drain, drained=True, blocking_pods=(), now=NOW
+    )
+    condition = only(result, SetPreservedCondition)
+    assert (condition.status, condition.message, condition.last_transition_time) == ("True", DRAINED, NOW)
+    assert event_reasons(result) == [
+        ("Machine", v.EventReason.PRESERVED_NODE_DRAINED),
+        ("Node", v.EventReason.PRESERVED_NODE_DRAINED),
+    ]
+    steady = node(ca="true", tainted=True, condition=preserved_condition(message=DRAINED))
+    assert plan(preserved_machine(FAILED), steady) == MachinePlan(requeue_after=5 * HOUR)
+
+
 def test_condition_after_drain_success() -> None:
     drain = DrainNode(reason="Preserved by MCM.", expiry=KEPT)
     condition = condition_after_drain(node=node(), drain=drain, drained=True, blocking_pods=["a/b"], now=NOW)

@@ -10,7 +10,9 @@
   its grace period has run out (`deletionTimestamp` in the past) — Cluster API's rule for unreachable
   nodes. On a Ready node the drain waits for the kubelet to delete the pod.
 
-The result names the pods still blocking, for the Preserved condition's message.
+The result names the pods still blocking, for the Preserved condition's message. Once the drain has been
+failing for the drain timeout the core stops asking for evictions and `look` only checks whether the node has
+become empty: pods are never forced out past their PDB (upstream force-deletes them; DESIGN.md §3).
 """
 
 from __future__ import annotations
@@ -71,20 +73,28 @@ class Drainer:
     poll_interval: float = 0.5
     wall_clock: Callable[[], dt.datetime] = field(default=lambda: dt.datetime.now(dt.UTC))
 
+    def remaining_pods(self, node: Node) -> list[Pod]:
+        """The node's pods a drain still waits for (from the cache)."""
+        now, kubelet_alive = self.wall_clock(), node_ready(node)
+        return [
+            pod
+            for pod in self.pods.by_index(POD_NODE_INDEX, node.metadata.name)
+            if not stays_on_node(pod) and not pod_gone(pod, kubelet_alive=kubelet_alive, now=now)
+        ]
+
+    def look(self, node: Node) -> DrainResult:
+        """Whether the node is drained, evicting nothing (once evictions were given up)."""
+        remaining = self.remaining_pods(node)
+        return DrainResult(drained=not remaining, blocking=tuple(sorted(pod_name(pod) for pod in remaining)))
+
     async def drain(self, *, node: Node, time_limit: float, max_evict_retries: int) -> DrainResult:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + time_limit
         refusals: dict[str, int] = {}
         waiting_until: dict[str, float] = {}
         api = client.CoreV1Api(self.target)
-        kubelet_alive = node_ready(node)
         while True:
-            now = self.wall_clock()
-            remaining = [
-                pod
-                for pod in self.pods.by_index(POD_NODE_INDEX, node.metadata.name)
-                if not stays_on_node(pod) and not pod_gone(pod, kubelet_alive=kubelet_alive, now=now)
-            ]
+            remaining = self.remaining_pods(node)
             if not remaining:
                 return DrainResult(drained=True)
             for pod in remaining:

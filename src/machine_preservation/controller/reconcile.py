@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from machine_preservation.controller.apply import ObjectGone, Snapshot, Writer, execute_machine_plan
-from machine_preservation.controller.drain import POD_NODE_INDEX, Drainer
+from machine_preservation.controller.drain import POD_NODE_INDEX, Drainer, DrainResult
 from machine_preservation.controller.informer import Informer
 from machine_preservation.controller.metrics import Metrics
 from machine_preservation.controller.queue import WorkQueue
@@ -162,23 +162,15 @@ class MachineReconciler:
         node = snap.node
         if node is None:
             raise ObjectGone(f"machine {snap.machine.metadata.name} has no node to drain")
-        timeout = min(step.timeout or self.config.drain_timeout, self.max_drain_attempt)
-        retries = snap.machine.spec.max_evict_retries
-        if retries is None or retries < 0:
-            retries = max(int((step.timeout or self.config.drain_timeout) / EVICTION_RETRY_INTERVAL), 1)
-        name = node.metadata.name
-        if name in self._draining:  # one drain per node, even if two machines name the same node
-            raise DrainDeferred(f"node {name} is being drained for another machine")
-        if len(self._draining) >= self.max_concurrent_drains:
-            raise DrainDeferred(f"{len(self._draining)} drains running, the most at once")
-        self._draining.add(name)
-        try:
-            result = await self.drainer.drain(node=node, time_limit=timeout.total_seconds(), max_evict_retries=retries)
-        finally:
-            self._draining.discard(name)
-        self.metrics.drains.labels(outcome="succeeded" if result.drained else "failed").inc()
-        if not result.drained:
-            logger.warning("node %s not drained; blocking: %s", node.metadata.name, ", ".join(result.blocking))
+        if step.evict:
+            result = await self._evict(node, step, snap.machine.spec.max_evict_retries)
+            self.metrics.drains.labels(outcome="succeeded" if result.drained else "failed").inc()
+            if not result.drained:
+                logger.warning("node %s not drained; blocking: %s", node.metadata.name, ", ".join(result.blocking))
+        else:
+            result = self.drainer.look(node)  # evictions given up: only notice the node becoming empty
+            if result.drained:
+                self.metrics.drains.labels(outcome="succeeded").inc()
         after = plan_after_drain(
             machine=snap.machine,
             node=node,
@@ -188,6 +180,23 @@ class MachineReconciler:
             now=self.now(),
         )
         return after.steps
+
+    async def _evict(self, node: Node, step: p.DrainNode, max_evict_retries: int | None) -> DrainResult:
+        """One eviction attempt, capped at max_drain_attempt; one per node and at most max_concurrent_drains."""
+        timeout = min(step.timeout or self.config.drain_timeout, self.max_drain_attempt)
+        retries = max_evict_retries
+        if retries is None or retries < 0:
+            retries = max(int((step.timeout or self.config.drain_timeout) / EVICTION_RETRY_INTERVAL), 1)
+        name = node.metadata.name
+        if name in self._draining:  # one drain per node, even if two machines name the same node
+            raise DrainDeferred(f"node {name} is being drained for another machine")
+        if len(self._draining) >= self.max_concurrent_drains:
+            raise DrainDeferred(f"{len(self._draining)} drains running, the most at once")
+        self._draining.add(name)
+        try:
+            return await self.drainer.drain(node=node, time_limit=timeout.total_seconds(), max_evict_retries=retries)
+        finally:
+            self._draining.discard(name)
 
 
 @dataclass

@@ -15,6 +15,7 @@ import datetime as dt
 from collections.abc import Sequence
 
 from machine_preservation.core import vocabulary as v
+from machine_preservation.core.durations import format_go_duration
 from machine_preservation.core.models import Node, NodeCondition
 from machine_preservation.core.plan import DrainNode, SetPreservedCondition
 from machine_preservation.core.preserve_value import Preference
@@ -45,14 +46,35 @@ def drained_message(expiry: dt.datetime) -> str:
     return f"{v.DRAINED_SUCCESSFULLY_MESSAGE} {preserved_until_message(expiry)}"
 
 
-def drain_failed_message(expiry: dt.datetime, blocking_pods: Sequence[str]) -> str:
+def drain_failed_message(
+    expiry: dt.datetime, blocking_pods: Sequence[str], *, gave_up_after: dt.timedelta | None = None
+) -> str:
     message = f"{v.DRAIN_FAILED_MESSAGE} {preserved_until_message(expiry)}"
     pods = sorted(set(blocking_pods))  # sorted: the same blockers give the same message
-    if not pods:
-        return message
-    listed = ", ".join(pods[:MAX_LISTED_BLOCKING_PODS])
-    more = len(pods) - MAX_LISTED_BLOCKING_PODS
-    return f"{message} Pods blocking the drain: {listed}{f' and {more} more' if more > 0 else ''}."
+    if pods:
+        listed = ", ".join(pods[:MAX_LISTED_BLOCKING_PODS])
+        more = len(pods) - MAX_LISTED_BLOCKING_PODS
+        message += f" Pods blocking the drain: {listed}{f' and {more} more' if more > 0 else ''}."
+    if gave_up_after is not None:
+        message += f" {gave_up_message(gave_up_after)}"
+    return message
+
+
+def gave_up_message(timeout: dt.timedelta) -> str:
+    return (
+        f"Evictions stopped after the drain timeout ({format_go_duration(timeout)}); "
+        "the node counts as drained once these pods are gone."
+    )
+
+
+def evictions_exhausted(condition: NodeCondition | None, *, timeout: dt.timedelta, now: dt.datetime) -> bool:
+    """Whether the drain has been failing for `timeout` (since the condition turned to "could not be drained")."""
+    return (
+        is_drain_failed(condition)
+        and condition is not None
+        and condition.last_transition_time is not None
+        and now >= condition.last_transition_time + timeout
+    )
 
 
 def is_drained(condition: NodeCondition | None) -> bool:
@@ -100,15 +122,29 @@ def condition_step(
 
 def condition_after_drain(
     *, node: Node, drain: DrainNode, drained: bool, blocking_pods: Sequence[str], now: dt.datetime
-) -> SetPreservedCondition:
+) -> SetPreservedCondition | None:
     """The condition to write once the drain `drain` ended; `blocking_pods` as `namespace/name`.
 
-    Always a write (its heartbeat records the attempt, which paces the next one after a failure).
+    After an eviction attempt always a write (its heartbeat records the attempt, which paces the next one
+    after a failure). After a look without evictions (`drain.evict` False) that finds the node still blocked,
+    a write only when the message changes (None otherwise), with the heartbeat kept.
     """
     if drain.expiry is None:
         raise ValueError("DrainNode.expiry is required to describe the drain outcome")
     current = node.preserved_condition
     status = TRUE if drained else FALSE
+    if not drained and not drain.evict:
+        if drain.timeout is None:
+            raise ValueError("DrainNode.timeout is required when evictions were given up")
+        message = drain_failed_message(drain.expiry, blocking_pods, gave_up_after=drain.timeout)
+        return condition_step(
+            current=current,
+            status=status,
+            reason=drain.reason,
+            message=message,
+            now=now,
+            last_heartbeat_time=current.last_heartbeat_time if current is not None else None,
+        )
     message = drained_message(drain.expiry) if drained else drain_failed_message(drain.expiry, blocking_pods)
     return SetPreservedCondition(
         status=status,

@@ -9,7 +9,7 @@ import datetime as dt
 from collections.abc import Sequence
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.conditions import go_time_string
+from machine_preservation.core.conditions import gave_up_message, go_time_string
 from machine_preservation.core.decision import StopCause
 from machine_preservation.core.models import Machine, Node
 from machine_preservation.core.plan import RecordEvent
@@ -84,8 +84,14 @@ def recovered(*, machine: Machine, node: Node) -> tuple[RecordEvent, ...]:
 
 
 def drain_outcome(
-    *, machine: Machine, node: Node, drained: bool, blocking_pods: Sequence[str]
+    *,
+    machine: Machine,
+    node: Node,
+    drained: bool,
+    blocking_pods: Sequence[str],
+    gave_up_after: dt.timedelta | None = None,
 ) -> tuple[RecordEvent, ...]:
+    """`gave_up_after`: the drain timeout, when evictions have stopped (the message says so)."""
     if drained:
         return on_machine_and_node(
             machine=machine,
@@ -100,7 +106,8 @@ def drain_outcome(
         node=node,
         event_type=v.EventType.WARNING,
         reason=v.EventReason.PRESERVED_NODE_DRAIN_FAILED,
-        message=f'Preserved node "{node.metadata.name}" could not be drained{blockers}.',
+        message=f'Preserved node "{node.metadata.name}" could not be drained{blockers}.'
+        + (f" {gave_up_message(gave_up_after)}" if gave_up_after is not None else ""),
     )
 
 

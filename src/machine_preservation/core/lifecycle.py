@@ -145,10 +145,22 @@ def plan_after_drain(
     blocking_pods: Sequence[str],
     now: dt.datetime,
 ) -> MachinePlan:
-    """What the shell writes once a DrainNode ended: the condition, then the outcome's Events."""
+    """What the shell writes once a DrainNode ended: the condition, then the outcome's Events.
+
+    A look at a node whose evictions were given up (`evict` False) that finds it still blocked writes only
+    when the blocking pods changed, so it costs nothing in steady state.
+    """
     condition = condition_after_drain(node=node, drain=drain, drained=drained, blocking_pods=blocking_pods, now=now)
-    outcome = events.drain_outcome(machine=machine, node=node, drained=drained, blocking_pods=blocking_pods)
+    if condition is None:
+        return MachinePlan()
+    outcome = events.drain_outcome(
+        machine=machine, node=node, drained=drained, blocking_pods=blocking_pods, gave_up_after=_gave_up(drain, drained)
+    )
     return MachinePlan(steps=(condition, *outcome))
+
+
+def _gave_up(drain: DrainNode, drained: bool) -> dt.timedelta | None:
+    return drain.timeout if not drained and not drain.evict else None
 
 
 def node_is_healthy(*, node: Node, config: PreservationConfig) -> bool:
@@ -289,7 +301,9 @@ def _preserve(
     else:
         retry_at = _drain_retry_at(current=current, config=config)
         if current is None or retry_at is None or retry_at <= now:
-            steps.append(DrainNode(reason=reason, expiry=expiry, timeout=drain_timeout(machine=machine, config=config)))
+            timeout = drain_timeout(machine=machine, config=config)
+            evict = not conditions.evictions_exhausted(current, timeout=timeout, now=now)
+            steps.append(DrainNode(reason=reason, expiry=expiry, timeout=timeout, evict=evict))
             return steps, None
         # Waiting for the next attempt after a failed drain: only the reason follows the value meanwhile.
         condition = conditions.condition_step(

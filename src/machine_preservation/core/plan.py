@@ -82,8 +82,11 @@ class DrainNode:
     # What the outcome's condition needs (the plan-time view; a stale one is corrected by the next plan).
     reason: str = ""  # the Preserved condition reason (ConditionReason)
     expiry: dt.datetime | None = None  # preserveExpiryTime, rendered into the condition message
-    # Overall drain deadline: the Machine's spec.drainTimeout, else PreservationConfig.drain_timeout.
+    # How long evictions are retried after the first failed drain: the Machine's spec.drainTimeout, else
+    # PreservationConfig.drain_timeout. Past it, `evict` is False: the shell only looks whether the node has
+    # become empty (someone removed the blocking pods) and evicts nothing.
     timeout: dt.timedelta | None = None
+    evict: bool = True
 
 
 @dataclass(frozen=True)
