@@ -10,10 +10,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
 import aiohttp
+import pytest
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
@@ -76,6 +78,44 @@ async def test_two_electors_one_wins_and_release_hands_over(api: client.ApiClien
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_the_lease_records_utc_times_and_counts_transitions_whatever_the_local_time_zone(
+    api: client.ApiClient, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TZ", "Pacific/Kiritimati")  # UTC+14: the library's local-time stamps would be 14 h off
+    time.tzset()
+    coordination = client.CoordinationV1Api(api)
+    electors = [
+        LeaderElector(api_client=api, namespace=namespace, name="tz", identity=f"e{i}", **FAST_LEASE) for i in range(2)
+    ]
+    first = asyncio.create_task(electors[0].run())
+    second: asyncio.Task[None] | None = None
+    try:
+        await eventually(lambda: electors[0].leading.is_set())
+        await asyncio.sleep(FAST_LEASE["retry_period"] * 1.5)  # at least one renewal
+        lease = (await coordination.read_namespaced_lease("tz", namespace)).spec
+        now = dt.datetime.now(dt.UTC)
+        assert abs((now - lease.renew_time).total_seconds()) < 5, (lease.renew_time, now)
+        assert abs((now - lease.acquire_time).total_seconds()) < 10, (lease.acquire_time, now)
+        assert lease.acquire_time < lease.renew_time, "renewals keep the acquire time"
+        assert lease.lease_transitions == 0
+
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+        assert await electors[0].release()
+        second = asyncio.create_task(electors[1].run())
+        await eventually(lambda: electors[1].leading.is_set(), limit=15)
+        lease = (await coordination.read_namespaced_lease("tz", namespace)).spec
+        assert (lease.holder_identity, lease.lease_transitions) == ("e1", 1)
+        assert abs((dt.datetime.now(dt.UTC) - lease.acquire_time).total_seconds()) < 5
+    finally:
+        for task in (first, second):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        monkeypatch.undo()
+        time.tzset()
 
 
 async def test_a_follower_does_not_reconcile_until_the_leader_shuts_down(

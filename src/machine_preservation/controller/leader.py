@@ -22,9 +22,33 @@ logger = logging.getLogger(__name__)
 
 
 class _LeaseLock(LeaseLock):
-    """The library's LeaseLock, with a `create` that works on kubernetes 37.0.2: the library passes
-    `pretty=True` (a bool) where the generated API validates a string, so creating the Lease always
-    failed and no candidate could ever lead on a cluster without the Lease."""
+    """The library's LeaseLock with two fixes for kubernetes 37.0.2:
+
+    - `create`: the library passes `pretty=True` (a bool) where the generated API validates a string, so
+      creating the Lease always failed and no candidate could ever lead on a cluster without the Lease;
+    - `update_lease`: the library stamps acquireTime/renewTime with the *local* time and labels it UTC (wrong
+      by the UTC offset when TZ is not UTC) and never counts leaseTransitions. The election itself does not
+      read these times (it times leases on its own clock), but people and tools reading the Lease do, so we
+      write them as client-go does: renewTime now, acquireTime and leaseTransitions + 1 when the holder
+      changes.
+    """
+
+    def update_lease(
+        self, leader_election_record: LeaderElectionRecord, current_spec: client.V1LeaseSpec | None = None
+    ) -> client.V1LeaseSpec:
+        now = dt.datetime.now(dt.UTC)
+        spec = current_spec or client.V1LeaseSpec(lease_transitions=0)
+        holder = leader_election_record.holder_identity
+        if current_spec is not None and spec.holder_identity != holder:
+            spec.lease_transitions = (spec.lease_transitions or 0) + 1
+        if current_spec is None or spec.holder_identity != holder or spec.acquire_time is None:
+            spec.acquire_time = now
+        spec.holder_identity = holder
+        duration = leader_election_record.lease_duration
+        assert duration is not None  # the library always fills it in
+        spec.lease_duration_seconds = int(duration)
+        spec.renew_time = now
+        return spec
 
     async def create(self, name: str, namespace: str, election_record: LeaderElectionRecord) -> bool:
         body = client.V1Lease(metadata=client.V1ObjectMeta(name=name), spec=self.update_lease(election_record))
