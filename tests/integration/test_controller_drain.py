@@ -31,7 +31,7 @@ async def pods(api: client.ApiClient) -> AsyncIterator[Informer[Pod]]:
     informer: Informer[Pod] = Informer(
         name="pods", source=Source(client.CoreV1Api(api).list_pod_for_all_namespaces), parse=Pod.model_validate
     )
-    informer.add_indexer(POD_NODE_INDEX, lambda pod: [pod.spec.node_name])
+    informer.add_indexer(POD_NODE_INDEX, lambda pod: [pod.node_name])
     task = asyncio.create_task(informer.run())
     await asyncio.wait_for(informer.wait_synced(), 30)
     yield informer

@@ -32,7 +32,6 @@ from machine_preservation.core.models import Node, Pod
 
 logger = logging.getLogger(__name__)
 
-MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
 POD_NODE_INDEX = "node"
 
 
@@ -44,10 +43,7 @@ class DrainResult:
 
 def stays_on_node(pod: Pod) -> bool:
     """Mirror pods and DaemonSet pods are not evicted."""
-    if MIRROR_POD_ANNOTATION in pod.metadata.annotations:
-        return True
-    owner = pod.metadata.controller_owner()
-    return owner is not None and owner.kind == "DaemonSet"
+    return pod.mirror or pod.controller_kind == "DaemonSet"
 
 
 def node_ready(node: Node) -> bool:
@@ -57,12 +53,12 @@ def node_ready(node: Node) -> bool:
 
 def pod_gone(pod: Pod, *, kubelet_alive: bool, now: dt.datetime) -> bool:
     """A terminating pod whose grace period ran out on a node without a live kubelet counts as gone."""
-    deleted_at = pod.metadata.deletion_timestamp
+    deleted_at = pod.deletion_timestamp
     return deleted_at is not None and not kubelet_alive and deleted_at <= now
 
 
 def pod_name(pod: Pod) -> str:
-    return f"{pod.metadata.namespace}/{pod.metadata.name}"
+    return f"{pod.namespace}/{pod.name}"
 
 
 @dataclass
@@ -99,15 +95,13 @@ class Drainer:
                 return DrainResult(drained=True)
             for pod in remaining:
                 key = pod_name(pod)
-                if pod.metadata.deletion_timestamp is not None or loop.time() < waiting_until.get(key, 0.0):
+                if pod.deletion_timestamp is not None or loop.time() < waiting_until.get(key, 0.0):
                     continue
                 if refusals.get(key, 0) > max_evict_retries:
                     continue
                 try:
-                    eviction = client.V1Eviction(
-                        metadata=client.V1ObjectMeta(name=pod.metadata.name, namespace=pod.metadata.namespace)
-                    )
-                    await api.create_namespaced_pod_eviction(pod.metadata.name, pod.metadata.namespace, eviction)
+                    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod.name, namespace=pod.namespace))
+                    await api.create_namespaced_pod_eviction(pod.name, pod.namespace, eviction)
                     logger.info("evicted %s from node %s", key, node.metadata.name)
                 except ApiException as error:
                     if error.status == 404:
@@ -121,7 +115,7 @@ class Drainer:
                     waiting_until[key] = loop.time() + self.eviction_backoff.delay(refusals[key])
                     logger.info("eviction of %s refused by a PodDisruptionBudget (%d)", key, refusals[key])
             exhausted = all(
-                refusals.get(pod_name(pod), 0) > max_evict_retries and pod.metadata.deletion_timestamp is None
+                refusals.get(pod_name(pod), 0) > max_evict_retries and pod.deletion_timestamp is None
                 for pod in remaining
             )
             if exhausted or loop.time() >= deadline:

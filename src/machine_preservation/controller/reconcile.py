@@ -67,7 +67,7 @@ class Caches:
         self.machines.add_indexer(MACHINE_NODE_INDEX, lambda m: [m.node_name])
         self.machines.add_indexer(MACHINE_SET_INDEX, owner_name("MachineSet"))
         self.machine_sets.add_indexer(DEPLOYMENT_INDEX, owner_name("MachineDeployment"))
-        self.pods.add_indexer(POD_NODE_INDEX, lambda pod: [pod.spec.node_name])
+        self.pods.add_indexer(POD_NODE_INDEX, lambda pod: [pod.node_name])
 
     @property
     def all(
@@ -318,7 +318,7 @@ def wire_handlers(*, caches: Caches, queues: Queues) -> None:
     def on_pod(old: Pod | None, new: Pod | None) -> None:
         current = new or old
         assert current is not None
-        node = caches.nodes.get(current.spec.node_name) if current.spec.node_name else None
+        node = caches.nodes.get(current.node_name) if current.node_name else None
         if node is None or not node.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT):
             return  # pods matter only on a node being drained
         for machine in caches.machines.by_index(MACHINE_NODE_INDEX, node.metadata.name):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from machine_preservation.core import vocabulary as v
@@ -173,12 +173,40 @@ class MachineDeployment(KubeModel):
     status: MachineDeploymentStatus = Field(default_factory=MachineDeploymentStatus)
 
 
-class PodSpec(KubeModel):
-    node_name: str = ""
-
-
 class Pod(KubeModel):
-    """The parts of a Pod a drain reads: owner (DaemonSet), mirror annotation, node, deletion state."""
+    """A Pod reduced to what a drain reads: where it runs, whether it is going away, whether it stays (mirror or
+    DaemonSet pod). The controller caches every pod of the target cluster, so the object is boiled down on
+    parsing into one flat model: ~0.6 KB per pod, against ~3.7 KB with full metadata (60,000 pods would
+    otherwise not fit the controller's memory limit)."""
 
-    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
-    spec: PodSpec = Field(default_factory=PodSpec)
+    name: str = ""
+    namespace: str = ""
+    node_name: str = ""
+    deletion_timestamp: dt.datetime | None = None
+    mirror: bool = False  # a static pod's mirror (annotation kubernetes.io/config.mirror)
+    controller_kind: str = ""  # the kind of the controlling owner reference, if any
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reduce(cls, raw: Any) -> Any:
+        """Accept a Pod as the API serves it (metadata, spec); anything else is validated as is."""
+        if not isinstance(raw, dict) or ("metadata" not in raw and "spec" not in raw):
+            return raw
+        metadata, spec = _mapping(raw.get("metadata")), _mapping(raw.get("spec"))
+        annotations = _mapping(metadata.get("annotations"))
+        owners = metadata.get("ownerReferences")
+        owners = owners if isinstance(owners, list) else []
+        controller = next((o for o in owners if isinstance(o, dict) and o.get("controller") is True), {})
+        return {
+            "name": metadata.get("name", ""),
+            "namespace": metadata.get("namespace", ""),
+            "nodeName": spec.get("nodeName", ""),
+            "deletionTimestamp": metadata.get("deletionTimestamp"),
+            "mirror": v.MIRROR_POD_ANNOTATION in annotations,
+            "controllerKind": controller.get("kind") or "",
+        }
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    """`value` if it is a JSON object, else empty (a malformed part must fail validation, not raise)."""
+    return value if isinstance(value, dict) else {}

@@ -115,3 +115,6 @@ MACHINE_API_GROUP: Final = "machine.sapcloud.io"
 MACHINE_API_VERSION: Final = "v1alpha1"
 SHOOT_API_GROUP: Final = "core.gardener.cloud"
 SHOOT_API_VERSION: Final = "v1beta1"
+
+# A static pod's mirror in the API: it stays on its node through a drain.
+MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
