@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from machine_preservation.cluster.toolchain import Toolchain
+from machine_preservation.playground.stack import IDENTITIES, render_component_rbac
 
 CLI = [sys.executable, "-m", "machine_preservation", "--log-level", "WARNING", "playground"]
 
@@ -81,3 +82,21 @@ def test_interactive_runs_until_ctrl_c_then_tears_down(toolchain: Toolchain, tmp
     assert "tearing down" in rest
     assert _our_processes(directory) == []
     assert not directory.exists()
+
+
+def test_components_run_under_the_charts_rbac_not_as_cluster_admin(toolchain: Toolchain) -> None:
+    """The playground's client-certificate identities are exactly the chart's ServiceAccount users, so the
+    chart's Roles (and nothing more) apply to the webhook and the controller; only the MCM stand-in is admin."""
+    manifests = render_component_rbac(helm=toolchain.helm, control_namespace="shoot--dev--play")
+    bindings = [m for m in manifests if m["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    users = {
+        f"system:serviceaccount:{s['namespace']}:{s['name']}"
+        for binding in bindings
+        for s in binding["subjects"]
+        if s["kind"] == "ServiceAccount"
+    }
+    assert users == {IDENTITIES["controller"], IDENTITIES["webhook"]}
+    assert all(len(user) <= 64 for user in users), "client-certificate common names are at most 64 characters"
+    assert not [b for b in bindings if b["roleRef"]["name"] == "cluster-admin"]
+    roles = {(m["metadata"].get("namespace"), m["kind"]) for m in manifests if m["kind"] in ("Role", "ClusterRole")}
+    assert ("shoot--dev--play", "Role") in roles, "machine permissions only in the control namespace"

@@ -32,7 +32,8 @@ async def seed(stack: Stack, timeline: Timeline, *, preserve_timeout: dt.timedel
     core, custom, apps, policy = (
         client.CoreV1Api(api), client.CustomObjectsApi(api), client.AppsV1Api(api), client.PolicyV1Api(api)
     )  # fmt: skip
-    for namespace in (landscape.GARDEN_NAMESPACE, landscape.CONTROL_NAMESPACE, landscape.WORKLOAD_NAMESPACE):
+    # The control namespace exists already: the stack put the chart's Roles into it.
+    for namespace in (landscape.GARDEN_NAMESPACE, landscape.WORKLOAD_NAMESPACE):
         await core.create_namespace({"metadata": {"name": namespace}})  # type: ignore[arg-type]
     await custom.create_namespaced_custom_object(
         v.SHOOT_API_GROUP, v.SHOOT_API_VERSION, landscape.GARDEN_NAMESPACE, "shoots",

@@ -7,8 +7,9 @@
   given by configuration (the Machines' spec.machinePreserveTimeout, from the Shoot pools);
 - the MCM stand-in, in this process, authenticated as MCM.
 
-Each component authenticates with its own identity (a client certificate), as in a real landscape, so
-the webhook's identity rules apply for real.
+Each component authenticates with its own identity (a client certificate whose user name is the chart's
+ServiceAccount user name), as in a real landscape, so the webhook's identity rules apply for real, and the
+webhook and the controller run under exactly the RBAC the chart grants them (rendered from the chart).
 """
 
 from __future__ import annotations
@@ -35,12 +36,15 @@ from machine_preservation.standin.mcm import MCM_USERNAME, McmStandIn
 
 logger = logging.getLogger(__name__)
 
-# Client-certificate identities: an X.509 common name has at most 64 characters, shorter than the chart's
-# service-account user names, so the playground names its own and configures the webhook with them.
+# The chart installed as release "mp" into namespace "mp" with fullnameOverride "mp": its ServiceAccounts are
+# mp/mp-controller and mp/mp-webhook. RBAC matches a ServiceAccount subject by the user name
+# system:serviceaccount:<namespace>:<name>, so client certificates with these common names (an X.509 common
+# name has at most 64 characters: the default release names would not fit) get exactly the chart's roles.
+RELEASE_NAMESPACE = "mp"
 IDENTITIES = {
-    "controller": "system:serviceaccount:mp:controller",
+    "controller": f"system:serviceaccount:{RELEASE_NAMESPACE}:mp-controller",
     "mcm": MCM_USERNAME,
-    "webhook": "system:serviceaccount:mp:webhook",
+    "webhook": f"system:serviceaccount:{RELEASE_NAMESPACE}:mp-webhook",
 }
 READY_TIMEOUT = 60.0
 
@@ -135,7 +139,8 @@ async def start_stack(
             for role, user in IDENTITIES.items()
         }
         admin = await api_client_for(plane.kubeconfig)
-        await _grant_cluster_admin(admin, IDENTITIES.values())
+        await _grant_cluster_admin(admin, [IDENTITIES["mcm"]])
+        await _apply_chart_rbac(admin, helm=toolchain.helm, control_namespace=namespace)
         standin = McmStandIn(api=await api_client_for(kubeconfigs["mcm"]), namespace=namespace)
         stack = Stack(directory=directory, toolchain=toolchain, control_plane=plane, admin=admin,
                       kubeconfigs=kubeconfigs, standin=standin)  # fmt: skip
@@ -153,7 +158,7 @@ async def start_stack(
 
 
 async def _grant_cluster_admin(admin: client.ApiClient, users: Any) -> None:
-    # The playground keeps RBAC simple; the chart's least-privilege roles are tested separately.
+    # Only the MCM stand-in: it plays MCM, the kubelets and the cloud provider at once.
     rbac = client.RbacAuthorizationV1Api(admin)
     await rbac.create_cluster_role_binding(
         {  # type: ignore[arg-type]
@@ -206,6 +211,43 @@ async def _https_ok(*, port: int, path: str, cafile: Path) -> bool:
         writer.close()
         with contextlib.suppress(OSError, ssl.SSLError):
             await writer.wait_closed()
+
+
+def render_component_rbac(*, helm: Path, control_namespace: str) -> list[dict[str, Any]]:
+    """The chart's Roles, ClusterRoles and their bindings for the webhook and the controller."""
+    result = subprocess.run(
+        [
+            str(helm), "template", "mp", str(chart_directory()),
+            "--namespace", RELEASE_NAMESPACE,
+            "--set", "fullnameOverride=mp",
+            "--set", f"clusters.control.namespace={control_namespace}",
+            "--set", "controller.leaderElection.enabled=false",
+            "--show-only", "templates/controller-rbac.yaml",
+            "--show-only", "templates/webhook-rbac.yaml",
+        ],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+async def _apply_chart_rbac(admin: client.ApiClient, *, helm: Path, control_namespace: str) -> None:
+    manifests = await asyncio.to_thread(render_component_rbac, helm=helm, control_namespace=control_namespace)
+    core, rbac = client.CoreV1Api(admin), client.RbacAuthorizationV1Api(admin)
+    for name in (RELEASE_NAMESPACE, control_namespace):  # the Roles live in both
+        await core.create_namespace({"metadata": {"name": name}})  # type: ignore[arg-type]
+    for manifest in manifests:
+        match manifest["kind"]:
+            case "Role":
+                await rbac.create_namespaced_role(manifest["metadata"]["namespace"], manifest)  # type: ignore[arg-type]
+            case "RoleBinding":
+                namespace = manifest["metadata"]["namespace"]
+                await rbac.create_namespaced_role_binding(namespace, manifest)  # type: ignore[arg-type]
+            case "ClusterRole":
+                await rbac.create_cluster_role(manifest)  # type: ignore[arg-type]
+            case "ClusterRoleBinding":
+                await rbac.create_cluster_role_binding(manifest)  # type: ignore[arg-type]
+            case kind:
+                raise ValueError(f"unexpected {kind} among the chart's RBAC manifests")
 
 
 def render_webhook_configurations(*, helm: Path, url: str, ca_bundle: bytes) -> list[dict[str, Any]]:
