@@ -378,15 +378,22 @@ async def test_expiry_stops_removes_the_annotation_and_is_reported(
         assert message.endswith("the preserve annotation is removed so the machine is not preserved again.")
 
 
+async def failed_machine_on_a_blocked_node(
+    api: client.ApiClient, namespace: str, node_names: list[str], **spec: str
+) -> str:
+    """Machine "m", Failed and preserved `now`, on a NotReady node whose pod "guarded" a PDB keeps; the node."""
+    node_name = await new_node(api, node_names, ready=False)
+    await guarded_pods(api, namespace, node_name, "guarded")
+    custom = client.CustomObjectsApi(api)
+    await create_machine(custom, namespace, "m", node=node_name, phase="Failed", annotations={P: "now"}, spec=spec)
+    return node_name
+
+
 async def test_a_blocked_drain_names_the_blocking_pod_and_is_reported(
     control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str]
 ) -> None:
     core = client.CoreV1Api(api)
-    node_name = await new_node(api, node_names, ready=False)
-    await guarded_pods(api, namespace, node_name, "guarded")
-    await create_machine(
-        client.CustomObjectsApi(api), namespace, "m", node=node_name, phase="Failed", annotations={P: "now"}
-    )
+    node_name = await failed_machine_on_a_blocked_node(api, namespace, node_names)
     async with running_controller(
         kubeconfig=control_plane.kubeconfig, namespace=namespace, max_drain_attempt=dt.timedelta(seconds=3)
     ):
@@ -414,17 +421,7 @@ async def test_evictions_stop_at_the_drain_timeout_and_an_emptied_node_still_cou
     control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str]
 ) -> None:
     core = client.CoreV1Api(api)
-    node_name = await new_node(api, node_names, ready=False)
-    await guarded_pods(api, namespace, node_name, "guarded")
-    await create_machine(
-        client.CustomObjectsApi(api),
-        namespace,
-        "m",
-        node=node_name,
-        phase="Failed",
-        annotations={P: "now"},
-        spec={"drainTimeout": "3s"},
-    )
+    node_name = await failed_machine_on_a_blocked_node(api, namespace, node_names, drainTimeout="3s")
     async with running_controller(
         kubeconfig=control_plane.kubeconfig,
         namespace=namespace,
