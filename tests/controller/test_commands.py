@@ -18,6 +18,8 @@ def test_defaults() -> None:
     assert options.target_kubeconfig is None
     assert options.preservation.default_preserve_timeout == dt.timedelta(hours=72)
     assert options.preservation.drain_timeout == dt.timedelta(hours=2)
+    assert options.preservation.drain_retry_interval == dt.timedelta(minutes=1)
+    assert options.max_drain_attempt == dt.timedelta(minutes=2)
     assert options.leader_elect is True
     assert options.leader_election_namespace is None
     assert (options.lease_duration, options.renew_deadline, options.retry_period) == (15, 10.0, 2.0)
@@ -34,6 +36,8 @@ def test_overrides() -> None:
             "--target-kubeconfig=/k/target",
             "--machine-preserve-timeout=1h30m",
             "--machine-drain-timeout=10m",
+            "--drain-attempt-timeout=30s",
+            "--drain-retry-interval=5m",
             "--no-leader-elect",
             "--leader-election-namespace=garden",
             "--metrics-port=9090",
@@ -46,12 +50,24 @@ def test_overrides() -> None:
     assert options.target_kubeconfig == Path("/k/target")
     assert options.preservation.default_preserve_timeout == dt.timedelta(minutes=90)
     assert options.preservation.drain_timeout == dt.timedelta(minutes=10)
+    assert (options.max_drain_attempt, options.preservation.drain_retry_interval) == (
+        dt.timedelta(seconds=30),
+        dt.timedelta(minutes=5),
+    )
     assert options.leader_elect is False
     assert options.leader_election_namespace == "garden"
     assert (options.metrics_host, options.metrics_port, options.workers) == ("0.0.0.0", 9090, 8)
 
 
-@pytest.mark.parametrize("flag", ["--machine-preserve-timeout=3d", "--machine-drain-timeout=soon"])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--machine-preserve-timeout=3d",
+        "--machine-drain-timeout=soon",
+        "--drain-attempt-timeout=x",
+        "--drain-retry-interval=1",
+    ],
+)
 def test_a_bad_duration_is_a_usage_error(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         build_parser().parse_args(["controller", "--namespace=ns", flag])
@@ -59,7 +75,15 @@ def test_a_bad_duration_is_a_usage_error(flag: str, capsys: pytest.CaptureFixtur
     assert "time: " in capsys.readouterr().err
 
 
-def test_a_negative_timeout_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    code = run(build_parser().parse_args(["controller", "--namespace=ns", "--machine-preserve-timeout=-1h"]))
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("--machine-preserve-timeout=-1h", "default_preserve_timeout must not be negative"),
+        ("--drain-retry-interval=0s", "drain_retry_interval must be positive"),
+        ("--drain-attempt-timeout=0s", "--drain-attempt-timeout must be positive, got 0s"),
+    ],
+)
+def test_a_timeout_out_of_range_is_refused(flag: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = run(build_parser().parse_args(["controller", "--namespace=ns", flag]))
     assert code == 2
-    assert "default_preserve_timeout must not be negative" in capsys.readouterr().err
+    assert message in capsys.readouterr().err

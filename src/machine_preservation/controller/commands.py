@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import logging
 import signal
 import sys
@@ -11,8 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from machine_preservation.controller.crd_check import CrdCheckFailed
-from machine_preservation.controller.manager import Controller, ControllerOptions
-from machine_preservation.core.config import DEFAULT_DRAIN_TIMEOUT, DEFAULT_PRESERVE_TIMEOUT, PreservationConfig
+from machine_preservation.controller.manager import DEFAULT_DRAIN_ATTEMPT_TIMEOUT, Controller, ControllerOptions
+from machine_preservation.core.config import (
+    DEFAULT_DRAIN_RETRY_INTERVAL,
+    DEFAULT_DRAIN_TIMEOUT,
+    DEFAULT_PRESERVE_TIMEOUT,
+    PreservationConfig,
+)
 from machine_preservation.core.durations import InvalidDuration, format_go_duration, parse_go_duration
 
 logger = logging.getLogger(__name__)
@@ -28,13 +34,20 @@ def _duration(text: str) -> Any:
 
 
 def options_from(args: argparse.Namespace) -> ControllerOptions:
+    if args.drain_attempt_timeout <= dt.timedelta(0):
+        raise ValueError(
+            f"--drain-attempt-timeout must be positive, got {format_go_duration(args.drain_attempt_timeout)}"
+        )
     return ControllerOptions(
         namespace=args.namespace,
         control_kubeconfig=args.control_kubeconfig,
         target_kubeconfig=args.target_kubeconfig,
         preservation=PreservationConfig(
-            default_preserve_timeout=args.machine_preserve_timeout, drain_timeout=args.machine_drain_timeout
+            default_preserve_timeout=args.machine_preserve_timeout,
+            drain_timeout=args.machine_drain_timeout,
+            drain_retry_interval=args.drain_retry_interval,
         ),
+        max_drain_attempt=args.drain_attempt_timeout,
         workers=args.workers,
         leader_elect=args.leader_elect,
         leader_election_namespace=args.leader_election_namespace,
@@ -98,8 +111,20 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
         "--machine-drain-timeout",
         type=_duration,
         default=DEFAULT_DRAIN_TIMEOUT,
-        help="overall drain timeout unless the Machine sets spec.drainTimeout "
-        f"(default {format_go_duration(DEFAULT_DRAIN_TIMEOUT)})",
+        help="how long evictions are retried after a preserved node's drain first fails, unless the Machine "
+        f"sets spec.drainTimeout; then they stop (default {format_go_duration(DEFAULT_DRAIN_TIMEOUT)})",
+    )
+    parser.add_argument(
+        "--drain-attempt-timeout",
+        type=_duration,
+        default=DEFAULT_DRAIN_ATTEMPT_TIMEOUT,
+        help=f"the longest one drain attempt runs (default {format_go_duration(DEFAULT_DRAIN_ATTEMPT_TIMEOUT)})",
+    )
+    parser.add_argument(
+        "--drain-retry-interval",
+        type=_duration,
+        default=DEFAULT_DRAIN_RETRY_INTERVAL,
+        help=f"pause between two drain attempts (default {format_go_duration(DEFAULT_DRAIN_RETRY_INTERVAL)})",
     )
     parser.add_argument(
         "--leader-elect",

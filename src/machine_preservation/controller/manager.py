@@ -54,6 +54,7 @@ from machine_preservation.core.preserve_value import is_auto_value
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+DEFAULT_DRAIN_ATTEMPT_TIMEOUT = dt.timedelta(minutes=2)
 
 EXIT_OK = 0
 EXIT_LOST_LEADERSHIP = 1
@@ -82,7 +83,7 @@ class ControllerOptions:
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 8080
     resync_period: float = 600.0
-    max_drain_attempt: dt.timedelta = dt.timedelta(minutes=2)
+    max_drain_attempt: dt.timedelta = DEFAULT_DRAIN_ATTEMPT_TIMEOUT
     shutdown_grace: float = 30.0
 
 
