@@ -21,8 +21,10 @@ from tests.controller.support import (
     machine_model,
     machine_set_owner,
     new_node,
+    pdb_settled,
     read_node_model,
     read_raw,
+    running_pod,
 )
 
 
@@ -260,17 +262,13 @@ async def test_blocked_drains_do_not_hold_up_other_machines(
     core, custom, policy = client.CoreV1Api(api), client.CustomObjectsApi(api), client.PolicyV1Api(api)
     blocked = [await new_node(api, node_names, ready=False) for _ in range(2)]
     for index, node in enumerate(blocked):
-        await core.create_namespaced_pod(
-            namespace,
-            {
-                "metadata": {"name": f"guarded-{index}", "labels": {"app": "guarded"}},
-                "spec": {"nodeName": node, "containers": [{"name": "c", "image": "registry.invalid/none"}]},
-            },
-        )
+        await running_pod(core, namespace, f"guarded-{index}", node=node, labels={"app": "guarded"})
     await policy.create_namespaced_pod_disruption_budget(
         namespace,
-        {"metadata": {"name": "g"}, "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "guarded"}}}},
+        {"metadata": {"name": "g"}, "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "guarded"}}}},
     )
+    # The budget is in force before any drain: every eviction is refused (429), so the drains block on it.
+    await eventually(lambda: pdb_settled(policy, namespace, "g", allowed=0))
     healthy = await new_node(api, node_names, ready=True)
     await create_machine(custom, namespace, "c", node=healthy)
     async with running_controller(
@@ -295,6 +293,9 @@ async def test_blocked_drains_do_not_hold_up_other_machines(
             return all(c is not None and c.message.startswith(v.DRAIN_FAILED_MESSAGE) for c in conditions)
 
         await eventually(both_reported, limit=120)
+    for index in range(2):
+        pod = await core.read_namespaced_pod(f"guarded-{index}", namespace)
+        assert pod.metadata.deletion_timestamp is None, "the PDB, not a pod's grace period, blocked the drain"
 
 
 async def _all_tainted(api: client.ApiClient, nodes: list[str]) -> bool:
