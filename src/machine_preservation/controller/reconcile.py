@@ -11,6 +11,7 @@ import datetime as dt
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from machine_preservation.controller.apply import ObjectGone, Snapshot, Writer, execute_machine_plan
 from machine_preservation.controller.drain import POD_NODE_INDEX, Drainer, DrainResult
@@ -22,7 +23,7 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.core.auto_preservation import is_being_replaced, plan_machine_deployment, plan_machine_set
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.lifecycle import plan_after_drain, plan_machine
-from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, Pod
+from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, ObjectMeta, Pod
 from machine_preservation.core.priority import (
     UnpreservedPriorities,
     unpreserved_priorities,
@@ -283,11 +284,25 @@ def _priority_relevant(machine: Machine) -> tuple[str | None, str | None, bool]:
     )
 
 
+class _Versioned(Protocol):
+    @property
+    def metadata(self) -> ObjectMeta: ...
+
+
+def is_resync(old: _Versioned | None, new: _Versioned | None) -> bool:
+    """Whether a cache notification carries no change: the resync's `(obj, obj)`, or a re-list (after a watch
+    expired) returning an object at the resourceVersion the cache already had."""
+    if old is None or new is None:
+        return False
+    version = old.metadata.resource_version
+    return old is new or (version != "" and version == new.metadata.resource_version)
+
+
 def wire_handlers(*, caches: Caches, queues: Queues) -> None:
     """Map every cache change to the keys it can affect.
 
-    A periodic resync hands each cached object to the handlers as both old and new (`old is new`); its keys go
-    to the queues' background lane, so real changes and due timers are served first.
+    A periodic resync (and a re-list that finds an object unchanged) hands it to the handlers without a change
+    (`is_resync`); its keys go to the queues' background lane, so real changes and due timers are served first.
     """
 
     def machine_set_keys_of(machine: Machine) -> list[str]:
@@ -296,7 +311,7 @@ def wire_handlers(*, caches: Caches, queues: Queues) -> None:
     def on_machine(old: Machine | None, new: Machine | None) -> None:
         current = new or old
         assert current is not None
-        resync = old is new
+        resync = is_resync(old, new)
         queues.machines.add(_machine_key(current), background=resync)
         for key in machine_set_keys_of(current):
             queues.machine_sets.add(key, background=resync)
@@ -309,7 +324,7 @@ def wire_handlers(*, caches: Caches, queues: Queues) -> None:
     def on_node(old: Node | None, new: Node | None) -> None:
         current = new or old
         assert current is not None
-        resync = old is new
+        resync = is_resync(old, new)
         for machine in caches.machines.by_index(MACHINE_NODE_INDEX, current.metadata.name):
             queues.machines.add(_machine_key(machine), background=resync)
             for key in machine_set_keys_of(machine):
@@ -327,7 +342,7 @@ def wire_handlers(*, caches: Caches, queues: Queues) -> None:
     def on_machine_set(old: MachineSet | None, new: MachineSet | None) -> None:
         current = new or old
         assert current is not None
-        namespace, resync = current.metadata.namespace, old is new
+        namespace, resync = current.metadata.namespace, is_resync(old, new)
         queues.machine_sets.add(key_of(namespace, current.metadata.name), background=resync)
         for deployment in owner_name("MachineDeployment")(current):
             queues.machine_deployments.add(key_of(namespace, deployment), background=resync)
@@ -338,7 +353,9 @@ def wire_handlers(*, caches: Caches, queues: Queues) -> None:
     def on_machine_deployment(old: MachineDeployment | None, new: MachineDeployment | None) -> None:
         current = new or old
         assert current is not None
-        queues.machine_deployments.add(key_of(current.metadata.namespace, current.metadata.name), background=old is new)
+        queues.machine_deployments.add(
+            key_of(current.metadata.namespace, current.metadata.name), background=is_resync(old, new)
+        )
 
     caches.machines.add_handler(on_machine)
     caches.nodes.add_handler(on_node)
