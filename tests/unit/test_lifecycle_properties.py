@@ -245,29 +245,3 @@ def test_a_crash_after_any_write_converges_to_the_same_state(s: dict[str, Any], 
     m, n = execute(s["machine"], s["node"], prefix, now=s["now"], drained=s["drained"], blocking_pods=("ns/p",))
     m, n = converge(s, m, n)
     assert essentials(m, n) == essentials(m_full, n_full)
-
-
-def _started(plan: MachinePlan) -> set[str]:
-    return {e.kind for e in of_type(plan, RecordEvent) if e.reason == v.EventReason.PRESERVATION_STARTED}
-
-
-@PROPERTY
-@given(snapshots())
-def test_a_crash_after_any_write_never_loses_the_started_events(s: dict[str, Any]) -> None:
-    """Events are written after the expiry; a crash between them must not lose the announcement on a node."""
-    first = plan_of(s)
-    announced = _started(first)
-    if not announced or s["node"] is None:
-        return
-    for crash_after in range(len(first.steps) + 1):
-        prefix = MachinePlan(steps=first.steps[:crash_after])
-        recorded = _started(prefix)
-        m, n = execute(s["machine"], s["node"], prefix, now=s["now"], drained=s["drained"], blocking_pods=("ns/p",))
-        for _ in range(4):
-            step = replan(s, m, n)
-            if not step.steps:
-                break
-            recorded |= _started(step)
-            m, n = execute(m, n, step, now=s["now"], drained=s["drained"], blocking_pods=("ns/p",))
-        assert announced <= recorded, f"lost after a crash after {crash_after} writes"
-        assert not _started(replan(s, m, n)), "announced once the condition shows the preservation, not again"

@@ -255,9 +255,6 @@ def _preserve(
     steps: list[MachineStep] = []
     if decision.starts:
         steps.append(SetPreserveExpiry(expiry=expiry))
-    # Announced with the start, and again while the node's condition does not show the preservation yet: a
-    # crash between the expiry write and the Events would otherwise lose them (the condition comes after them).
-    if decision.starts or (node is not None and not conditions.shows_preservation(node.preserved_condition)):
         steps += events.started(
             machine=machine, node=node, node_missing=node_missing, effective=effective, expiry=expiry
         )
