@@ -77,3 +77,29 @@ def execute(
         )
         machine, node = apply_machine_plan(machine=machine, node=node, plan=outcome, now=now)
     return machine, node
+
+
+def changing_steps(
+    plan: MachinePlan,
+    machine: Machine,
+    node: Node | None,
+    *,
+    now: dt.datetime = NOW,
+    drained: bool = True,
+    blocking_pods: tuple[str, ...] = (),
+) -> tuple[MachineStep, ...]:
+    """The plan's steps that would change something. Once evictions are given up a plan keeps a look at the
+    node (DrainNode with evict False) to notice it becoming empty; a look whose outcome writes nothing is a
+    no-op, as in the controller."""
+    return tuple(
+        step
+        for step in plan.steps
+        if not (
+            isinstance(step, DrainNode)
+            and not step.evict
+            and node is not None
+            and not plan_after_drain(
+                machine=machine, node=node, drain=step, drained=drained, blocking_pods=blocking_pods, now=now
+            ).steps
+        )
+    )

@@ -200,6 +200,13 @@ def test_evictions_stop_once_the_drain_has_failed_for_the_drain_timeout(failing_
     assert (drain.evict, drain.timeout) == (evict, dt.timedelta(minutes=30))
 
 
+def test_a_failure_recorded_for_an_earlier_preservation_does_not_use_up_the_drain_timeout() -> None:
+    earlier = f"Preserved node could not be drained. Machine preserved until {go_time_string(KEPT - 5 * HOUR)}."
+    failed = preserved_condition(status="False", message=earlier, transition=NOW - 10 * HOUR, heartbeat=NOW - HOUR)
+    drain = only(plan(preserved_machine(FAILED), node(ca="true", tainted=True, condition=failed)), DrainNode)
+    assert drain.evict
+
+
 def test_the_drain_timeout_counts_from_the_first_failure_not_from_a_success() -> None:
     # A True condition (drained, or preserved while Running) never counts as failing, however old.
     running_preserved = preserved_condition(message=UNTIL_KEPT, transition=NOW - 10 * HOUR)

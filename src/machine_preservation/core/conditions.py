@@ -67,11 +67,16 @@ def gave_up_message(timeout: dt.timedelta) -> str:
     )
 
 
-def evictions_exhausted(condition: NodeCondition | None, *, timeout: dt.timedelta, now: dt.datetime) -> bool:
-    """Whether the drain has been failing for `timeout` (since the condition turned to "could not be drained")."""
+def evictions_exhausted(
+    condition: NodeCondition | None, *, timeout: dt.timedelta, expiry: dt.datetime, now: dt.datetime
+) -> bool:
+    """Whether the drain of the preservation running until `expiry` has been failing for `timeout` (since the
+    condition turned to "could not be drained"). A failure recorded for an earlier preservation (its message
+    names another expiry) does not count: a new preservation gets the full timeout."""
     return (
         is_drain_failed(condition)
         and condition is not None
+        and preserved_until_message(expiry) in condition.message
         and condition.last_transition_time is not None
         and now >= condition.last_transition_time + timeout
     )

@@ -302,7 +302,7 @@ def _preserve(
         retry_at = _drain_retry_at(current=current, config=config)
         if current is None or retry_at is None or retry_at <= now:
             timeout = drain_timeout(machine=machine, config=config)
-            evict = not conditions.evictions_exhausted(current, timeout=timeout, now=now)
+            evict = not conditions.evictions_exhausted(current, timeout=timeout, expiry=expiry, now=now)
             steps.append(DrainNode(reason=reason, expiry=expiry, timeout=timeout, evict=evict))
             return steps, None
         # Waiting for the next attempt after a failed drain: only the reason follows the value meanwhile.
