@@ -200,11 +200,14 @@ def test_evictions_stop_once_the_drain_has_failed_for_the_drain_timeout(failing_
     assert (drain.evict, drain.timeout) == (evict, dt.timedelta(minutes=30))
 
 
-def test_a_failure_recorded_for_an_earlier_preservation_does_not_use_up_the_drain_timeout() -> None:
+@pytest.mark.parametrize("heartbeat", [NOW - HOUR, NOW], ids=["old-attempt", "attempt-just-now"])
+def test_a_failure_recorded_for_an_earlier_preservation_neither_paces_nor_ends_this_ones_drain(
+    heartbeat: dt.datetime,
+) -> None:
     earlier = f"Preserved node could not be drained. Machine preserved until {go_time_string(KEPT - 5 * HOUR)}."
-    failed = preserved_condition(status="False", message=earlier, transition=NOW - 10 * HOUR, heartbeat=NOW - HOUR)
+    failed = preserved_condition(status="False", message=earlier, transition=NOW - 10 * HOUR, heartbeat=heartbeat)
     drain = only(plan(preserved_machine(FAILED), node(ca="true", tainted=True, condition=failed)), DrainNode)
-    assert drain.evict
+    assert drain.evict, "a new preservation gets the full drain timeout, and its first attempt at once"
 
 
 def test_the_drain_timeout_counts_from_the_first_failure_not_from_a_success() -> None:

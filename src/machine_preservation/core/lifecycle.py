@@ -299,7 +299,7 @@ def _preserve(
             last_heartbeat_time=current.last_heartbeat_time,
         )
     else:
-        retry_at = _drain_retry_at(current=current, config=config)
+        retry_at = _drain_retry_at(current=current, expiry=expiry, config=config)
         if current is None or retry_at is None or retry_at <= now:
             timeout = drain_timeout(machine=machine, config=config)
             evict = not conditions.evictions_exhausted(current, timeout=timeout, expiry=expiry, now=now)
@@ -319,9 +319,17 @@ def _preserve(
     return steps, retry_at
 
 
-def _drain_retry_at(*, current: NodeCondition | None, config: PreservationConfig) -> dt.datetime | None:
-    """When the next drain is due after a failed one (None: no failed drain on record, drain now)."""
-    if current is None or not conditions.is_drain_failed(current) or current.last_heartbeat_time is None:
+def _drain_retry_at(
+    *, current: NodeCondition | None, expiry: dt.datetime, config: PreservationConfig
+) -> dt.datetime | None:
+    """When the next drain is due after a failed one (None: no failed drain of this preservation on record,
+    drain now; a failure recorded for an earlier preservation names another expiry and does not pace this one)."""
+    if (
+        current is None
+        or not conditions.is_drain_failed(current)
+        or conditions.preserved_until_message(expiry) not in current.message
+        or current.last_heartbeat_time is None
+    ):
         return None
     return current.last_heartbeat_time + config.drain_retry_interval
 
