@@ -59,8 +59,47 @@ USER_ALLOWED_VALUES: Final = ("", *USER_PRESERVE_VALUES)
 # so each distinct invalid value is reported once instead of on every reconcile.
 REPORTED_INVALID_PRESERVE_VALUES_ANNOTATION: Final = "node.machine.sapcloud.io/reported-invalid-preserve-values"
 
+# The record of a running preservation, on the Machine. Annotations survive every MCM version's writes
+# (MCM v0.61 drops status fields its types do not know, and its CRDs prune them), so they are the source of
+# truth; `status.currentStatus.preserveExpiryTime` only mirrors the expiry where the CRD keeps it.
+PRESERVED_SINCE_ANNOTATION: Final = "node.machine.sapcloud.io/preserved-since"  # RFC 3339
+PRESERVED_UNTIL_ANNOTATION: Final = "node.machine.sapcloud.io/preserved-until"  # RFC 3339, as written
+PRESERVED_BY_ANNOTATION: Final = "node.machine.sapcloud.io/preserved-by"  # PreservedBy
+# The drain of the current failure (present only while the machine is Failed and preserved).
+PRESERVED_DRAIN_ANNOTATION: Final = "node.machine.sapcloud.io/preserved-drain"  # DrainOutcome
+PRESERVED_DRAIN_FAILING_SINCE_ANNOTATION: Final = "node.machine.sapcloud.io/preserved-drain-failing-since"
+PRESERVED_DRAIN_LAST_ATTEMPT_ANNOTATION: Final = "node.machine.sapcloud.io/preserved-drain-last-attempt"
+
+PRESERVATION_RECORD_ANNOTATIONS: Final = (
+    PRESERVED_SINCE_ANNOTATION,
+    PRESERVED_UNTIL_ANNOTATION,
+    PRESERVED_BY_ANNOTATION,
+    PRESERVED_DRAIN_ANNOTATION,
+    PRESERVED_DRAIN_FAILING_SINCE_ANNOTATION,
+    PRESERVED_DRAIN_LAST_ATTEMPT_ANNOTATION,
+)
+DRAIN_RECORD_ANNOTATIONS: Final = (
+    PRESERVED_DRAIN_ANNOTATION,
+    PRESERVED_DRAIN_FAILING_SINCE_ANNOTATION,
+    PRESERVED_DRAIN_LAST_ATTEMPT_ANNOTATION,
+)
+
+
+class PreservedBy(StrEnum):
+    """Why a preservation started: a user's value (`now`, `when-failed`) or auto-preservation."""
+
+    USER = "user"
+    AUTO = "auto"
+
+
+class DrainOutcome(StrEnum):
+    DRAINED = "drained"
+    FAILED = "failed"
+
+
 # Annotations only the controller's identity may change.
 CONTROLLER_OWNED_ANNOTATIONS: Final = (
+    *PRESERVATION_RECORD_ANNOTATIONS,
     LAST_APPLIED_NODE_PRESERVE_ANNOTATION,
     CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION,
     LAST_MACHINE_PRIORITY_ANNOTATION,
