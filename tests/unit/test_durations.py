@@ -12,7 +12,9 @@ from machine_preservation.core.durations import (
     InvalidDuration,
     duration_or_default,
     format_go_duration,
+    format_go_duration_nanoseconds,
     parse_go_duration,
+    parse_go_duration_nanoseconds,
 )
 
 
@@ -96,3 +98,66 @@ def test_duration_or_default_falls_back_on_missing_invalid_or_out_of_range(
     text: str | None, allow_zero: bool, expected: dt.timedelta
 ) -> None:
     assert duration_or_default(text, default=dt.timedelta(hours=72), allow_zero=allow_zero) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "nanoseconds"),
+    [
+        ("-1ns", -1),
+        ("-999ns", -999),
+        ("1ns", 1),
+        ("-1.5us", -1500),
+        ("0.5ns0.5ns", 0),  # each term is truncated on its own, as Go does
+        ("-0.5ns", 0),
+        ("72h", 72 * 3600 * 10**9),
+        ("-9223372036854775808ns", -(2**63)),  # int64's minimum: only the negative side reaches it
+        ("9223372036854775807ns", 2**63 - 1),
+    ],
+)
+def test_parses_exact_nanoseconds(text: str, nanoseconds: int) -> None:
+    assert parse_go_duration_nanoseconds(text) == nanoseconds
+
+
+@pytest.mark.parametrize("text", ["9223372036854775808ns", "-9223372036854775809ns"])
+def test_rejects_values_outside_int64(text: str) -> None:
+    with pytest.raises(InvalidDuration, match="invalid duration"):
+        parse_go_duration_nanoseconds(text)
+
+
+def test_sub_microsecond_values_truncate_toward_zero_as_timedeltas() -> None:
+    assert parse_go_duration("-999ns") == dt.timedelta(0)
+    assert parse_go_duration("-1001ns") == dt.timedelta(microseconds=-1)
+    assert parse_go_duration("1999ns") == dt.timedelta(microseconds=1)
+
+
+@pytest.mark.parametrize(
+    ("nanoseconds", "text"),
+    [
+        (0, "0s"),
+        (-1, "-1ns"),
+        (-999, "-999ns"),
+        (1500, "1.5µs"),
+        (1_000, "1µs"),
+        (1_500_000, "1.5ms"),
+        (1_000_000_001, "1.000000001s"),
+        (-(2**63), "-2562047h47m16.854775808s"),
+        (3_600 * 10**9 + 5 * 10**9, "1h0m5s"),
+    ],
+)
+def test_formats_exact_nanoseconds_like_go(nanoseconds: int, text: str) -> None:
+    assert format_go_duration_nanoseconds(nanoseconds) == text
+
+
+@given(st.integers(min_value=-(2**63), max_value=2**63 - 1))
+def test_exact_format_then_parse_round_trips(nanoseconds: int) -> None:
+    assert parse_go_duration_nanoseconds(format_go_duration_nanoseconds(nanoseconds)) == nanoseconds
+
+
+@pytest.mark.parametrize("text", ["-1ns", "-999ns", "-0.001ms"])
+def test_negative_overrides_below_a_microsecond_fall_back(text: str) -> None:
+    assert duration_or_default(text, default=dt.timedelta(hours=72), allow_zero=True) == dt.timedelta(hours=72)
+
+
+def test_positive_overrides_below_a_microsecond_are_zero() -> None:
+    assert duration_or_default("1ns", default=dt.timedelta(hours=72), allow_zero=True) == dt.timedelta(0)
+    assert duration_or_default("1ns", default=dt.timedelta(hours=72), allow_zero=False) == dt.timedelta(hours=72)

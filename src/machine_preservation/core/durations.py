@@ -1,7 +1,8 @@
 """Go duration strings (`time.ParseDuration`), as Kubernetes' metav1.Duration carries them.
 
 Accepts every form Go accepts ("72h", "1h30m", "1.5h", "-2m0s", "300ms", "0") and nothing else;
-no "d" unit. Values are compared as timedeltas, never as strings.
+no "d" unit. Values are compared as numbers, never as strings: exact nanoseconds (Go's Duration) where the
+sign matters ("-1ns" is negative), timedeltas (whole microseconds) elsewhere.
 """
 
 from __future__ import annotations
@@ -28,19 +29,23 @@ class InvalidDuration(ValueError):
     """The text is not a Go duration."""
 
 
-def parse_go_duration(text: str) -> dt.timedelta:
-    """Parse like Go's time.ParseDuration; raises InvalidDuration with Go's wording on bad input."""
+def parse_go_duration_nanoseconds(text: str) -> int:
+    """Parse like Go's time.ParseDuration into exact nanoseconds (Go's Duration); raises InvalidDuration with
+    Go's wording on bad input.
+
+    Each number-and-unit term is truncated to whole nanoseconds on its own, as Go does ("0.5ns0.5ns" is 0).
+    """
     if not isinstance(text, str):
         raise InvalidDuration(f"time: invalid duration {text!r}")
-    rest, sign = text, 1
+    rest, negative = text, False
     if rest[:1] in ("-", "+"):
-        sign = -1 if rest[0] == "-" else 1
+        negative = rest[0] == "-"
         rest = rest[1:]
     if rest == "0":
-        return dt.timedelta(0)
+        return 0
     if not rest:
         raise InvalidDuration(f'time: invalid duration "{text}"')
-    total = Decimal(0)
+    total = 0
     position = 0
     while position < len(rest):
         number = _NUMBER.match(rest, position)
@@ -55,37 +60,64 @@ def parse_go_duration(text: str) -> dt.timedelta:
             raise InvalidDuration(f'time: missing unit in duration "{text}"')
         if unit not in _UNIT_NANOSECONDS:
             raise InvalidDuration(f'time: unknown unit "{unit}" in duration "{text}"')
-        total += Decimal(number.group()) * _UNIT_NANOSECONDS[unit]
+        total += int(Decimal(number.group()) * _UNIT_NANOSECONDS[unit])
         position = unit_end
-    if total > _MAX_NANOSECONDS:
-        raise InvalidDuration(f'time: invalid duration "{text}"')
-    nanoseconds = int(total) * sign
-    return dt.timedelta(microseconds=nanoseconds // 1000 if nanoseconds >= 0 else -((-nanoseconds) // 1000))
+        # Go's Duration is an int64: -2^63 is the only value without a positive twin.
+        if total > _MAX_NANOSECONDS + (1 if negative else 0):
+            raise InvalidDuration(f'time: invalid duration "{text}"')
+    return -total if negative else total
+
+
+def _timedelta_of(nanoseconds: int) -> dt.timedelta:
+    """Whole microseconds (timedelta's precision), truncated toward zero."""
+    magnitude = abs(nanoseconds) // 1000
+    return dt.timedelta(microseconds=-magnitude if nanoseconds < 0 else magnitude)
+
+
+def parse_go_duration(text: str) -> dt.timedelta:
+    """Parse like Go's time.ParseDuration, truncated toward zero to whole microseconds.
+
+    Judge the sign with parse_go_duration_nanoseconds: "-1ns" is negative but truncates to zero here.
+    """
+    return _timedelta_of(parse_go_duration_nanoseconds(text))
+
+
+def format_go_duration_nanoseconds(nanoseconds: int) -> str:
+    """Render exactly like Go's Duration.String() ("72h0m0s", "1.5s", "-999ns", "1.5µs", "0s")."""
+    if nanoseconds == 0:
+        return "0s"
+    sign = "-" if nanoseconds < 0 else ""
+    magnitude = abs(nanoseconds)
+    if magnitude < 1_000:
+        return f"{sign}{magnitude}ns"
+    if magnitude < 1_000_000:
+        return f"{sign}{_decimal(magnitude, 3)}µs"
+    if magnitude < 1_000_000_000:
+        return f"{sign}{_decimal(magnitude, 6)}ms"
+    hours, remainder = divmod(magnitude, 3_600 * 1_000_000_000)
+    minutes, remainder = divmod(remainder, 60 * 1_000_000_000)
+    seconds = f"{_decimal(remainder, 9)}s"
+    if hours:
+        return f"{sign}{hours}h{minutes}m{seconds}"
+    if minutes:
+        return f"{sign}{minutes}m{seconds}"
+    return f"{sign}{seconds}"
+
+
+def _decimal(value: int, digits: int) -> str:
+    """`value / 10**digits` without trailing zeros in the fraction (exact: integer arithmetic only)."""
+    whole, fraction = divmod(value, 10**digits)
+    text = str(fraction).rjust(digits, "0").rstrip("0")
+    return f"{whole}.{text}" if text else str(whole)
+
+
+def timedelta_nanoseconds(value: dt.timedelta) -> int:
+    return ((value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds) * 1000
 
 
 def format_go_duration(value: dt.timedelta) -> str:
-    """Render like Go's Duration.String() at second precision or finer ("72h0m0s", "1.5s", "0s")."""
-    total_us = (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds
-    if total_us == 0:
-        return "0s"
-    sign = "-" if total_us < 0 else ""
-    total_us = abs(total_us)
-    if total_us < 1_000_000:
-        if total_us % 1000 == 0:
-            return f"{sign}{total_us // 1000}ms"
-        return f"{sign}{_trim(total_us / 1000)}ms" if total_us >= 1000 else f"{sign}{total_us}µs"
-    hours, remainder = divmod(total_us, 3_600_000_000)
-    minutes, remainder = divmod(remainder, 60_000_000)
-    seconds = _trim(remainder / 1_000_000)
-    if hours:
-        return f"{sign}{hours}h{minutes}m{seconds}s"
-    if minutes:
-        return f"{sign}{minutes}m{seconds}s"
-    return f"{sign}{seconds}s"
-
-
-def _trim(number: float) -> str:
-    return f"{number:.6f}".rstrip("0").rstrip(".")
+    """Render like Go's Duration.String() ("72h0m0s", "1.5s", "0s")."""
+    return format_go_duration_nanoseconds(timedelta_nanoseconds(value))
 
 
 def duration_or_default(text: str | None, *, default: dt.timedelta, allow_zero: bool) -> dt.timedelta:
@@ -96,8 +128,11 @@ def duration_or_default(text: str | None, *, default: dt.timedelta, allow_zero: 
     if text is None:
         return default
     try:
-        value = parse_go_duration(text)
+        nanoseconds = parse_go_duration_nanoseconds(text)
     except InvalidDuration:
         return default
-    in_range = value >= dt.timedelta(0) if allow_zero else value > dt.timedelta(0)
+    if nanoseconds < 0:  # judged on the exact value: "-1ns" is negative, though it truncates to zero
+        return default
+    value = _timedelta_of(nanoseconds)
+    in_range = allow_zero or value > dt.timedelta(0)
     return value if in_range else default
