@@ -28,7 +28,7 @@ PATH = root("spec", "provider", "workers").index(1).child("machineControllerMana
         (True, "true"),
         (None, "null"),
         (1.5, "1.5"),
-        (2.0, "2"),
+        (2.0, "2.0"),
         ("72h", '"72h"'),
         ("", '""'),
         ('say "hi"', '"say \\"hi\\""'),

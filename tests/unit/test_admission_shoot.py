@@ -76,7 +76,7 @@ def test_the_max_is_bounded_by_the_pool(maximum: int, system: bool | None, value
         assert verdict.message.startswith(prefix)
 
 
-@pytest.mark.parametrize(("value", "shown"), [("5", '"5"'), (1.5, "1.5"), (True, "true"), ([1], "[1]")])
+@pytest.mark.parametrize(("value", "shown"), [("5", '"5"'), (1.5, "1.5"), (2.0, "2.0"), (True, "true"), ([1], "[1]")])
 def test_a_max_that_is_not_an_integer_is_invalid(value: Any, shown: str) -> None:
     verdict = check(shoot(worker(autoPreserveFailedMachineMax=value)))
     assert (
@@ -90,7 +90,16 @@ def test_an_unusable_maximum_is_reported() -> None:
     assert "cannot be checked: maximum is not an integer" in verdict.message
 
 
-@pytest.mark.parametrize("value", ["0", "0s", "72h", "1h30m", "1.5h", "720h", "300ms"])
+@pytest.mark.parametrize("document", [{"name": "w"}, {"name": "w", "maximum": None}])
+def test_an_absent_maximum_counts_as_zero(document: dict[str, Any]) -> None:
+    denied = check(shoot({**document, "machineControllerManager": {"autoPreserveFailedMachineMax": 1}}))
+    assert denied.message == (
+        f"{PATH.format(0, 'autoPreserveFailedMachineMax')}: Invalid value: 1: must be less than or equal to maximum (0)"
+    )
+    assert check(shoot({**document, "machineControllerManager": {"autoPreserveFailedMachineMax": 0}})).allowed
+
+
+@pytest.mark.parametrize("value", ["0", "-0", "0s", "1ns", "72h", "1h30m", "1.5h", "720h", "300ms"])
 def test_valid_timeouts_pass(value: str) -> None:
     assert check(shoot(worker(machinePreserveTimeout=value))).allowed
 
@@ -99,6 +108,10 @@ def test_valid_timeouts_pass(value: str) -> None:
     ("value", "message"),
     [
         ("-1h", 'Invalid value: "-1h0m0s": must be greater than or equal to 0'),
+        ("-1ns", 'Invalid value: "-1ns": must be greater than or equal to 0'),
+        ("-999ns", 'Invalid value: "-999ns": must be greater than or equal to 0'),
+        ("-0.5us", 'Invalid value: "-500ns": must be greater than or equal to 0'),
+        ("720h0m0.000000001s", 'Invalid value: "720h0m0.000000001s": must be less than or equal to 720h0m0s'),
         ("721h", 'Invalid value: "721h0m0s": must be less than or equal to 720h0m0s'),
         ("3d", 'Invalid value: "3d": must be a duration such as "72h" (time: unknown unit "d" in duration "3d")'),
         ("", 'Invalid value: "": must be a duration such as "72h" (time: invalid duration "")'),

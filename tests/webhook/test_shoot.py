@@ -69,3 +69,21 @@ async def test_only_changed_workers_are_judged_on_update(webhook: Webhook) -> No
 async def test_workerless_shoots_pass(webhook: Webhook) -> None:
     obj = {"apiVersion": "core.gardener.cloud/v1beta1", "kind": "Shoot", "metadata": {"name": "s"}, "spec": {}}
     assert (await webhook.review(PATH, review(kind=SHOOT_KIND, operation="CREATE", obj=obj)))["allowed"] is True
+
+
+async def test_gardener_edge_cases_over_the_wire(webhook: Webhook) -> None:
+    obj = shoot(
+        worker("a", machinePreserveTimeout="-1ns"),
+        worker("b", autoPreserveFailedMachineMax=2.0),
+        {"name": "c", "machineControllerManager": {"autoPreserveFailedMachineMax": 1}},  # no maximum: 0
+    )
+    response = await webhook.review(PATH, review(kind=SHOOT_KIND, operation="CREATE", obj=obj))
+    assert response["allowed"] is False
+    assert response["status"]["message"] == (
+        '[spec.provider.workers[0].machineControllerManager.machinePreserveTimeout: Invalid value: "-1ns": '
+        "must be greater than or equal to 0, "
+        "spec.provider.workers[1].machineControllerManager.autoPreserveFailedMachineMax: Invalid value: 2.0: "
+        "must be an integer, "
+        "spec.provider.workers[2].machineControllerManager.autoPreserveFailedMachineMax: Invalid value: 1: "
+        "must be less than or equal to maximum (0)]"
+    )

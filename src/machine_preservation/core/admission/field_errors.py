@@ -53,7 +53,8 @@ def root(*names: str) -> FieldPath:
 
 
 def render_value(value: Any) -> str:
-    """A bad value as Go's field errors print it (%v for numbers and booleans, %q for strings)."""
+    """A bad value as Go's field errors print it (%v for integers and booleans, %q for strings); a float as
+    sent, since Go's typed fields never hold one."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -61,7 +62,8 @@ def render_value(value: Any) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        return str(int(value)) if value.is_integer() and abs(value) < 1e21 else repr(value)
+        # As sent: a JSON `2.0` is not the integer 2 (Python's repr is the shortest text that reads back).
+        return repr(value)
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False)
     try:

@@ -2,8 +2,10 @@
 
 For every `spec.provider.workers[i].machineControllerManager`:
 - `autoPreserveFailedMachineMax`: an integer ≥ 0 and ≤ `maximum` (≤ `maximum - 1` when the pool allows
-  system components and `maximum > 0`: one machine must stay for them; Gardener's rule);
-- `machinePreserveTimeout`: a Go duration ≥ 0 and ≤ the configured bound.
+  system components and `maximum > 0`: one machine must stay for them; Gardener's rule). An absent
+  `maximum` counts as 0, as in Gardener's types;
+- `machinePreserveTimeout`: a Go duration ≥ 0 and ≤ the configured bound, judged on its exact value in
+  nanoseconds (so "-1ns" is negative, as Gardener sees it).
 All errors are reported at once, in Kubernetes field-error style with full paths. Field paths use the JSON
 key `machineControllerManager` (what users write), not Gardener's Go name `machineControllerManagerSettings`.
 A max that cannot be spread evenly over the pool's zones earns a warning saying what each zone gets.
@@ -26,7 +28,12 @@ from machine_preservation.core.admission.field_errors import (
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.verdict import Verdict, allow, deny
 from machine_preservation.core.admission.zones import distribute_over_zones
-from machine_preservation.core.durations import InvalidDuration, format_go_duration, parse_go_duration
+from machine_preservation.core.durations import (
+    InvalidDuration,
+    format_go_duration_nanoseconds,
+    parse_go_duration_nanoseconds,
+    timedelta_nanoseconds,
+)
 
 WORKERS_PATH = root("spec", "provider", "workers")
 MCM_KEY = "machineControllerManager"
@@ -55,7 +62,10 @@ def _max_errors(*, worker: Mapping[str, Any], path: FieldPath, value: Any, warni
         return [invalid(path, value, "must be an integer")]
     if value < 0:
         return [invalid(path, value, "must be greater than or equal to 0")]
+    # Gardener's `maximum` is a plain int32: a worker without it has maximum 0.
     maximum = worker.get("maximum")
+    if maximum is None:
+        maximum = 0
     if not _is_int(maximum):
         return [invalid(path, value, f"cannot be checked: maximum is not an integer ({render_value(maximum)})")]
     if _system_components_allowed(worker) and maximum > 0 and value > maximum - 1:
@@ -81,14 +91,15 @@ def _timeout_errors(*, path: FieldPath, value: Any, settings: AdmissionSettings)
     if not isinstance(value, str):
         return [invalid(path, value, 'must be a duration string such as "72h"')]
     try:
-        duration = parse_go_duration(value)
+        nanoseconds = parse_go_duration_nanoseconds(value)
     except InvalidDuration as error:
         return [invalid(path, value, f'must be a duration such as "72h" ({error})')]
-    if duration.total_seconds() < 0:
-        return [invalid(path, format_go_duration(duration), "must be greater than or equal to 0")]
-    if duration > settings.max_preserve_timeout:
-        bound = format_go_duration(settings.max_preserve_timeout)
-        return [invalid(path, format_go_duration(duration), f"must be less than or equal to {bound}")]
+    shown = format_go_duration_nanoseconds(nanoseconds)
+    if nanoseconds < 0:
+        return [invalid(path, shown, "must be greater than or equal to 0")]
+    bound = timedelta_nanoseconds(settings.max_preserve_timeout)
+    if nanoseconds > bound:
+        return [invalid(path, shown, f"must be less than or equal to {format_go_duration_nanoseconds(bound)}")]
     return []
 
 
