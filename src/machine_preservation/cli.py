@@ -2,32 +2,62 @@
 
 Each component registers its own subcommand (a `register(subcommands)` function next to its code);
 the chosen subcommand's handler returns the process exit code.
+
+The development tools (the local control plane, the playground) are left out of the production image, so
+their subcommands are registered only when their packages are there.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from machine_preservation.certs import commands as certs_commands
-from machine_preservation.cluster import commands as cluster_commands
-from machine_preservation.controller import commands as controller_commands
-from machine_preservation.playground import commands as playground_commands
-from machine_preservation.webhook import commands as webhook_commands
-
 Handler = Callable[[argparse.Namespace], int]
 Registrar = Callable[["argparse._SubParsersAction[Any]"], None]
 
-REGISTRARS: list[Registrar] = [
-    cluster_commands.register,
-    certs_commands.register,
-    webhook_commands.register,
-    controller_commands.register,
-    playground_commands.register,
-]
+# What the image ships: always registered, an import error here is a real error.
+PRODUCTION_COMMANDS = (
+    "machine_preservation.certs.commands",
+    "machine_preservation.webhook.commands",
+    "machine_preservation.controller.commands",
+)
+# Development tools, absent from the image.
+DEVELOPMENT_COMMANDS = (
+    "machine_preservation.cluster.commands",
+    "machine_preservation.playground.commands",
+)
+# Packages the image leaves out (the playground needs the MCM stand-in, too).
+DEVELOPMENT_PACKAGES = (
+    "machine_preservation.cluster",
+    "machine_preservation.playground",
+    "machine_preservation.standin",
+)
+# The order subcommands are listed in.
+COMMAND_ORDER = (DEVELOPMENT_COMMANDS[0], *PRODUCTION_COMMANDS, DEVELOPMENT_COMMANDS[1])
+
+
+def _is_left_out(error: ModuleNotFoundError) -> bool:
+    """The missing module is one of the development packages (not a dependency missing inside one)."""
+    missing = error.name or ""
+    return any(missing == package or missing.startswith(package + ".") for package in DEVELOPMENT_PACKAGES)
+
+
+def registrars() -> list[Registrar]:
+    found: list[Registrar] = []
+    for module_name in COMMAND_ORDER:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if module_name in DEVELOPMENT_COMMANDS and _is_left_out(error):
+                continue
+            raise
+        register: Registrar = module.register
+        found.append(register)
+    return found
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for register in REGISTRARS:
+    for register in registrars():
         register(subcommands)
     return parser
 
