@@ -1,0 +1,496 @@
+"""A worker pool's preservation settings, from wherever they are carried.
+
+MCM v0.61 neither copies `machinePreserveTimeout`/`autoPreserveFailedMachineMax` from a MachineDeployment to its
+MachineSets and Machines, nor keeps them in its CRDs. So each setting is read from the first of these sources
+that carries a valid value:
+
+| # | source | preserve timeout | auto-preservation max |
+|---|---|---|---|
+| 1 | the Machine | `spec.machinePreserveTimeout` | — |
+| 2 | its MachineSet | `spec.template.spec.machinePreserveTimeout` | `spec.autoPreserveFailedMachineMax` |
+| 3 | the MachineSet's MachineDeployment | (same as the MachineSet) | (same as the MachineSet) |
+| 4 | the Shoot in Gardener's `Cluster` | the pool's `machineControllerManager` | the same, this zone's share |
+| 5 | the controller's flags | `--machine-preserve-timeout` | 0 (auto-preservation off) |
+
+A source that does not carry the field is skipped silently; one that carries an invalid value (not a Go
+duration, negative, not an integer) is skipped with a note, so a typo falls back to the next source instead of
+to the flags. The MachineDeployment (3) comes after the MachineSet, because MCM copies its max only to the
+newest MachineSet and each MachineSet enforces its own; it comes before the Shoot, because its value is
+already the share of its zone, as the provider extension computed it.
+
+The Shoot (4): the `Cluster` resource (extensions.gardener.cloud/v1alpha1, cluster-scoped, named after the control
+namespace) holds it in `spec.shoot`. The pool is the worker named by the label `worker.gardener.cloud/pool` on the
+MachineDeployment (else on its or the MachineSet's node template); MachineDeployment names are chosen by each
+provider and never parsed. The max is read from `machineControllerManager.autoPreserveFailedMachineMax` (the
+released API), else from the worker's own `autoPreserveFailedMachineMax` (an earlier iteration of the API), and
+spread over the pool's zones as Gardener's provider extensions do: `total // zones` each, one more for each of the
+first `total % zones` zones. This MachineDeployment's zone is the first of: the zone the caller passes (e.g. a
+MachineClass's `nodeTemplate.zone`), else a zone label (`topology.kubernetes.io/zone`, the deprecated
+`failure-domain.beta.kubernetes.io/zone`, or a CSI driver's `<driver>/zone`) on the MachineDeployment, its node
+template or the MachineSet's node template, whose value is one of the pool's zones (or ends with `-<zone>`, as
+Azure's `<region>-<zone>`). When the zone cannot be told and the shares differ, the smallest share is used: it
+never lets a zone keep more failed machines than Gardener would give it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Final, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from machine_preservation.core.admission.zones import distribute_over_zones
+from machine_preservation.core.durations import InvalidDuration, format_go_duration, parse_go_duration_nanoseconds
+from machine_preservation.core.models import KubeModel, Machine, MachineDeployment, MachineSet, ObjectMeta
+
+WORKER_POOL_LABEL: Final = "worker.gardener.cloud/pool"
+ZONE_LABEL: Final = "topology.kubernetes.io/zone"
+DEPRECATED_ZONE_LABEL: Final = "failure-domain.beta.kubernetes.io/zone"
+CLUSTER_API_GROUP: Final = "extensions.gardener.cloud"
+CLUSTER_API_VERSION: Final = "v1alpha1"
+CLUSTER_PLURAL: Final = "clusters"
+_INT32_MAX: Final = 2**31 - 1
+_MAX_KEY: Final = "autoPreserveFailedMachineMax"
+
+T = TypeVar("T")
+
+
+class Source(StrEnum):
+    MACHINE = "Machine"
+    MACHINE_SET = "MachineSet"
+    MACHINE_DEPLOYMENT = "MachineDeployment"
+    SHOOT = "Shoot"
+    FLAGS = "flags"
+
+
+@dataclass(frozen=True)
+class Setting(Generic[T]):
+    """One resolved setting: its value, the source it came from, and where exactly (for logs and Events)."""
+
+    value: T
+    source: Source
+    detail: str
+
+
+@dataclass(frozen=True)
+class PoolDefaults:
+    """The controller's flags: what applies when no object carries a setting."""
+
+    preserve_timeout: dt.timedelta
+    auto_preserve_failed_machine_max: int = 0
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    preserve_timeout: Setting[dt.timedelta]
+    auto_preserve_failed_machine_max: Setting[int]
+    # Why sources before the one used were passed over although they said something (invalid values, a
+    # malformed Cluster, a pool missing from the Shoot, an undetermined zone); empty when nothing is wrong.
+    notes: tuple[str, ...] = ()
+
+
+# --- The bits of Gardener's Cluster resource and Shoot that are read --------------------------------------
+
+
+def _strings(value: Any) -> list[str] | None:
+    return value if isinstance(value, list) and all(isinstance(item, str) for item in value) else None
+
+
+class ShootWorker(KubeModel):
+    """A worker pool of the Shoot. Lenient: a malformed part is kept as None (or dropped), never an error; the
+    setting values stay raw so that a bad one is reported by name, not lost."""
+
+    name: str = ""
+    zones: list[str] | None = Field(default_factory=list)  # None: present but not a list of strings
+    machine_controller_manager: dict[str, Any] | None = None
+    # An earlier iteration of the API had the max at the worker level.
+    auto_preserve_failed_machine_max: Any = None
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name(cls, value: Any) -> Any:
+        return value if isinstance(value, str) else ""
+
+    @field_validator("zones", mode="before")
+    @classmethod
+    def _zones(cls, value: Any) -> Any:
+        return [] if value is None else _strings(value)
+
+    @field_validator("machine_controller_manager", mode="before")
+    @classmethod
+    def _settings(cls, value: Any) -> Any:
+        return value if isinstance(value, dict) else None
+
+
+class ShootProvider(KubeModel):
+    workers: list[ShootWorker] = Field(default_factory=list)
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, value: Any) -> Any:
+        return [worker for worker in value if isinstance(worker, dict)] if isinstance(value, list) else []
+
+
+class ShootSpec(KubeModel):
+    provider: ShootProvider = Field(default_factory=ShootProvider)
+
+    @field_validator("provider", mode="before")
+    @classmethod
+    def _provider(cls, value: Any) -> Any:
+        return value if isinstance(value, dict) else {}
+
+
+class Shoot(KubeModel):
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: ShootSpec = Field(default_factory=ShootSpec)
+
+    @field_validator("spec", mode="before")
+    @classmethod
+    def _spec(cls, value: Any) -> Any:
+        return value if isinstance(value, dict) else {}
+
+    def worker(self, pool: str) -> ShootWorker | None:
+        return next((worker for worker in self.spec.provider.workers if worker.name == pool), None)
+
+
+class ClusterView(BaseModel):
+    """What the controller takes from a `Cluster`: its name and Shoot, or why there is no usable Shoot."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str = ""
+    shoot: Shoot | None = None
+    problem: str | None = None  # set when the Cluster exists but its Shoot cannot be read
+
+
+def read_cluster(raw: Any) -> ClusterView:
+    """Read a `Cluster` object as the API serves it; never raises. `spec.cloudProfile` and `spec.seed` are not
+    needed for the pool settings and are not read."""
+    if not isinstance(raw, Mapping):
+        return ClusterView(problem="the Cluster is not a JSON object")
+    metadata = raw.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    name = name if isinstance(name, str) else ""
+    spec = raw.get("spec")
+    shoot: Any = spec.get("shoot") if isinstance(spec, Mapping) else None
+    if shoot is None:
+        return ClusterView(name=name, problem=f"Cluster {name} has no spec.shoot")
+    if isinstance(shoot, (str, bytes)):  # raw JSON as a string, as some clients write a RawExtension
+        try:
+            shoot = json.loads(shoot)
+        except (ValueError, RecursionError):
+            return ClusterView(name=name, problem=f"Cluster {name}: spec.shoot is not valid JSON")
+    if not isinstance(shoot, Mapping):
+        return ClusterView(name=name, problem=f"Cluster {name}: spec.shoot is not a JSON object")
+    try:
+        return ClusterView(name=name, shoot=Shoot.model_validate(dict(shoot)))
+    except (ValidationError, RecursionError) as error:
+        return ClusterView(name=name, problem=f"Cluster {name}: spec.shoot cannot be read ({_first_line(error)})")
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+
+
+# --- Reading one source ------------------------------------------------------------------------------------
+
+
+def _timeout(raw: Any, where: str, notes: list[str]) -> dt.timedelta | None:
+    """A valid, non-negative Go duration; None when absent, or (with a note) when invalid."""
+    if raw is None:
+        return None
+    if not isinstance(raw, str):
+        notes.append(f"{where} is not a duration string ({_shown(raw)}): ignored")
+        return None
+    try:
+        nanoseconds = parse_go_duration_nanoseconds(raw)
+    except InvalidDuration as error:
+        notes.append(f"{where} {_shown(raw)} is not a duration ({error}): ignored")
+        return None
+    if nanoseconds < 0:
+        notes.append(f"{where} {_shown(raw)} is negative: ignored")
+        return None
+    return dt.timedelta(microseconds=nanoseconds // 1000)
+
+
+def _max(raw: Any, where: str, notes: list[str]) -> int | None:
+    """An integer in 0..2^31-1 (Gardener's and MCM's int32); None when absent, or (with a note) when invalid."""
+    if raw is None:
+        return None
+    if not isinstance(raw, int) or isinstance(raw, bool) or not 0 <= raw <= _INT32_MAX:
+        notes.append(f"{where} {_shown(raw)} is not an integer from 0 to {_INT32_MAX}: ignored")
+        return None
+    return raw
+
+
+def _shown(raw: Any) -> str:
+    text = json.dumps(raw, default=str) if not isinstance(raw, str) else json.dumps(raw)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _path(mapping: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(mapping, Mapping):
+            return None
+        mapping = mapping.get(key)
+    return mapping
+
+
+def carries_max(obj: MachineSet | MachineDeployment | None) -> bool:
+    """Whether the object's spec carries `autoPreserveFailedMachineMax` at all (a CRD without the field prunes
+    it, and the model then shows its default 0): an absent field is not a 0."""
+    return obj is not None and "auto_preserve_failed_machine_max" in obj.spec.model_fields_set
+
+
+def _template_timeout(obj: MachineSet | MachineDeployment | None) -> Any:
+    return None if obj is None else _path(obj.spec.template, "spec", "machinePreserveTimeout")
+
+
+def _node_template_labels(obj: MachineSet | MachineDeployment | None) -> Mapping[str, Any]:
+    labels = None if obj is None else _path(obj.spec.template, "spec", "nodeTemplate", "metadata", "labels")
+    return labels if isinstance(labels, Mapping) else {}
+
+
+# --- Pool and zone -----------------------------------------------------------------------------------------
+
+
+def pool_name(*, machine_set: MachineSet | None, machine_deployment: MachineDeployment | None) -> str | None:
+    """The Gardener worker pool: label `worker.gardener.cloud/pool` of the MachineDeployment, else of its or the
+    MachineSet's node template (Gardener puts the pool's labels on its nodes)."""
+    candidates: list[Any] = []
+    if machine_deployment is not None:
+        candidates.append(machine_deployment.metadata.labels.get(WORKER_POOL_LABEL))
+        candidates.append(_node_template_labels(machine_deployment).get(WORKER_POOL_LABEL))
+    candidates.append(_node_template_labels(machine_set).get(WORKER_POOL_LABEL))
+    return next((c for c in candidates if isinstance(c, str) and c), None)
+
+
+def _zone_label_values(labels: Mapping[str, Any]) -> Iterable[str]:
+    for key, value in labels.items():
+        if isinstance(value, str) and (key in (ZONE_LABEL, DEPRECATED_ZONE_LABEL) or key.endswith("/zone")):
+            yield value
+
+
+def _zone_index(value: str, zones: Sequence[str]) -> int | None:
+    if value in zones:
+        return zones.index(value)
+    suffixed = [index for index, zone in enumerate(zones) if value.endswith(f"-{zone}")]
+    return suffixed[0] if len(suffixed) == 1 else None
+
+
+@dataclass(frozen=True)
+class ZoneMatch:
+    index: int | None  # position in the pool's `zones`; None when it cannot be told
+    how: str
+
+
+def zone_of(
+    *,
+    zones: Sequence[str],
+    machine_set: MachineSet | None,
+    machine_deployment: MachineDeployment | None,
+    zone: str | None = None,
+) -> ZoneMatch:
+    """Which of the pool's `zones` the MachineDeployment serves (see the module's docstring)."""
+    if zone is not None:
+        index = _zone_index(zone, zones)
+        if index is not None:
+            return ZoneMatch(index, f"zone {zones[index]} (given)")
+    found: dict[int, str] = {}
+    labelled = (
+        ("MachineDeployment", machine_deployment.metadata.labels if machine_deployment is not None else {}),
+        ("MachineDeployment node template", _node_template_labels(machine_deployment)),
+        ("MachineSet node template", _node_template_labels(machine_set)),
+    )
+    for where, labels in labelled:
+        for value in _zone_label_values(labels):
+            index = _zone_index(value, zones)
+            if index is not None:
+                found.setdefault(index, f"zone {zones[index]} (label on the {where})")
+    if len(found) == 1:
+        index, how = next(iter(found.items()))
+        return ZoneMatch(index, how)
+    if len(found) > 1:
+        named = ", ".join(zones[index] for index in sorted(found))
+        return ZoneMatch(None, f"the labels name several of the pool's zones ({named})")
+    return ZoneMatch(None, "no zone label names one of the pool's zones")
+
+
+def zone_share(*, total: int, zone_count: int, index: int | None) -> int:
+    """This zone's part of the pool's `total`, as Gardener spreads it; the smallest part when `index` is None."""
+    if zone_count <= 1:
+        return total
+    shares = distribute_over_zones(total=total, zone_count=zone_count)
+    return shares[index] if index is not None else min(shares)
+
+
+# --- Resolution --------------------------------------------------------------------------------------------
+
+
+def resolve_preserve_timeout(
+    *,
+    machine: Machine | None,
+    machine_set: MachineSet | None,
+    machine_deployment: MachineDeployment | None,
+    cluster: ClusterView | None,
+    defaults: PoolDefaults,
+    notes: list[str] | None = None,
+) -> Setting[dt.timedelta]:
+    """The preservation timeout for `machine` (or, without a machine, for new machines of the MachineSet)."""
+    notes = [] if notes is None else notes
+    candidates: list[tuple[Source, str, Any]] = []
+    if machine is not None:
+        where = f"Machine {machine.metadata.name} spec.machinePreserveTimeout"
+        candidates.append((Source.MACHINE, where, machine.spec.machine_preserve_timeout))
+    for source, obj in ((Source.MACHINE_SET, machine_set), (Source.MACHINE_DEPLOYMENT, machine_deployment)):
+        if obj is not None:
+            where = f"{source} {obj.metadata.name} spec.template.spec.machinePreserveTimeout"
+            candidates.append((source, where, _template_timeout(obj)))
+    shoot_worker = _shoot_worker(machine_set, machine_deployment, cluster, notes)
+    if shoot_worker is not None:
+        worker, where = shoot_worker
+        settings = worker.machine_controller_manager or {}
+        field = f"{where}.machineControllerManager.machinePreserveTimeout"
+        candidates.append((Source.SHOOT, field, settings.get("machinePreserveTimeout")))
+    for source, where, raw in candidates:
+        value = _timeout(raw, where, notes)
+        if value is not None:
+            return Setting(value, source, f"{where}: {format_go_duration(value)}")
+    value = defaults.preserve_timeout
+    return Setting(value, Source.FLAGS, f"--machine-preserve-timeout: {format_go_duration(value)}")
+
+
+def resolve_auto_preserve_max(
+    *,
+    machine_set: MachineSet | None,
+    machine_deployment: MachineDeployment | None,
+    cluster: ClusterView | None,
+    defaults: PoolDefaults,
+    zone: str | None = None,
+    notes: list[str] | None = None,
+) -> Setting[int]:
+    """The MachineSet's `autoPreserveFailedMachineMax`. `zone`: this MachineDeployment's zone where the caller
+    knows it from elsewhere (e.g. its MachineClass's `nodeTemplate.zone`)."""
+    notes = [] if notes is None else notes
+    for source, obj in ((Source.MACHINE_SET, machine_set), (Source.MACHINE_DEPLOYMENT, machine_deployment)):
+        if obj is not None and carries_max(obj):
+            where = f"{source} {obj.metadata.name} spec.autoPreserveFailedMachineMax"
+            value = _max(obj.spec.auto_preserve_failed_machine_max, where, notes)
+            if value is not None:
+                return Setting(value, source, f"{where}: {value}")
+    shoot_worker = _shoot_worker(machine_set, machine_deployment, cluster, notes)
+    if shoot_worker is not None:
+        worker, where = shoot_worker
+        settings = worker.machine_controller_manager or {}
+        # The released API first; the worker-level field of an earlier iteration only where it is not set.
+        for field, raw in (
+            (f"{where}.machineControllerManager.{_MAX_KEY}", settings.get(_MAX_KEY)),
+            (f"{where}.{_MAX_KEY}", worker.auto_preserve_failed_machine_max),
+        ):
+            total = _max(raw, field, notes)
+            if total is not None:
+                return _shoot_share(
+                    total=total,
+                    field=field,
+                    worker=worker,
+                    machine_set=machine_set,
+                    machine_deployment=machine_deployment,
+                    zone=zone,
+                    notes=notes,
+                )
+    value = defaults.auto_preserve_failed_machine_max
+    return Setting(value, Source.FLAGS, f"default: {value}")
+
+
+def _shoot_share(
+    *,
+    total: int,
+    field: str,
+    worker: ShootWorker,
+    machine_set: MachineSet | None,
+    machine_deployment: MachineDeployment | None,
+    zone: str | None,
+    notes: list[str],
+) -> Setting[int]:
+    zones = worker.zones
+    if zones is None:
+        # Without the zones neither their number nor this one's place is known: no share can be trusted.
+        notes.append(f"{field}: the pool's zones are not a list of names; auto-preservation is off for it")
+        return Setting(0, Source.SHOOT, f"{field}: {total}, zones unreadable: 0")
+    if len(zones) <= 1:
+        return Setting(total, Source.SHOOT, f"{field}: {total}")
+    match = zone_of(zones=zones, machine_set=machine_set, machine_deployment=machine_deployment, zone=zone)
+    share = zone_share(total=total, zone_count=len(zones), index=match.index)
+    spread = f"{total} over {len(zones)} zones"
+    if match.index is not None:
+        return Setting(share, Source.SHOOT, f"{field}: {spread}, {match.how}: {share}")
+    if total % len(zones):
+        notes.append(f"{field}: the MachineDeployment's zone is not known ({match.how}); the smallest share is used")
+    return Setting(share, Source.SHOOT, f"{field}: {spread}, zone not known: {share}")
+
+
+def _shoot_worker(
+    machine_set: MachineSet | None,
+    machine_deployment: MachineDeployment | None,
+    cluster: ClusterView | None,
+    notes: list[str],
+) -> tuple[ShootWorker, str] | None:
+    """The pool's worker in the Cluster's Shoot, with the path naming it; None (with a note where something is
+    wrong rather than simply absent) otherwise."""
+    if cluster is None:
+        return None
+    if cluster.shoot is None:
+        if cluster.problem is not None:
+            _note(notes, cluster.problem)
+        return None
+    pool = pool_name(machine_set=machine_set, machine_deployment=machine_deployment)
+    if pool is None:
+        owner = machine_deployment or machine_set
+        named = f"{type(owner).__name__} {owner.metadata.name}" if owner is not None else "the MachineSet"
+        _note(notes, f"{named} has no label {WORKER_POOL_LABEL}: the Shoot's pools do not apply")
+        return None
+    worker = cluster.shoot.worker(pool)
+    if worker is None:
+        _note(notes, f"the Shoot in Cluster {cluster.name} has no worker pool {pool!r}")
+        return None
+    return worker, f"Shoot {cluster.shoot.metadata.name} spec.provider.workers[name={pool}]"
+
+
+def _note(notes: list[str], note: str) -> None:
+    # Both settings look at the same Shoot: say what is wrong with it once.
+    if note not in notes:
+        notes.append(note)
+
+
+def resolve_pool_settings(
+    *,
+    machine: Machine | None = None,
+    machine_set: MachineSet | None,
+    machine_deployment: MachineDeployment | None,
+    cluster: ClusterView | None,
+    defaults: PoolDefaults,
+    zone: str | None = None,
+) -> PoolSettings:
+    """Both settings and where each came from (see the module's docstring for the order)."""
+    notes: list[str] = []
+    timeout = resolve_preserve_timeout(
+        machine=machine,
+        machine_set=machine_set,
+        machine_deployment=machine_deployment,
+        cluster=cluster,
+        defaults=defaults,
+        notes=notes,
+    )
+    maximum = resolve_auto_preserve_max(
+        machine_set=machine_set,
+        machine_deployment=machine_deployment,
+        cluster=cluster,
+        defaults=defaults,
+        zone=zone,
+        notes=notes,
+    )
+    return PoolSettings(preserve_timeout=timeout, auto_preserve_failed_machine_max=maximum, notes=tuple(notes))
