@@ -21,6 +21,12 @@ from machine_preservation.core.admission.settings import (
 from machine_preservation.core.durations import InvalidDuration, parse_go_duration
 from machine_preservation.webhook.app import DEFAULT_MAX_BODY_BYTES
 from machine_preservation.webhook.certificates import CA_FILE, CERT_FILE, KEY_FILE
+from machine_preservation.webhook.connections import (
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    ConnectionLimits,
+)
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import DEFAULT_CERT_POLL_INTERVAL, WebhookServer
 
@@ -43,6 +49,16 @@ def _duration(text: str) -> dt.timedelta:
 def _positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text}") from None
+    if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive: {text}")
     return value
 
@@ -88,6 +104,9 @@ async def serve(args: argparse.Namespace) -> None:
         machine_sets=KubernetesMachineSets(kubeconfig=args.kubeconfig),
         max_body_bytes=args.max_body_bytes,
         cert_poll_interval=args.cert_poll_interval,
+        limits=ConnectionLimits(
+            header_timeout=args.header_timeout, idle_timeout=args.idle_timeout, max_connections=args.max_connections
+        ),
     )
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -141,6 +160,28 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
     )
     parser.add_argument(
         "--max-body-bytes", type=_positive_int, default=DEFAULT_MAX_BODY_BYTES, help="larger bodies get HTTP 413"
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=_positive_seconds,
+        default=DEFAULT_HEADER_TIMEOUT,
+        help="seconds a new connection may take for its TLS handshake and its first request's headers together; "
+        f"closed after that (default {DEFAULT_HEADER_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=_positive_seconds,
+        default=DEFAULT_IDLE_TIMEOUT,
+        help="seconds a kept-alive connection may take to send its next request after a response; closed after "
+        f"that (default {DEFAULT_IDLE_TIMEOUT:g}, above the 90 s after which the API server's client closes it)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=_positive_int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help="open client connections at most (default "
+        f"{DEFAULT_MAX_CONNECTIONS}; each costs ~0.3 MiB); at the limit a new one replaces the oldest that has not "
+        "sent a request yet, or is refused before TLS when all have",
     )
     parser.add_argument(
         "--max-preserve-timeout",

@@ -52,6 +52,19 @@ class WebhookMetrics:
             ["result"],
             registry=self.registry,
         )
+        self.connections = Gauge(
+            f"{prefix}_connections",
+            "Client connections open now (accepted and not yet closed, TLS handshakes included).",
+            registry=self.registry,
+        )
+        self.connections_dropped = Counter(
+            f"{prefix}_connections_dropped",
+            "Client connections the webhook closed itself, by reason (limit: refused, every open connection had "
+            "sent a request; evicted: closed to make room before it had sent one; header_timeout: TLS handshake "
+            "and first request head not done in time; tls_handshake: failed handshake).",
+            ["reason"],
+            registry=self.registry,
+        )
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

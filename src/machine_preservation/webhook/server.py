@@ -1,4 +1,4 @@
-"""The HTTPS server: the app behind a TLS listener whose certificate reloads without a restart."""
+"""The HTTPS server: the app behind a bounded TLS listener whose certificate reloads without a restart."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from aiohttp import web
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.webhook.app import DEFAULT_MAX_BODY_BYTES, WebhookConfig, build_app
 from machine_preservation.webhook.certificates import CertificateStore
+from machine_preservation.webhook.connections import ConnectionLimits, TLSSite
 from machine_preservation.webhook.machine_sets import MachineSetSource
 from machine_preservation.webhook.metrics import WebhookMetrics
 
@@ -33,6 +34,7 @@ class WebhookServer:
         machine_sets: MachineSetSource,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         cert_poll_interval: float = DEFAULT_CERT_POLL_INTERVAL,
+        limits: ConnectionLimits | None = None,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
         self.host = host
@@ -50,6 +52,7 @@ class WebhookServer:
         )
         self._requested_port = port
         self._poll_interval = cert_poll_interval
+        self.limits = limits or ConnectionLimits()
         self._runner: web.AppRunner | None = None
         self._watcher: asyncio.Task[None] | None = None
         self.port = 0
@@ -58,10 +61,19 @@ class WebhookServer:
         self.certificates.reload()
         self._watcher = asyncio.create_task(self.certificates.watch(interval=self._poll_interval))
         # No access log: one line per admission request is noise at node-update rates and costs latency.
-        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=5.0)
+        # aiohttp's keep-alive timeout is our idle timeout: it closes a connection that has not sent its next
+        # request in time after a response.
+        self._runner = web.AppRunner(
+            self.app, access_log=None, shutdown_timeout=5.0, keepalive_timeout=self.limits.idle_timeout
+        )
         await self._runner.setup()
-        site = web.TCPSite(
-            self._runner, self.host, self._requested_port, ssl_context=self.certificates.listener_context
+        site = TLSSite(
+            self._runner,
+            self.host,
+            self._requested_port,
+            ssl_context=self.certificates.listener_context,
+            limits=self.limits,
+            metrics=self.metrics,
         )
         await site.start()
         self.port = int(self._runner.addresses[0][1])

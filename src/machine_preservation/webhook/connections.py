@@ -1,0 +1,289 @@
+"""The listening site: TLS per connection, with bounds on what one client connection may cost.
+
+aiohttp's own TCPSite hands asyncio a listening socket with TLS on. Then a connection cannot be refused before
+its TLS handshake has run (and its TLS buffers, a quarter MiB, are allocated), a connection that fails its
+handshake is never reported to the application, and nothing bounds how long a client may take to send its
+first request: each silent or half-sent connection stays open as long as aiohttp's keep-alive timeout, an hour.
+
+`TLSSite` accepts plain TCP instead and, per connection (`_Connection`):
+1. counts it; at `max_connections`, it makes room by closing the oldest connection that has not sent a whole
+   request head yet (a client in the middle of a slow-loris, or one that went silent), else, when every open
+   connection has sent a request, refuses the new one at once, before any TLS work. A flood of silent
+   connections therefore cannot lock the API server out: its connections send their request within
+   milliseconds of connecting, and the flood would have to replace every waiting connection that fast;
+2. upgrades it with `loop.start_tls`;
+3. hands the plaintext to aiohttp's request handler through `_Plaintext`, which passes everything through
+   and reports when the head of the first request is complete (its blank line has arrived);
+4. closes it if the handshake and that first head together take longer than `header_timeout`, so a client
+   that connects and sends nothing, stalls in the handshake or trickles its headers is closed in seconds.
+After the first head, aiohttp's keep-alive timeout (`idle_timeout`) closes a connection that has not sent its
+next request in time after a response; a body that does not arrive in time is answered 408 by the app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from dataclasses import dataclass
+from typing import Final
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from yarl import URL
+
+from machine_preservation.webhook.metrics import WebhookMetrics
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_HEADER_TIMEOUT: Final = 10.0
+# Longer than the idle timeout of Go's HTTP client (90 s), which the API server calls webhooks with: the
+# client closes an idle connection first, so it never sends a request on one that the server is closing.
+DEFAULT_IDLE_TIMEOUT: Final = 120.0
+# Each open TLS connection costs ~0.3 MiB (mostly asyncio's 256 KiB TLS read buffer); 200 stay well under the
+# chart's 256 MiB limit, and are far more than the API servers' keep-alive pools need.
+DEFAULT_MAX_CONNECTIONS: Final = 200
+_LIMIT_WARNING_INTERVAL: Final = 60.0
+_HEAD_END: Final = b"\r\n\r\n"
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    """Seconds from accepting a connection until the head of its first request is in, TLS handshake included."""
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    """Seconds a connection may take to send its next request after a response (keep-alive)."""
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    """Open connections at most: at the limit, a new connection replaces the oldest one that has not sent a
+    request yet, or, when every open connection has, is closed as soon as it is accepted."""
+
+    def __post_init__(self) -> None:
+        for name in ("header_timeout", "idle_timeout", "max_connections"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+
+class TLSSite(web.BaseSite):
+    """A TLS listener for an `AppRunner` (start it after `runner.setup()`), bounded by `limits`."""
+
+    def __init__(
+        self,
+        runner: web.AppRunner,
+        host: str,
+        port: int,
+        *,
+        ssl_context: ssl.SSLContext,
+        limits: ConnectionLimits,
+        metrics: WebhookMetrics,
+    ) -> None:
+        super().__init__(runner, ssl_context=ssl_context)
+        self._host, self._port = host, port
+        self.tls_context = ssl_context
+        self.limits = limits
+        self._metrics = metrics
+        self._open: set[_Connection] = set()
+        # The open connections whose first request head is not complete yet, oldest first.
+        self._waiting: dict[_Connection, None] = {}
+        self._unreported: dict[str, int] = {}
+        self._limit_warned_at: float | None = None
+
+    @property
+    def name(self) -> str:
+        return str(URL.build(scheme="https", host=self._host or "0.0.0.0", port=self._port))
+
+    async def start(self) -> None:
+        await super().start()
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Connection(self), self._host, self._port)
+
+    async def stop(self) -> None:
+        await super().stop()  # stops listening; the runner then shuts down the connections aiohttp serves
+        handshakes = [c.handshake for c in self._open if c.handshake is not None and not c.handshake.done()]
+        for task in handshakes:
+            task.cancel()
+        await asyncio.gather(*handshakes, return_exceptions=True)
+
+    def new_handler(self) -> RequestHandler:
+        server = self._runner.server
+        assert server is not None, "the runner is set up before the site starts"
+        return server()
+
+    def admit(self, connection: _Connection) -> bool:
+        """Count a new connection in, making room if needed; False: refuse it."""
+        if len(self._open) >= self.limits.max_connections:
+            if not self._waiting:
+                self._dropped_at_limit("limit")
+                return False
+            oldest = next(iter(self._waiting))
+            oldest.close_now()
+            self._dropped_at_limit("evicted")
+        self._open.add(connection)
+        self._waiting[connection] = None
+        self._metrics.connections.set(len(self._open))
+        return True
+
+    def head_received(self, connection: _Connection) -> None:
+        self._waiting.pop(connection, None)
+
+    def release(self, connection: _Connection) -> None:
+        self._open.discard(connection)
+        self._waiting.pop(connection, None)
+        self._metrics.connections.set(len(self._open))
+
+    def dropped(self, reason: str) -> None:
+        self._metrics.connections_dropped.labels(reason).inc()
+
+    def _dropped_at_limit(self, reason: str) -> None:
+        self.dropped(reason)
+        # A flood must not turn into a flood of log lines: at most one warning a minute, with counts.
+        self._unreported[reason] = self._unreported.get(reason, 0) + 1
+        now = asyncio.get_running_loop().time()
+        if self._limit_warned_at is None or now - self._limit_warned_at >= _LIMIT_WARNING_INTERVAL:
+            logger.warning(
+                "at the connection limit (%d, --max-connections): closed %d connection(s) that had not sent a "
+                "request, refused %d new one(s)",
+                self.limits.max_connections,
+                self._unreported.get("evicted", 0),
+                self._unreported.get("limit", 0),
+            )
+            self._limit_warned_at, self._unreported = now, {}
+
+
+class _Connection(asyncio.Protocol):
+    """The TCP side of one accepted connection, from accept to close."""
+
+    def __init__(self, site: TLSSite) -> None:
+        self._site = site
+        self._transport: asyncio.Transport | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self.handshake: asyncio.Task[None] | None = None
+        self._released = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        if not self._site.admit(self):
+            self._released = True
+            transport.abort()
+            return
+        self._transport = transport
+        transport.pause_reading()  # the handshake is the first to read
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.call_later(self._site.limits.header_timeout, self._expire)
+        self.handshake = loop.create_task(self._secure(transport))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # Only called while the connection is still plain TCP: afterwards TLS owns the socket.
+        if self.handshake is not None:
+            self.handshake.cancel()
+        self.release()
+
+    async def _secure(self, transport: asyncio.Transport) -> None:
+        loop = asyncio.get_running_loop()
+        plaintext = _Plaintext(self, self._site.new_handler())
+        timeout = self._site.limits.header_timeout
+        try:
+            tls = await loop.start_tls(
+                transport,
+                plaintext,
+                self._site.tls_context,
+                server_side=True,
+                ssl_handshake_timeout=timeout,
+                # A closing connection whose peer never answers the TLS close stays open no longer than this.
+                ssl_shutdown_timeout=timeout,
+            )
+        except asyncio.CancelledError:
+            # Our deadline or the site stopping; not re-raised, as nothing awaits this task but `stop`.
+            transport.abort()
+            self.release()
+            return
+        except Exception as error:  # a client that does not speak our TLS: its problem, not an error of ours
+            logger.debug("TLS handshake with %s failed: %s", transport.get_extra_info("peername"), error)
+            self._site.dropped("tls_handshake")
+            transport.abort()
+            self.release()
+            return
+        if tls is None:  # closed as the handshake ended
+            self.release()
+            return
+        plaintext.connection_made(tls)
+
+    def head_received(self) -> None:
+        self._cancel_deadline()
+        self._site.head_received(self)
+
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expire(self) -> None:
+        self._deadline = None
+        self._site.dropped("header_timeout")
+        self.close_now()
+
+    def close_now(self) -> None:
+        """Close without a goodbye; the connection stops counting at once."""
+        self.release()
+        if self.handshake is not None:
+            self.handshake.cancel()
+        if self._transport is not None:
+            self._transport.abort()  # whoever reads it now (TLS, aiohttp's handler) sees the connection lost
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        self._cancel_deadline()
+        self._site.release(self)
+
+
+class _Plaintext(asyncio.Protocol):
+    """Between TLS and aiohttp's request handler: passes everything on; watches for the first head's end."""
+
+    def __init__(self, connection: _Connection, handler: RequestHandler) -> None:
+        self._connection = connection
+        self._handler = handler
+        self._connected = False
+        # start_tls delivers data that came with the handshake before it returns the transport: kept until then.
+        self._early: list[bytes] = []
+        self._watching = True
+        self._tail = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._connected = True
+        self._handler.connection_made(transport)
+        early, self._early = self._early, []
+        for data in early:
+            self._handler.data_received(data)
+
+    def data_received(self, data: bytes) -> None:
+        if self._watching:
+            self._watch(data)
+        if self._connected:
+            self._handler.data_received(data)
+        else:
+            self._early.append(data)
+
+    def _watch(self, data: bytes) -> None:
+        # The head ends at its first blank line, which may be split across reads.
+        if _HEAD_END in self._tail + data[:3] or _HEAD_END in data:
+            self._watching, self._tail = False, b""
+            self._connection.head_received()
+        else:
+            self._tail = (self._tail + data[-3:])[-3:]
+
+    def eof_received(self) -> None:
+        # None: the transport closes its side too (aiohttp's handler answers the same).
+        if self._connected:
+            self._handler.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connection.release()
+        if self._connected:
+            self._handler.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._handler.resume_writing()

@@ -1,0 +1,260 @@
+"""What a connection may cost, through real sockets on 127.0.0.1: silent, stalled and half-sent connections are
+closed after the header timeout, a kept-alive connection after the idle timeout, and at most `max_connections`
+are open, without disturbing a client that sends its requests as the API server does.
+
+Timeouts are short here; "closed" means the server closed it before a generous deadline, "open" that it was
+still open when the client looked, which it checks well before the server's timer could have fired."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from machine_preservation.certs.authority import KeyPair
+from machine_preservation.core.admission.settings import AdmissionSettings
+from machine_preservation.webhook.connections import ConnectionLimits
+from machine_preservation.webhook.server import WebhookServer
+from tests.webhook.conftest import StaticMachineSets
+from tests.webhook.test_server_tls import client_context, install, make_ca, serving
+
+HEADER_TIMEOUT = 1.0
+IDLE_TIMEOUT = 4.0
+SLACK = 10.0  # the server closes well within timeout + SLACK, however loaded the machine
+HALF_HEAD = b"POST /validate-preserve-annotation HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\n"
+
+Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+Start = Callable[..., Awaitable[WebhookServer]]
+
+
+@pytest.fixture
+def ca() -> KeyPair:
+    return make_ca("limits-ca")
+
+
+@pytest.fixture
+async def start(tmp_path: Path, ca: KeyPair) -> AsyncIterator[Start]:
+    """Starts the server with the given limits; stops it at the end of the test."""
+    install(tmp_path, serving(ca))
+    started: list[WebhookServer] = []
+
+    async def run(
+        *,
+        header_timeout: float = HEADER_TIMEOUT,
+        idle_timeout: float = IDLE_TIMEOUT,
+        max_connections: int = 100,
+    ) -> WebhookServer:
+        server = WebhookServer(
+            host="127.0.0.1",
+            port=0,
+            cert_dir=tmp_path,
+            settings=AdmissionSettings(),
+            machine_sets=StaticMachineSets(),
+            limits=ConnectionLimits(
+                header_timeout=header_timeout, idle_timeout=idle_timeout, max_connections=max_connections
+            ),
+        )
+        await server.start()
+        started.append(server)
+        return server
+
+    yield run
+    for server in started:
+        await server.stop()
+
+
+async def connect_tls(server: WebhookServer, ca: KeyPair) -> Stream:
+    return await asyncio.open_connection("127.0.0.1", server.port, ssl=client_context(ca))
+
+
+async def connect_tcp(server: WebhookServer) -> Stream:
+    return await asyncio.open_connection("127.0.0.1", server.port)
+
+
+async def get_healthz(stream: Stream) -> bytes:
+    """One keep-alive request on the stream, sent all at once as the API server does; returns the body."""
+    reader, writer = stream
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: webhook\r\n\r\n")
+    status = await reader.readline()
+    assert status.startswith(b"HTTP/1.1 200"), status
+    length = 0
+    while (line := await reader.readline()) != b"\r\n":
+        name, _, value = line.decode().partition(":")
+        if name.lower() == "content-length":
+            length = int(value)
+    return await reader.readexactly(length)
+
+
+async def closed_by_server(stream: Stream, *, within: float) -> bool:
+    """True once the server has closed the connection (end of stream or reset), False if still open after `within`."""
+    reader, _ = stream
+    try:
+        async with asyncio.timeout(within):
+            while await reader.read(1024):
+                pass
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def dropped(server: WebhookServer, reason: str) -> float:
+    value = server.metrics.registry.get_sample_value(
+        "machine_preservation_webhook_connections_dropped_total", {"reason": reason}
+    )
+    return value or 0.0
+
+
+def open_connections(server: WebhookServer) -> float:
+    value = server.metrics.registry.get_sample_value("machine_preservation_webhook_connections")
+    return value or 0.0
+
+
+async def until(check: Callable[[], bool]) -> None:
+    for _ in range(int(SLACK / 0.02)):
+        if check():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"condition not met within {SLACK:g} s")
+
+
+async def eventually_no_connections(server: WebhookServer) -> None:
+    await until(lambda: open_connections(server) == 0)
+
+
+# A partial ClientHello: a TLS handshake record header announcing more than is sent.
+PARTIAL_CLIENT_HELLO = bytes.fromhex("160301020001")
+
+
+@pytest.mark.parametrize("sent", [b"", PARTIAL_CLIENT_HELLO], ids=["nothing", "partial-client-hello"])
+async def test_a_connection_stuck_before_its_tls_handshake_ends_is_closed_after_the_header_timeout(
+    start: Start, sent: bytes
+) -> None:
+    server = await start()
+    stream = await connect_tcp(server)
+    stream[1].write(sent)
+    assert not await closed_by_server(stream, within=HEADER_TIMEOUT / 5)
+    assert open_connections(server) == 1
+    assert await closed_by_server(stream, within=HEADER_TIMEOUT + SLACK)
+    assert dropped(server, "header_timeout") == 1
+    await eventually_no_connections(server)
+
+
+async def test_a_tls_connection_that_sends_nothing_is_closed_after_the_header_timeout(
+    start: Start, ca: KeyPair
+) -> None:
+    server = await start()
+    stream = await connect_tls(server, ca)
+    assert not await closed_by_server(stream, within=HEADER_TIMEOUT / 5)
+    assert await closed_by_server(stream, within=HEADER_TIMEOUT + SLACK)
+    assert dropped(server, "header_timeout") == 1
+    await eventually_no_connections(server)
+
+
+async def test_a_tls_connection_that_sends_half_a_request_head_is_closed(start: Start, ca: KeyPair) -> None:
+    server = await start()
+    stream = await connect_tls(server, ca)
+    stream[1].write(HALF_HEAD)
+    assert not await closed_by_server(stream, within=HEADER_TIMEOUT / 5)
+    stream[1].write(b"Content-Length: 1000\r\n")  # still trickling: the deadline does not move
+    assert await closed_by_server(stream, within=HEADER_TIMEOUT + SLACK)
+    assert dropped(server, "header_timeout") == 1
+    await eventually_no_connections(server)
+
+
+async def test_plain_http_on_the_tls_port_is_closed_at_once(start: Start) -> None:
+    server = await start(header_timeout=60)
+    stream = await connect_tcp(server)
+    stream[1].write(b"GET /healthz HTTP/1.1\r\nHost: webhook\r\n\r\n")
+    assert await closed_by_server(stream, within=SLACK)
+    assert dropped(server, "tls_handshake") == 1
+    await eventually_no_connections(server)
+
+
+async def test_a_keep_alive_client_is_not_disturbed(start: Start, ca: KeyPair) -> None:
+    """Requests sent at once, with pauses longer than the header timeout but shorter than the idle timeout,
+    all go over the one connection."""
+    server = await start()
+    stream = await connect_tls(server, ca)
+    local = stream[1].get_extra_info("sockname")
+    for _ in range(3):
+        assert await get_healthz(stream) == b"ok"
+        assert not await closed_by_server(stream, within=HEADER_TIMEOUT * 1.5)
+    assert await get_healthz(stream) == b"ok"
+    assert stream[1].get_extra_info("sockname") == local
+    assert dropped(server, "header_timeout") == 0
+    assert open_connections(server) == 1
+
+
+async def test_a_kept_alive_connection_is_closed_after_the_idle_timeout(start: Start, ca: KeyPair) -> None:
+    server = await start()
+    idle, stalled = await connect_tls(server, ca), await connect_tls(server, ca)
+    for stream in (idle, stalled):
+        assert await get_healthz(stream) == b"ok"
+    stalled[1].write(HALF_HEAD)  # a second request that never completes its head
+    looks = [closed_by_server(stream, within=HEADER_TIMEOUT * 1.5) for stream in (idle, stalled)]
+    assert await asyncio.gather(*looks) == [False, False]
+    looks = [closed_by_server(stream, within=IDLE_TIMEOUT + SLACK) for stream in (idle, stalled)]
+    assert await asyncio.gather(*looks) == [True, True]
+    await eventually_no_connections(server)
+
+
+async def test_over_the_limit_a_new_connection_is_refused_and_the_established_ones_keep_working(
+    start: Start, ca: KeyPair
+) -> None:
+    server = await start(max_connections=3)
+    established = [await connect_tls(server, ca) for _ in range(3)]
+    for stream in established:
+        assert await get_healthz(stream) == b"ok"
+    # Closed before TLS: the client sees a reset or an end of stream during its handshake.
+    with pytest.raises((ConnectionError, ssl.SSLError)):
+        await connect_tls(server, ca)
+    assert dropped(server, "limit") == 1
+    for stream in established:
+        assert await get_healthz(stream) == b"ok"
+    established[0][1].close()
+    await established[0][1].wait_closed()
+    await until(lambda: open_connections(server) < 3)
+    assert await get_healthz(await connect_tls(server, ca)) == b"ok"
+
+
+async def test_at_the_limit_the_oldest_connection_without_a_request_makes_room(start: Start, ca: KeyPair) -> None:
+    """A flood of silent connections cannot lock out a client that sends its request at once."""
+    server = await start(max_connections=3, header_timeout=60)
+    established = await connect_tls(server, ca)
+    assert await get_healthz(established) == b"ok"
+    oldest_silent = await connect_tcp(server)  # not even a handshake
+    newer_silent = await connect_tls(server, ca)
+    assert open_connections(server) == 3
+
+    newcomer = await connect_tls(server, ca)
+    assert await get_healthz(newcomer) == b"ok"
+    assert await closed_by_server(oldest_silent, within=SLACK)
+    assert not await closed_by_server(newer_silent, within=0.2)
+    assert await get_healthz(established) == b"ok"
+    assert dropped(server, "evicted") == 1
+    assert dropped(server, "limit") == 0
+    assert open_connections(server) == 3
+
+
+async def test_stopping_closes_connections_in_every_state(start: Start, ca: KeyPair) -> None:
+    server = await start(header_timeout=60)
+    before_handshake = await connect_tcp(server)
+    before_request = await connect_tls(server, ca)
+    kept_alive = await connect_tls(server, ca)
+    assert await get_healthz(kept_alive) == b"ok"
+    async with asyncio.timeout(SLACK):
+        await server.stop()
+    for stream in (before_handshake, before_request, kept_alive):
+        assert await closed_by_server(stream, within=SLACK)
+    await eventually_no_connections(server)
+
+
+def test_limits_must_be_positive() -> None:
+    for field in ("header_timeout", "idle_timeout", "max_connections"):
+        with pytest.raises(ValueError, match=f"{field} must be positive, got 0"):
+            ConnectionLimits(**{field: 0})
