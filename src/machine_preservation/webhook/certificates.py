@@ -29,9 +29,19 @@ KEY_FILE: Final = "tls.key"
 CA_FILE: Final = "ca.crt"
 
 
-def _server_context() -> ssl.SSLContext:
+# TLS 1.2 suites: ephemeral ECDH key exchange (forward secrecy; no RSA key transport, no finite-field DHE)
+# and AEAD ciphers only (no CBC). TLS 1.3 suites are configured apart and are all AEAD with ephemeral keys.
+# Go's TLS client (the API server) offers all of these; OpenSSL picks TLS 1.3 whenever the client offers it.
+TLS12_CIPHERS: Final = "ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL"
+
+
+def server_context() -> ssl.SSLContext:
+    """A server context that accepts TLS 1.2 with ECDHE + AEAD suites, and TLS 1.3."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_ciphers(TLS12_CIPHERS)
+    # Renegotiation (TLS 1.2) lets a client make the server redo expensive handshakes on one connection.
+    context.options |= ssl.OP_NO_RENEGOTIATION
     return context
 
 
@@ -49,7 +59,7 @@ class CertificateStore:
         self._digest = b""
         self._current: ssl.SSLContext | None = None
         self.not_after: dt.datetime | None = None
-        self.listener_context = _server_context()
+        self.listener_context = server_context()
         self.listener_context.sni_callback = self._select
 
     def _select(self, connection: ssl.SSLObject, _server_name: str | None, _listener: ssl.SSLContext) -> None:
@@ -75,7 +85,7 @@ class CertificateStore:
             not_after = x509.load_pem_x509_certificate(cert_pem).not_valid_after_utc
             if not_after <= self._clock():
                 raise ValueError(f"certificate expired at {not_after.isoformat()}")
-            context = _server_context()
+            context = server_context()
             context.load_cert_chain(cert_path, key_path)
         except (ValueError, ssl.SSLError, OSError) as error:
             self._metrics.certificate_reloads.labels("rejected").inc()
