@@ -1,5 +1,6 @@
 """The Helm chart rendered with helm v4: lint, schema, the registration rules (identical to the webhook's
-own builder), RBAC, security settings, certificate modes, the three-cluster values, and the Dockerfile."""
+own builder), RBAC, security settings, certificate modes, the three-cluster values, the seed setup (several
+releases side by side, NetworkPolicies), and the Dockerfile."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ WEBHOOK = "mp-machine-preservation-webhook"
 CONTROLLER = "mp-machine-preservation-controller"
 CONTROLLER_USERNAME = f"system:serviceaccount:{NAMESPACE}:{CONTROLLER}"
 MCM = "system:serviceaccount:kube-system:machine-controller-manager"
+SEED_MCM = "system:serviceaccount:shoot--p--s:machine-controller-manager"
+CONFIGURATION = f"mp-machine-preservation.{NAMESPACE}"
 CA_BUNDLE = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
 
 VALUE_SETS: dict[str, dict[str, str]] = {
@@ -53,7 +56,23 @@ VALUE_SETS: dict[str, dict[str, str]] = {
             ]
         ),
         "webhooks.clientConfig.url": '"https://mp.seed.example.com:443"',
+        "webhook.mcmUsernames": json.dumps([SEED_MCM]),
     },
+    # The documented Gardener install: in the seed, next to MCM in the shoot's namespace (the release
+    # namespace), the shoot reached by kubeconfig, its node webhooks' caBundle injected from here.
+    "seed": {
+        "clusters.target.kubeconfigSecret": '"shoot-kubeconfig"',
+        "webhooks.nodes.register": "false",
+        "webhooks.clientConfig.url": '"https://mp.seed.example.com"',
+        "certificates.selfManaged.remoteConfigurations": json.dumps(
+            [
+                {"cluster": "target", "kind": "validating", "name": "mp-machine-preservation.kube-system"},
+                {"cluster": "target", "kind": "mutating", "name": "mp-machine-preservation.kube-system"},
+            ]
+        ),
+        "webhook.mcmUsernames": json.dumps([SEED_MCM]),
+    },
+    "native": {"mcmNativePreservation": "true", "maxPreserveTimeout": '"240h"'},
     "registration-only": {
         "webhook.enabled": "false",
         "controller.enabled": "false",
@@ -110,6 +129,26 @@ def test_helm_lint_strict(toolchain: Toolchain, name: str) -> None:
         ({"certificates.selfManaged.servingRenewFraction": "1.5"}, "exclusiveMaximum"),
         ({"webhook.tolerations": '[{"key": "a", "operator": "Maybe"}]'}, "value must be one of"),
         ({"metrics.serviceMonitor.interval": '"30 seconds"'}, "does not match pattern"),
+        ({"webhook.maxPreserveTimeout": '"720h"'}, "additional properties 'maxPreserveTimeout' not allowed"),
+        ({"maxPreserveTimeout": '"30d"'}, "does not match pattern"),
+        ({"mcmNativePreservation": '"yes"'}, "value must be one of"),
+        # The seed setup: MCM runs in the shoot's namespace, so its user names must be given.
+        ({"clusters.target.kubeconfigSecret": '"shoot"'}, "at '/webhook/mcmUsernames': minItems: got 0, want 1"),
+        (
+            {
+                "clusters.control.kubeconfigSecret": '"seed"',
+                "webhook.mcmUsernames": "[]",
+            },
+            "at '/webhook/mcmUsernames': minItems: got 0, want 1",
+        ),
+        (
+            {
+                "certificates.selfManaged.remoteConfigurations": json.dumps(
+                    [{"cluster": "target", "kind": "validating", "name": "x"}]
+                )
+            },
+            "at '/webhook/mcmUsernames': minItems: got 0, want 1",
+        ),
     ],
 )
 def test_schema_rejects_unknown_keys_and_wrong_types(
@@ -138,7 +177,8 @@ def test_schema_rejects_unknown_keys_and_wrong_types(
             {
                 "certificates.selfManaged.remoteConfigurations": json.dumps(
                     [{"cluster": "garden", "kind": "validating", "name": "x"}]
-                )
+                ),
+                "webhook.mcmUsernames": json.dumps([SEED_MCM]),
             },
             "clusters.garden.kubeconfigSecret must be set",
         ),
@@ -163,7 +203,9 @@ def _builder_webhooks(
     node_timeout: int = 5,
     machine_policy: builder.FailurePolicy = "Fail",
     machine_namespace_selector: dict[str, Any] | None = None,
+    deletion_guard: bool = True,
 ) -> dict[str, dict[str, Any]]:
+    machine_namespace_selector = machine_namespace_selector or builder.control_namespace_selector(NAMESPACE)
     built = []
     if nodes:
         built += [
@@ -181,14 +223,17 @@ def _builder_webhooks(
                 controller_username=controller,
                 failure_policy=machine_policy,
                 namespace_selector=machine_namespace_selector,
-            ),
-            builder.machine_deletion_webhook(
-                client=client,
-                mcm_usernames=mcm,
-                failure_policy=machine_policy,
-                namespace_selector=machine_namespace_selector,
-            ),
+            )
         ]
+        if deletion_guard:
+            built.append(
+                builder.machine_deletion_webhook(
+                    client=client,
+                    mcm_usernames=mcm,
+                    failure_policy=machine_policy,
+                    namespace_selector=machine_namespace_selector,
+                )
+            )
     if shoots:
         built.append(builder.shoot_webhook(client=client))
     return {webhook["name"]: webhook for webhook in built}
@@ -232,7 +277,27 @@ EXPECTED: dict[str, Any] = {
         shoots=False,
         node_timeout=3,
         machine_policy="Ignore",
-        machine_namespace_selector={"matchLabels": {"gardener.cloud/role": "shoot"}},
+        machine_namespace_selector=builder.control_namespace_selector(
+            NAMESPACE, {"matchLabels": {"gardener.cloud/role": "shoot"}}
+        ),
+    ),
+    "seed": lambda: _builder_webhooks(
+        client=builder.ClientConfig(ca_bundle=b"", url="https://mp.seed.example.com"),
+        controller=CONTROLLER_USERNAME,
+        mcm=[SEED_MCM],
+        nodes=False,
+        machines=True,
+        shoots=False,
+    ),
+    # MCM keeps preserved machines itself: no deletion guard to call.
+    "native": lambda: _builder_webhooks(
+        client=_service_client(),
+        controller=CONTROLLER_USERNAME,
+        mcm=[MCM],
+        nodes=True,
+        machines=True,
+        shoots=False,
+        deletion_guard=False,
     ),
 }
 
@@ -387,37 +452,53 @@ def _expand(group: str, resources: str, verbs: str, names: str = "") -> set[tupl
     return {(group, r, v, names) for r in resources.split() for v in verbs.split()}
 
 
+def _unique(name: str) -> str:
+    """The chart's name for an object outside the release namespace."""
+    return f"{name}.{NAMESPACE}"
+
+
 def test_rbac_grants_exactly_the_verbs_used(rendered: dict[str, list[dict[str, Any]]]) -> None:
     documents = rendered["default"]
     machine = "machine.sapcloud.io"
-    assert _rules(documents, "Role", f"{CONTROLLER}-control") == (
+    assert _rules(documents, "Role", _unique(f"{CONTROLLER}-control")) == (
         _expand(machine, "machines", "list watch patch delete")
         | _expand(machine, "machinesets machinedeployments", "list watch")
         | _expand(machine, "machines/status machinesets/status machinedeployments/status", "patch")
         | _expand("", "events", "create get patch")
-        | _expand("coordination.k8s.io", "leases", "get create update")
+        | _expand("apps", "deployments", "get", "machine-controller-manager")
+        # The Lease by name; create cannot be limited by name.
+        | _expand("coordination.k8s.io", "leases", "get update", "machine-preservation-controller")
+        | _expand("coordination.k8s.io", "leases", "create")
     )
-    assert _rules(documents, "ClusterRole", f"{CONTROLLER}-{NAMESPACE}-target") == (
+    assert _rules(documents, "ClusterRole", _unique(f"{CONTROLLER}-target")) == (
         _expand("", "nodes", "list watch patch")
         | _expand("", "nodes/status", "patch")
         | _expand("", "pods", "list watch")
         | _expand("", "pods/eviction", "create")
     )
-    node_events = find(documents, "Role", f"{CONTROLLER}-{NAMESPACE}-node-events")
+    node_events = find(documents, "Role", _unique(f"{CONTROLLER}-node-events"))
     assert node_events["metadata"]["namespace"] == "default"
-    assert _rules(documents, "Role", f"{CONTROLLER}-{NAMESPACE}-node-events") == _expand(
-        "", "events", "create get patch"
+    assert _rules(documents, "Role", _unique(f"{CONTROLLER}-node-events")) == _expand("", "events", "create get patch")
+    crds = ",".join(f"{plural}.machine.sapcloud.io" for plural in ("machines", "machinesets", "machinedeployments"))
+    assert _rules(documents, "ClusterRole", _unique(f"{CONTROLLER}-crd")) == _expand(
+        "apiextensions.k8s.io", "customresourcedefinitions", "get", crds
     )
-    assert _rules(documents, "ClusterRole", f"{CONTROLLER}-{NAMESPACE}-crd") == _expand(
-        "apiextensions.k8s.io", "customresourcedefinitions", "get", "machines.machine.sapcloud.io"
+    # Gardener's Cluster resource is cluster-scoped and named after the control namespace: that one only.
+    assert _rules(documents, "ClusterRole", _unique(f"{CONTROLLER}-gardener-cluster")) == _expand(
+        "extensions.gardener.cloud", "clusters", "get list watch", NAMESPACE
     )
-    assert _rules(documents, "Role", f"{WEBHOOK}-control") == _expand(machine, "machines machinesets", "list")
+    assert _rules(documents, "ClusterRole", _unique(f"{WEBHOOK}-gardener-cluster")) == _expand(
+        "extensions.gardener.cloud", "clusters", "get", NAMESPACE
+    )
+    assert _rules(documents, "Role", _unique(f"{WEBHOOK}-control")) == _expand(
+        machine, "machines machinesets", "list"
+    ) | _expand(machine, "machinedeployments", "get list")
     assert _rules(documents, "Role", f"{WEBHOOK}-certs") == _expand("", "secrets", "get patch", f"{WEBHOOK}-certs")
-    assert _rules(documents, "ClusterRole", f"{WEBHOOK}-{NAMESPACE}-cabundle") == _expand(
+    assert _rules(documents, "ClusterRole", _unique(f"{WEBHOOK}-cabundle")) == _expand(
         "admissionregistration.k8s.io",
         "validatingwebhookconfigurations mutatingwebhookconfigurations",
         "get patch",
-        "mp-machine-preservation",
+        CONFIGURATION,
     )
     bindings = [d for d in documents if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
     roles = [d for d in documents if d["kind"] in ("Role", "ClusterRole")]
@@ -427,6 +508,133 @@ def test_rbac_grants_exactly_the_verbs_used(rendered: dict[str, list[dict[str, A
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": f"mp-machine-preservation-{component}", "namespace": NAMESPACE}
         ]
+
+
+def _outside_the_release_namespace(documents: list[dict[str, Any]], namespace: str) -> set[tuple[str, str, str]]:
+    """(kind, namespace, name) of every object that another release, in another namespace, could also create."""
+    return {
+        (d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"])
+        for d in documents
+        if d["metadata"].get("namespace", "") != namespace
+    }
+
+
+@pytest.mark.parametrize("name", ["default", "all-webhooks", "seed", "registration-only"])
+def test_releases_side_by_side_never_share_an_object(toolchain: Toolchain, name: str) -> None:
+    """The same release name in two namespaces (a seed: one release per shoot namespace), and two releases in
+    one namespace: no cluster-scoped object, and nothing in `default`, has the same name."""
+    values = dict(VALUE_SETS[name])
+    installs = [("mp", "shoot--a--one"), ("mp", "shoot--a--one-b"), ("other", "shoot--a--one")]
+    seen: dict[tuple[str, str, str], tuple[str, str]] = {}
+    for release, namespace in installs:
+        documents = template(toolchain.helm, values, namespace=namespace, release=release)
+        outside = _outside_the_release_namespace(documents, namespace)
+        assert {kind for kind, _, _ in outside} >= {"ValidatingWebhookConfiguration", "ClusterRole"}
+        for key in outside:
+            assert key not in seen, f"{key} of {release}/{namespace} also rendered by {seen[key]}"
+            seen[key] = (release, namespace)
+
+
+def test_certs_manager_injects_exactly_the_configurations_it_may_patch(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    documents = rendered["default"]
+    names = {d["metadata"]["name"] for d in documents if d["kind"].endswith("WebhookConfiguration")}
+    assert names == {CONFIGURATION}
+    certs = [c for _, c in _containers(documents) if c["args"][1:3] == ["certs", "run"]]
+    assert certs
+    for container in certs:
+        targets = {a.split("=", 1)[1] for a in container["args"] if a.startswith("--webhook-configuration=")}
+        assert targets == {f"validating/{CONFIGURATION}", f"mutating/{CONFIGURATION}"}
+    granted = {rule[3] for rule in _rules(documents, "ClusterRole", _unique(f"{WEBHOOK}-cabundle"))}
+    assert granted == {CONFIGURATION}
+
+
+@pytest.mark.parametrize(
+    ("name", "namespace"), [("default", NAMESPACE), ("seed", NAMESPACE), ("remote-clusters", "shoot--p--s")]
+)
+def test_machine_webhooks_judge_only_the_control_namespace(
+    rendered: dict[str, list[dict[str, Any]]], name: str, namespace: str
+) -> None:
+    machine_hooks = [
+        hook
+        for hook in webhooks_by_name(rendered[name]).values()
+        if any("machines" in rule["resources"] for rule in hook["rules"])
+    ]
+    assert machine_hooks
+    for hook in machine_hooks:
+        assert hook["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == namespace, hook["name"]
+
+
+def test_deletion_guard_is_only_called_for_mcms_deletes_of_failed_machines(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    conditions = {
+        c["name"]: c["expression"]
+        for c in webhooks_by_name(rendered["seed"])[builder.MACHINE_DELETION_WEBHOOK]["matchConditions"]
+    }
+    assert conditions == {
+        "deleted-by-mcm": f"request.userInfo.username in ['{SEED_MCM}']",
+        "machine-failed": (
+            "(oldObject != null && has(oldObject.status) && has(oldObject.status.currentStatus) && "
+            "has(oldObject.status.currentStatus.phase) && oldObject.status.currentStatus.phase == 'Failed')"
+        ),
+    }
+
+
+def _args(documents: list[dict[str, Any]], deployment: str, container: str) -> list[str]:
+    pod = find(documents, "Deployment", deployment)["spec"]["template"]["spec"]
+    args: list[str] = next(c for c in pod["containers"] if c["name"] == container)["args"]
+    return args
+
+
+@pytest.mark.parametrize(
+    ("values", "native", "limit"),
+    [
+        ({}, "auto", "720h"),
+        ({"mcmNativePreservation": "true", "maxPreserveTimeout": '"240h"'}, "true", "240h"),
+        ({"mcmNativePreservation": '"true"'}, "true", "720h"),
+        ({"mcmNativePreservation": "false", "maxPreserveTimeout": '"1h30m"'}, "false", "1h30m"),
+    ],
+)
+def test_native_preservation_and_the_maximum_reach_both_components(
+    toolchain: Toolchain, values: dict[str, str], native: str, limit: str
+) -> None:
+    documents = template(toolchain.helm, values)
+    for deployment, container in ((CONTROLLER, "controller"), (WEBHOOK, "webhook")):
+        args = _args(documents, deployment, container)
+        assert f"--mcm-native-preservation={native}" in args, (deployment, args)
+        assert f"--max-preserve-timeout={limit}" in args, (deployment, args)
+        parsed = build_parser().parse_args(args)
+        assert str(parsed.mcm_native_preservation).lower() == native
+    registered = webhooks_by_name(documents)
+    assert (builder.MACHINE_DELETION_WEBHOOK in registered) == (native != "true")
+
+
+def test_seed_setup(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """The documented Gardener install: MCM in the shoot's namespace, the shoot's configurations injected."""
+    documents = rendered["seed"]
+    # MCM's identity in the shoot's namespace: the webhook's flag and the configurations' CEL.
+    webhook_args = _args(documents, WEBHOOK, "webhook")
+    assert [a for a in webhook_args if a.startswith("--mcm-username=")] == [f"--mcm-username={SEED_MCM}"]
+    assert SEED_MCM in str(webhooks_by_name(documents)[builder.MACHINE_DELETION_WEBHOOK]["matchConditions"])
+    # The shoot's configurations, named by the registration install there, get their caBundle from here.
+    certs = next(c for _, c in _containers(documents) if c["args"][1:3] == ["certs", "run"])
+    assert (
+        "--webhook-configuration=validating/mp-machine-preservation.kube-system@/etc/machine-preservation/target/kubeconfig"
+        in certs["args"]
+    )
+    # Only the control cluster's rights here; the shoot's are granted by the registration install.
+    role_names = {d["metadata"]["name"] for d in documents if d["kind"] in ("Role", "ClusterRole")}
+    assert role_names == {
+        _unique(f"{CONTROLLER}-control"),
+        _unique(f"{CONTROLLER}-crd"),
+        _unique(f"{CONTROLLER}-gardener-cluster"),
+        _unique(f"{WEBHOOK}-control"),
+        _unique(f"{WEBHOOK}-gardener-cluster"),
+        f"{WEBHOOK}-certs",
+        _unique(f"{WEBHOOK}-cabundle"),
+    }
 
 
 def test_cert_manager_mode(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -448,7 +656,7 @@ def test_cert_manager_mode(rendered: dict[str, list[dict[str, Any]]]) -> None:
     assert [c["name"] for c in pod["containers"]] == ["webhook"]
     assert {"name": "certs", "secret": {"secretName": f"{WEBHOOK}-tls"}} in pod["volumes"]
     assert not [d for d in documents if d["kind"] == "Secret"]
-    assert not [d for d in documents if d["metadata"]["name"].endswith("cabundle")], "cainjector owns the caBundle"
+    assert not [d for d in documents if "cabundle" in d["metadata"]["name"]], "cainjector owns the caBundle"
     external = rendered["cert-manager-external-issuer"]
     assert kinds(d for d in external if d["apiVersion"].startswith("cert-manager.io")) == ["Certificate"]
     assert find(external, "Certificate")["spec"]["issuerRef"] == {
@@ -491,7 +699,7 @@ def test_remote_clusters_use_kubeconfig_secrets(rendered: dict[str, list[dict[st
     }
     # Nothing is granted in the cluster the chart is installed in for clusters reached by kubeconfig.
     role_names = {d["metadata"]["name"] for d in documents if d["kind"] in ("Role", "ClusterRole")}
-    assert role_names == {f"{WEBHOOK}-certs", f"{WEBHOOK}-{NAMESPACE}-cabundle"}
+    assert role_names == {f"{WEBHOOK}-certs", _unique(f"{WEBHOOK}-cabundle")}
     hooks = webhooks_by_name(documents)
     assert sorted(hooks) == [builder.MACHINE_DELETION_WEBHOOK, builder.MACHINE_PRESERVE_WEBHOOK]
     assert hooks[builder.MACHINE_DELETION_WEBHOOK]["clientConfig"] == {
@@ -513,29 +721,29 @@ def test_registration_only_install_grants_the_remote_identities_exactly_their_wo
         "RoleBinding",
         "ValidatingWebhookConfiguration",
     ]
-    assert _rules(documents, "ClusterRole", "mp-machine-preservation-remote-cabundle") == _expand(
+    assert _rules(documents, "ClusterRole", _unique("mp-machine-preservation-remote-cabundle")) == _expand(
         "admissionregistration.k8s.io",
         "validatingwebhookconfigurations mutatingwebhookconfigurations",
         "get patch",
-        "mp-machine-preservation",
+        CONFIGURATION,
     )
-    assert _rules(documents, "ClusterRole", "mp-machine-preservation-remote-controller") == _rules(
-        rendered["default"], "ClusterRole", f"{CONTROLLER}-{NAMESPACE}-target"
+    assert _rules(documents, "ClusterRole", _unique("mp-machine-preservation-remote-controller")) == _rules(
+        rendered["default"], "ClusterRole", _unique(f"{CONTROLLER}-target")
     )
-    assert _rules(documents, "Role", "mp-machine-preservation-remote-controller-node-events") == _expand(
+    assert _rules(documents, "Role", _unique("mp-machine-preservation-remote-controller-node-events")) == _expand(
         "", "events", "create get patch"
     )
     subjects = {
         b["metadata"]["name"]: b["subjects"] for b in documents if b["kind"] in ("RoleBinding", "ClusterRoleBinding")
     }
     assert subjects == {
-        "mp-machine-preservation-remote-cabundle": [
+        _unique("mp-machine-preservation-remote-cabundle"): [
             {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "seed-webhook"}
         ],
-        "mp-machine-preservation-remote-controller": [
+        _unique("mp-machine-preservation-remote-controller"): [
             {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "seed-controller"}
         ],
-        "mp-machine-preservation-remote-controller-node-events": [
+        _unique("mp-machine-preservation-remote-controller-node-events"): [
             {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "seed-controller"}
         ],
     }
@@ -552,7 +760,7 @@ def test_customised_values_reach_the_manifests(rendered: dict[str, list[dict[str
     args = find(documents, "Deployment", CONTROLLER)["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--no-leader-elect" in args
     assert "--machine-preserve-timeout=96h" in args
-    control_rules = _rules(documents, "Role", f"{CONTROLLER}-control")
+    control_rules = _rules(documents, "Role", _unique(f"{CONTROLLER}-control"))
     assert not [rule for rule in control_rules if rule[1] == "leases"], "no Lease access without leader election"
 
 

@@ -17,6 +17,21 @@
 {{- define "mp.webhook.name" -}}{{ include "mp.fullname" . | trunc 55 | trimSuffix "-" }}-webhook{{- end -}}
 {{- define "mp.controller.name" -}}{{ include "mp.fullname" . | trunc 52 | trimSuffix "-" }}-controller{{- end -}}
 {{- define "mp.certsSecret.name" -}}{{ include "mp.webhook.name" . }}-certs{{- end -}}
+{{/* The name of an object outside the release namespace (cluster-scoped, or in `default` or the control
+     namespace), unique per release AND namespace: "<name>.<release namespace>". Namespace names cannot contain
+     a dot, so the part after the last dot tells the namespace and two releases never share a name (with
+     "<name>-<namespace>", release "a-b" in "c" and release "a" in "b-c" would). */}}
+{{- define "mp.uniqueName" -}}
+{{- printf "%s.%s" .name .root.Release.Namespace -}}
+{{- end -}}
+
+{{/* The webhook configurations' name; a caBundle injector in another cluster is pointed at it. */}}
+{{- define "mp.configuration.name" -}}
+{{- include "mp.uniqueName" (dict "root" . "name" (include "mp.fullname" .)) -}}
+{{- end -}}
+
+{{/* The Lease the controller elects its leader on (a fixed name in the control namespace). */}}
+{{- define "mp.controller.leaseName" -}}machine-preservation-controller{{- end -}}
 
 {{- define "mp.labels" -}}
 app.kubernetes.io/name: {{ include "mp.name" . }}
@@ -41,6 +56,27 @@ app.kubernetes.io/component: {{ .component }}
 
 {{- define "mp.controlNamespace" -}}
 {{ .Values.clusters.control.namespace | default .Release.Namespace }}
+{{- end -}}
+
+{{/* MCM's user names (JSON list). Empty: MCM's usual ServiceAccount in kube-system. values.schema.json requires
+     them in a seed setup (a cluster reached by kubeconfig, or a caBundle injected into another cluster), where
+     MCM runs as a ServiceAccount of the shoot's namespace. */}}
+{{- define "mp.mcmUsernames" -}}
+{{- .Values.webhook.mcmUsernames | default (list "system:serviceaccount:kube-system:machine-controller-manager") | toJson -}}
+{{- end -}}
+
+{{/* --mcm-native-preservation: auto, true or false (YAML may hand over a boolean). */}}
+{{- define "mp.mcmNativePreservation" -}}
+{{- .Values.mcmNativePreservation | toString -}}
+{{- end -}}
+
+{{/* Selector pinning a namespaced webhook to the control namespace, plus the user's own selector. Without it,
+     every release's Machine webhooks would judge every namespace of the cluster. */}}
+{{- define "mp.controlNamespaceSelector" -}}
+{{- $selector := deepCopy (.selector | default dict) -}}
+{{- $labels := merge (dict "kubernetes.io/metadata.name" (include "mp.controlNamespace" .root)) ($selector.matchLabels | default dict) -}}
+{{- $_ := set $selector "matchLabels" $labels -}}
+{{- toYaml $selector -}}
 {{- end -}}
 
 {{/* The controller's username as the target/control API servers see it. */}}
@@ -95,13 +131,29 @@ app.kubernetes.io/component: {{ .component }}
 ({{ $marker }} || ({{ . }} != null && has({{ . }}.status) && has({{ . }}.status.conditions) && {{ . }}.status.conditions.exists(c, c.type == 'Preserved' && c.status == 'True')))
 {{- end -}}
 
+{{- define "mp.cel.failed" -}}
+({{ . }} != null && has({{ . }}.status) && has({{ . }}.status.currentStatus) && has({{ . }}.status.currentStatus.phase) && {{ . }}.status.currentStatus.phase == 'Failed')
+{{- end -}}
+
 {{- define "mp.cel.workersPresent" -}}
 (has({{ . }}.spec) && has({{ . }}.spec.provider) && has({{ . }}.spec.provider.workers))
 {{- end -}}
 
 {{/* The preserve annotation and the controller-owned markers (core/vocabulary.py). */}}
 {{- define "mp.preserveRelatedAnnotations" -}}
-{{- list "node.machine.sapcloud.io/preserve" "node.machine.sapcloud.io/last-applied-node-preserve-value" "cluster-autoscaler.kubernetes.io/scale-down-disabled-by-mcm" "node.machine.sapcloud.io/last-machine-priority" "node.machine.sapcloud.io/reported-invalid-preserve-values" | toJson -}}
+{{- list
+  "node.machine.sapcloud.io/preserve"
+  "node.machine.sapcloud.io/preserved-since"
+  "node.machine.sapcloud.io/preserved-until"
+  "node.machine.sapcloud.io/preserved-by"
+  "node.machine.sapcloud.io/preserved-drain"
+  "node.machine.sapcloud.io/preserved-drain-failing-since"
+  "node.machine.sapcloud.io/preserved-drain-last-attempt"
+  "node.machine.sapcloud.io/last-applied-node-preserve-value"
+  "cluster-autoscaler.kubernetes.io/scale-down-disabled-by-mcm"
+  "node.machine.sapcloud.io/last-machine-priority"
+  "node.machine.sapcloud.io/reported-invalid-preserve-values"
+  | toJson -}}
 {{- end -}}
 
 {{/* clientConfig for one path. */}}
@@ -175,10 +227,10 @@ annotations:
 - --extra-name={{ (split ":" (urlParse .).host)._0 }}
 {{- end }}
 {{- if include "mp.validating.enabled" . }}
-- --webhook-configuration=validating/{{ include "mp.fullname" . }}
+- --webhook-configuration=validating/{{ include "mp.configuration.name" . }}
 {{- end }}
 {{- if include "mp.mutating.enabled" . }}
-- --webhook-configuration=mutating/{{ include "mp.fullname" . }}
+- --webhook-configuration=mutating/{{ include "mp.configuration.name" . }}
 {{- end }}
 {{- range $self.remoteConfigurations }}
 {{- if not (index $root.Values.clusters .cluster "kubeconfigSecret") }}
@@ -248,13 +300,13 @@ podAntiAffinity:
 {{- if include "mp.validating.enabled" . }}
 - apiGroups: [admissionregistration.k8s.io]
   resources: [validatingwebhookconfigurations]
-  resourceNames: [{{ include "mp.fullname" . }}]
+  resourceNames: [{{ include "mp.configuration.name" . }}]
   verbs: [get, patch]
 {{- end }}
 {{- if include "mp.mutating.enabled" . }}
 - apiGroups: [admissionregistration.k8s.io]
   resources: [mutatingwebhookconfigurations]
-  resourceNames: [{{ include "mp.fullname" . }}]
+  resourceNames: [{{ include "mp.configuration.name" . }}]
   verbs: [get, patch]
 {{- end }}
 {{- end -}}

@@ -145,7 +145,7 @@ async def start_stack(
         stack = Stack(directory=directory, toolchain=toolchain, control_plane=plane, admin=admin,
                       kubeconfigs=kubeconfigs, standin=standin)  # fmt: skip
         await _start_webhook(stack)
-        await _register_webhooks(stack)
+        await _register_webhooks(stack, control_namespace=namespace)
         _start_controller(stack, namespace=namespace, preserve_timeout=preserve_timeout)
         stack._tasks.append(asyncio.create_task(standin.run(stack._stopping)))
     except BaseException:
@@ -250,8 +250,11 @@ async def _apply_chart_rbac(admin: client.ApiClient, *, helm: Path, control_name
                 raise ValueError(f"unexpected {kind} among the chart's RBAC manifests")
 
 
-def render_webhook_configurations(*, helm: Path, url: str, ca_bundle: bytes) -> list[dict[str, Any]]:
-    """The chart's webhook configurations, registered in this one cluster and pointed at `url`."""
+def render_webhook_configurations(
+    *, helm: Path, url: str, ca_bundle: bytes, control_namespace: str
+) -> list[dict[str, Any]]:
+    """The chart's webhook configurations, registered in this one cluster and pointed at `url`; the Machine
+    webhooks judge `control_namespace` only."""
     result = subprocess.run(
         [
             str(helm), "template", "machine-preservation", str(chart_directory()),
@@ -264,6 +267,7 @@ def render_webhook_configurations(*, helm: Path, url: str, ca_bundle: bytes) -> 
             "--set", "certificates.mode=provided",
             "--set", f"certificates.provided.caBundle={base64.b64encode(ca_bundle).decode()}",
             "--set", f"webhook.controllerUsername={IDENTITIES['controller']}",
+            "--set", f"clusters.control.namespace={control_namespace}",
         ],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
@@ -272,13 +276,14 @@ def render_webhook_configurations(*, helm: Path, url: str, ca_bundle: bytes) -> 
     return [d for d in documents if d.get("kind") in kinds]
 
 
-async def _register_webhooks(stack: Stack) -> None:
+async def _register_webhooks(stack: Stack, *, control_namespace: str) -> None:
     ca_bundle = (stack.directory / "webhook-certs" / "ca.crt").read_bytes()
     manifests = await asyncio.to_thread(
         render_webhook_configurations,
         helm=stack.toolchain.helm,
         url=f"https://127.0.0.1:{stack.webhook_port}",
         ca_bundle=ca_bundle,
+        control_namespace=control_namespace,
     )
     registration = client.AdmissionregistrationV1Api(stack.admin)
     for manifest in manifests:

@@ -5,7 +5,10 @@ narrowing below (DESIGN.md §4) is the same everywhere:
 - node rules (Nodes and nodes/status, which can carry metadata changes too) are called only when a relevant
   annotation changes (CEL `matchConditions`), never for kubelets (group `system:nodes`), MCM or the
   controller, with `failurePolicy: Ignore` and `timeoutSeconds` ≤ 5, so a webhook outage cannot block nodes;
-- Machine and Shoot rules may fail closed; the deletion guard is only called for MCM's own deletes.
+- Machine and Shoot rules may fail closed; the deletion guard is only called for MCM's own deletes of
+  Failed machines, so an outage never blocks MCM deleting healthy ones;
+- Machine rules are namespaced: the chart pins them to their control namespace (`control_namespace_selector`),
+  so several installs in one cluster each judge only their own.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ SHOOT_WEBHOOK: Final = f"workers.shoots.{DOMAIN}"
 
 MAX_NODE_TIMEOUT_SECONDS: Final = 5
 KUBELET_GROUP: Final = "system:nodes"
+# Set by the API server on every namespace.
+NAMESPACE_NAME_LABEL: Final = "kubernetes.io/metadata.name"
 PRESERVE_RELATED_ANNOTATIONS: Final = (v.PRESERVE_ANNOTATION, *v.CONTROLLER_OWNED_ANNOTATIONS)
 
 FailurePolicy = Literal["Fail", "Ignore"]
@@ -99,6 +104,22 @@ def _preserved(obj: str) -> str:
         "c.status == 'True'))"
     )
     return f"({marker} || {condition})"
+
+
+def _failed(obj: str) -> str:
+    """CEL: the object's phase is Failed (every level checked, so a Machine without status is not)."""
+    return (
+        f"({obj} != null && has({obj}.status) && has({obj}.status.currentStatus) && "
+        f"has({obj}.status.currentStatus.phase) && {obj}.status.currentStatus.phase == "
+        f"{_cel_string(v.MachinePhase.FAILED)})"
+    )
+
+
+def control_namespace_selector(namespace: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A namespaceSelector for the control namespace only, narrowed further by `extra` (a label selector)."""
+    selector = dict(extra or {})
+    selector["matchLabels"] = {**selector.get("matchLabels", {}), NAMESPACE_NAME_LABEL: namespace}
+    return selector
 
 
 def _condition(name: str, expression: str) -> dict[str, str]:
@@ -259,7 +280,7 @@ def machine_deletion_webhook(
     timeout_seconds: int = 10,
     namespace_selector: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Validating, Machines DELETE, called for MCM's deletes only."""
+    """Validating, Machines DELETE, called for MCM's deletes of Failed machines only (only those are kept)."""
     listed = ", ".join(_cel_string(name) for name in sorted(set(mcm_usernames)))
     return _webhook(
         name=MACHINE_DELETION_WEBHOOK,
@@ -270,7 +291,10 @@ def machine_deletion_webhook(
                 group=v.MACHINE_API_GROUP, version=v.MACHINE_API_VERSION, resources=["machines"], operations=["DELETE"]
             )
         ],
-        match_conditions=[_condition("deleted-by-mcm", f"request.userInfo.username in [{listed}]")],
+        match_conditions=[
+            _condition("deleted-by-mcm", f"request.userInfo.username in [{listed}]"),
+            _condition("machine-failed", _failed("oldObject")),
+        ],
         failure_policy=failure_policy,
         timeout_seconds=timeout_seconds,
         object_selector=None,
