@@ -71,6 +71,12 @@ VALUE_SETS: dict[str, dict[str, str]] = {
             ]
         ),
         "webhook.mcmUsernames": json.dumps([SEED_MCM]),
+        "networkPolicy.webhook.from": json.dumps([{"ipBlock": {"cidr": "10.250.0.0/16"}}]),
+        "networkPolicy.metrics.scrapers": json.dumps(
+            [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "garden"}}}]
+        ),
+        "controller.metricsLocalhostOnly": "true",
+        "metrics.serviceMonitor.enabled": "true",
     },
     "native": {"mcmNativePreservation": "true", "maxPreserveTimeout": '"240h"'},
     "registration-only": {
@@ -86,8 +92,13 @@ VALUE_SETS: dict[str, dict[str, str]] = {
         "metrics.serviceMonitor.enabled": "true",
         "metrics.serviceMonitor.labels": '{"release": "prometheus"}',
         "metrics.serviceMonitor.interval": '"15s"',
+        "networkPolicy.metrics.scrapers": json.dumps([{"podSelector": {"matchLabels": {"app": "prometheus"}}}]),
     },
-    "monitoring-cert-manager": {"metrics.serviceMonitor.enabled": "true", "certificates.mode": '"certManager"'},
+    "monitoring-cert-manager": {
+        "metrics.serviceMonitor.enabled": "true",
+        "certificates.mode": '"certManager"',
+        "networkPolicy.enabled": "false",
+    },
     "customised": {
         "webhook.replicas": "3",
         "webhook.nodeSelector": '{"role": "system"}',
@@ -132,6 +143,9 @@ def test_helm_lint_strict(toolchain: Toolchain, name: str) -> None:
         ({"webhook.maxPreserveTimeout": '"720h"'}, "additional properties 'maxPreserveTimeout' not allowed"),
         ({"maxPreserveTimeout": '"30d"'}, "does not match pattern"),
         ({"mcmNativePreservation": '"yes"'}, "value must be one of"),
+        ({"networkPolicy.webhook.from": "[{}]"}, "minProperties"),
+        ({"networkPolicy.metrics.scrapers": '[{"ipBlock": {}}]'}, "missing property 'cidr'"),
+        ({"controller.metricsLocalhostOnly": '"yes"'}, "got string, want boolean"),
         # The seed setup: MCM runs in the shoot's namespace, so its user names must be given.
         ({"clusters.target.kubeconfigSecret": '"shoot"'}, "at '/webhook/mcmUsernames': minItems: got 0, want 1"),
         (
@@ -181,6 +195,10 @@ def test_schema_rejects_unknown_keys_and_wrong_types(
                 "webhook.mcmUsernames": json.dumps([SEED_MCM]),
             },
             "clusters.garden.kubeconfigSecret must be set",
+        ),
+        (
+            {"metrics.serviceMonitor.enabled": "true"},
+            "metrics.serviceMonitor.enabled with networkPolicy.enabled needs networkPolicy.metrics.scrapers",
         ),
     ],
 )
@@ -611,9 +629,49 @@ def test_native_preservation_and_the_maximum_reach_both_components(
     assert (builder.MACHINE_DELETION_WEBHOOK in registered) == (native != "true")
 
 
+def test_network_policies_by_default(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    documents = rendered["default"]
+    policies = {d["metadata"]["name"]: d["spec"] for d in documents if d["kind"] == "NetworkPolicy"}
+    assert set(policies) == {"mp-machine-preservation-deny-ingress", WEBHOOK}, "no scrapers: no metrics policy"
+    # Every pod of the release is isolated (the certificate manager's too, whatever its component).
+    isolate = policies["mp-machine-preservation-deny-ingress"]
+    assert isolate["policyTypes"] == ["Ingress"]
+    assert "ingress" not in isolate
+    for deployment in (d for d in documents if d["kind"] == "Deployment"):
+        assert _selects(isolate["podSelector"]["matchLabels"], deployment["spec"]["template"]["metadata"]["labels"])
+    # The webhook port, from any source (the API server's address depends on the cluster), and nothing else.
+    webhook = policies[WEBHOOK]
+    labels = find(documents, "Deployment", WEBHOOK)["spec"]["template"]["metadata"]["labels"]
+    assert _selects(webhook["podSelector"]["matchLabels"], labels)
+    assert not _selects(
+        webhook["podSelector"]["matchLabels"],
+        find(documents, "Deployment", CONTROLLER)["spec"]["template"]["metadata"]["labels"],
+    )
+    assert webhook["ingress"] == [{"ports": [{"protocol": "TCP", "port": 10250}]}]
+    assert "NetworkPolicy" not in kinds(rendered["monitoring-cert-manager"]), "networkPolicy.enabled=false"
+
+
 def test_seed_setup(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    """The documented Gardener install: MCM in the shoot's namespace, the shoot's configurations injected."""
+    """The documented Gardener install: narrowed peers, scrapers, the controller's metrics on localhost."""
     documents = rendered["seed"]
+    policies = {d["metadata"]["name"]: d["spec"] for d in documents if d["kind"] == "NetworkPolicy"}
+    assert set(policies) == {"mp-machine-preservation-deny-ingress", WEBHOOK}
+    scraper = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "garden"}}}
+    # /metrics shares the webhook port: the scrapers are let in there too.
+    assert policies[WEBHOOK]["ingress"] == [
+        {"ports": [{"protocol": "TCP", "port": 10250}], "from": [{"ipBlock": {"cidr": "10.250.0.0/16"}}, scraper]}
+    ]
+    # The controller's metrics only on 127.0.0.1: no port, Service, ServiceMonitor or policy for them.
+    controller = find(documents, "Deployment", CONTROLLER)["spec"]["template"]["spec"]["containers"][0]
+    assert "--metrics-bind-address=127.0.0.1" in controller["args"]
+    assert "ports" not in controller
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        command = controller[probe]["exec"]["command"]
+        assert command[:2] == ["python", "-c"]
+        assert f"http://127.0.0.1:8080{path}" in command[2]
+    assert not [d for d in documents if d["kind"] == "Service" and d["metadata"]["name"].startswith(CONTROLLER)]
+    monitors = [d["metadata"]["name"] for d in documents if d["kind"] == "ServiceMonitor"]
+    assert monitors == [WEBHOOK]
     # MCM's identity in the shoot's namespace: the webhook's flag and the configurations' CEL.
     webhook_args = _args(documents, WEBHOOK, "webhook")
     assert [a for a in webhook_args if a.startswith("--mcm-username=")] == [f"--mcm-username={SEED_MCM}"]
@@ -635,6 +693,19 @@ def test_seed_setup(rendered: dict[str, list[dict[str, Any]]]) -> None:
         f"{WEBHOOK}-certs",
         _unique(f"{WEBHOOK}-cabundle"),
     }
+
+
+def test_scrapers_reach_the_controllers_metrics_port_only(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    documents = rendered["monitoring"]
+    scraper = {"podSelector": {"matchLabels": {"app": "prometheus"}}}
+    policy = find(documents, "NetworkPolicy", f"{CONTROLLER}-metrics")["spec"]
+    labels = find(documents, "Deployment", CONTROLLER)["spec"]["template"]["metadata"]["labels"]
+    assert _selects(policy["podSelector"]["matchLabels"], labels)
+    assert policy["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8080}], "from": [scraper]}]
+    # The webhook port stays open to every source: the scrapers are among them.
+    assert find(documents, "NetworkPolicy", WEBHOOK)["spec"]["ingress"] == [
+        {"ports": [{"protocol": "TCP", "port": 10250}]}
+    ]
 
 
 def test_cert_manager_mode(rendered: dict[str, list[dict[str, Any]]]) -> None:

@@ -79,6 +79,13 @@ app.kubernetes.io/component: {{ .component }}
 {{- toYaml $selector -}}
 {{- end -}}
 
+{{/* An exec probe of the controller's health endpoints on 127.0.0.1 (JSON list): the image's Python, no
+     extra tool; exits non-zero unless the answer is 2xx. */}}
+{{- define "mp.controller.localProbe" -}}
+{{- $url := printf "http://127.0.0.1:%v%s" .root.Values.controller.metricsPort .path -}}
+{{- list "python" "-c" (printf "import urllib.request; urllib.request.urlopen(%s, timeout=4)" (squote $url)) | toJson -}}
+{{- end -}}
+
 {{/* The controller's username as the target/control API servers see it. */}}
 {{- define "mp.controllerUsername" -}}
 {{- .Values.webhook.controllerUsername | default (printf "system:serviceaccount:%s:%s" .Release.Namespace (include "mp.controller.name" .)) -}}
