@@ -124,3 +124,33 @@ def test_properties_of_the_annotation_rules(old: dict[str, str], new: dict[str, 
     # only keys that changed are mentioned
     changed = {k for k in set(old) | set(new) if old.get(k) != new.get(k)}
     assert {str(e.path)[len("metadata.annotations[") : -1] for e in found} <= changed
+
+
+NATIVE = SETTINGS.model_copy(update={"mcm_native_preservation": True})
+
+
+def test_a_native_mcm_may_write_its_own_auto_value_and_last_applied_record() -> None:
+    def native(old: dict[str, str] | None, new: dict[str, str], username: str) -> list[str]:
+        return [e.render() for e in annotation_errors(old=old, new=new, username=username, settings=NATIVE)]
+
+    own = {P: "auto-preserved", v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION: "when-failed"}
+    assert native({}, own, MCM) == []
+    assert native(own, {P: "auto-preserved", v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION: ""}, MCM) == []
+    assert native(own, {}, MCM) == []
+    # Our spelling, our record and our other markers stay the controller's; users are refused as before.
+    assert len(native({}, {P: "auto-preserve"}, MCM)) == 1
+    for key in (v.PRESERVED_SINCE_ANNOTATION, v.LAST_MACHINE_PRIORITY_ANNOTATION):
+        assert len(native({}, {key: "x"}, MCM)) == 1
+    assert len(native({}, own, USER)) == 2
+    # Without native preservation, MCM is refused both, as any user is.
+    assert len(errors({}, own, MCM)) == 2
+
+
+@given(old=annotation_maps, new=annotation_maps, username=st.sampled_from([USER, CONTROLLER, MCM]))
+def test_native_mode_only_ever_widens_what_mcm_may_do(old: dict[str, str], new: dict[str, str], username: str) -> None:
+    native = annotation_errors(old=old, new=new, username=username, settings=NATIVE)
+    classic = annotation_errors(old=old, new=new, username=username, settings=SETTINGS)
+    if username == MCM:
+        assert set(native) <= set(classic)
+    else:
+        assert native == classic

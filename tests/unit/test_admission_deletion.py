@@ -1,4 +1,4 @@
-"""The deletion guard: MCM may not delete Failed machines that are, or are about to be, preserved."""
+"""The deletion guard: MCM may not delete a Failed machine we keep, unless the replica counts need it gone."""
 
 from __future__ import annotations
 
@@ -6,187 +6,597 @@ import datetime as dt
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.deletion import (
+    DENIALS,
+    FORCE_DELETION_LABEL,
+    Assessment,
     MachineSetView,
+    Outcome,
+    assess_machine_deletion,
     judge_machine_deletion,
     last_known_node,
     machine_set_to_read,
 )
 from machine_preservation.core.admission.settings import AdmissionSettings
-from machine_preservation.core.admission.verdict import Verdict
-from machine_preservation.core.models import Machine, MachineSet
+from machine_preservation.core.admission.shoot_lifecycle import ShootLifecycle, shoot_lifecycle
+from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
+from machine_preservation.core.preservation_record import PreservationRecord
 
 NOW = dt.datetime(2026, 11, 21, 12, 0, tzinfo=dt.UTC)
 MCM = "system:serviceaccount:kube-system:machine-controller-manager"
 CONTROLLER = "system:serviceaccount:mp:controller"
-SETTINGS = AdmissionSettings(controller_username=CONTROLLER, mcm_usernames=frozenset({MCM}))
+MAX = dt.timedelta(days=30)
+SETTINGS = AdmissionSettings(controller_username=CONTROLLER, mcm_usernames=frozenset({MCM}), max_preserve_timeout=MAX)
+NATIVE = SETTINGS.model_copy(update={"mcm_native_preservation": True})
+P = v.PRESERVE_ANNOTATION
+ACTIVE = (NOW - dt.timedelta(hours=1), NOW + dt.timedelta(hours=2))  # a record's (since, until)
+
+
+def record(since: dt.datetime, until: dt.datetime, by: v.PreservedBy = v.PreservedBy.USER) -> dict[str, str]:
+    return PreservationRecord(since=since, until=until, by=by).annotations()
 
 
 def machine(
     name: str = "m1",
     *,
     phase: str = "Failed",
-    expiry: dt.datetime | None = None,
+    preserved: tuple[dt.datetime, dt.datetime] | None = None,
     annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
     owner: str = "ms",
     created: dt.datetime = NOW - dt.timedelta(hours=1),
     node: str = "n1",
+    priority: int | None = None,
+    deleting: bool = False,
+    timeout: str | None = None,
 ) -> Machine:
-    status: dict[str, Any] = {"phase": phase}
-    if expiry is not None:
-        status["preserveExpiryTime"] = expiry.isoformat()
-    return Machine.model_validate(
-        {
-            "metadata": {
-                "name": name,
-                "namespace": "shoot--p--s",
-                "annotations": annotations or {},
-                "labels": {"node": node} if node else {},
-                "creationTimestamp": created.isoformat(),
-                "ownerReferences": [{"kind": "MachineSet", "name": owner, "uid": f"uid-{owner}", "controller": True}]
-                if owner
-                else [],
-            },
-            "status": {"currentStatus": status},
-        }
-    )
+    written = dict(annotations or {})
+    if preserved is not None:
+        written.update(record(*preserved))
+    if priority is not None:
+        written[v.MACHINE_PRIORITY_ANNOTATION] = str(priority)
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": "shoot--p--s",
+        "annotations": written,
+        "labels": {**({"node": node} if node else {}), **(labels or {})},
+        "creationTimestamp": created.isoformat(),
+        "ownerReferences": [{"kind": "MachineSet", "name": owner, "uid": f"uid-{owner}", "controller": True}]
+        if owner
+        else [],
+    }
+    if deleting:
+        metadata["deletionTimestamp"] = NOW.isoformat()
+        metadata["finalizers"] = ["machine.sapcloud.io/machine-controller-manager"]
+    spec = {"machinePreserveTimeout": timeout} if timeout is not None else {}
+    return Machine.model_validate({"metadata": metadata, "spec": spec, "status": {"currentStatus": {"phase": phase}}})
 
 
-def machine_set(name: str = "ms", *, max_: int = 1, created: dt.datetime = NOW - dt.timedelta(days=1)) -> MachineSet:
+def machine_set(
+    name: str = "ms",
+    *,
+    replicas: int = 3,
+    max_: int = 0,
+    deployment: str | None = "md",
+    created: dt.datetime = NOW - dt.timedelta(days=1),
+    deleting: bool = False,
+) -> MachineSet:
+    metadata: dict[str, Any] = {"name": name, "uid": f"uid-{name}", "creationTimestamp": created.isoformat()}
+    if deployment:
+        metadata["ownerReferences"] = [
+            {"kind": "MachineDeployment", "name": deployment, "uid": f"uid-{deployment}", "controller": True}
+        ]
+    if deleting:
+        metadata["deletionTimestamp"] = NOW.isoformat()
     return MachineSet.model_validate(
-        {
-            "metadata": {
-                "name": name,
-                "uid": f"uid-{name}",
-                "creationTimestamp": created.isoformat(),
-                "ownerReferences": [{"kind": "MachineDeployment", "name": "md", "uid": "uid-md", "controller": True}],
-            },
-            "spec": {"autoPreserveFailedMachineMax": max_},
-        }
+        {"metadata": metadata, "spec": {"replicas": replicas, "autoPreserveFailedMachineMax": max_}}
     )
 
 
-def judge(m: Machine, username: str = MCM, view: MachineSetView | None = None) -> Verdict:
-    return judge_machine_deletion(machine=m, username=username, settings=SETTINGS, now=NOW, machine_set=view)
+def deployment(name: str = "md", *, replicas: int = 3, deleting: bool = False) -> MachineDeployment:
+    metadata: dict[str, Any] = {"name": name, "uid": f"uid-{name}"}
+    if deleting:
+        metadata["deletionTimestamp"] = NOW.isoformat()
+    return MachineDeployment.model_validate({"metadata": metadata, "spec": {"replicas": replicas}})
 
 
-def test_mcm_may_not_delete_an_actively_preserved_failed_machine() -> None:
-    verdict = judge(machine(expiry=NOW + dt.timedelta(hours=2)))
-    assert not verdict.allowed
-    assert verdict.code == 403
-    assert verdict.message.startswith('machine "m1" is Failed and preserved until 2026-11-21T14:00:00Z; ')
-    assert f"{v.PRESERVE_ANNOTATION}=false" in verdict.message
+def view(
+    own: MachineSet,
+    machines: list[Machine],
+    *,
+    siblings: list[MachineSet] | None = None,
+    deployments: list[MachineDeployment] | None = None,
+) -> MachineSetView:
+    return MachineSetView(
+        machine_set=own,
+        machines=machines,
+        siblings=siblings if siblings is not None else [own],
+        machine_deployments=deployments if deployments is not None else [deployment(replicas=own.spec.replicas)],
+    )
 
 
-@pytest.mark.parametrize("username", ["alice", CONTROLLER, "system:serviceaccount:other:machine-controller-manager"])
-def test_everyone_else_may_delete(username: str) -> None:
-    assert judge(machine(expiry=NOW + dt.timedelta(hours=2)), username).allowed
-    assert judge(machine(annotations={v.PRESERVE_ANNOTATION: "now"}), username).allowed
+def healthy(name: str, owner: str = "ms") -> Machine:
+    return machine(name, phase="Running", owner=owner, node=f"node-{name}")
+
+
+def assess(
+    m: Machine,
+    *,
+    username: str = MCM,
+    machine_set: MachineSetView | None = None,
+    shoot: ShootLifecycle | None = None,
+    settings_: AdmissionSettings = SETTINGS,
+) -> Assessment:
+    return assess_machine_deletion(
+        machine=m, username=username, settings=settings_, now=NOW, machine_set=machine_set, shoot=shoot
+    )
+
+
+PRESERVED = machine(preserved=ACTIVE)
+PRESERVED_SET = view(machine_set(replicas=3), [PRESERVED, healthy("h1"), healthy("h2")])
+
+
+def _rows() -> list[Any]:
+    cap_exceeded = (NOW - MAX - dt.timedelta(hours=1), NOW + dt.timedelta(days=365))
+    budget = machine_set(replicas=2, max_=1)
+    holder = machine("m0", annotations={P: "auto-preserve"}, preserved=ACTIVE, node="n0")
+    two_kept = [
+        machine("a", preserved=ACTIVE, priority=4, node="na"),
+        machine("b", preserved=ACTIVE, priority=5, node="nb"),
+    ]
+    return [
+        # Who is guarded, decided by the machine alone.
+        pytest.param(PRESERVED, {"username": "alice"}, Outcome.NOT_GUARDED, id="a-user-is-never-blocked"),
+        pytest.param(PRESERVED, {"username": CONTROLLER}, Outcome.NOT_GUARDED, id="the-controller-is-not-guarded"),
+        pytest.param(
+            machine(phase="Running", preserved=ACTIVE), {}, Outcome.NOT_GUARDED, id="a-healthy-machine-is-not-guarded"
+        ),
+        pytest.param(
+            machine(phase="Unknown", annotations={P: "now"}), {}, Outcome.NOT_GUARDED, id="unknown-is-not-failed"
+        ),
+        pytest.param(
+            machine(annotations={P: "now"}),
+            {"settings_": NATIVE},
+            Outcome.NOT_OURS,
+            id="native-mcm-owns-machines-without-our-record",
+        ),
+        pytest.param(
+            machine(preserved=ACTIVE), {"settings_": NATIVE}, Outcome.PRESERVED, id="native-keeps-guarding-our-record"
+        ),
+        pytest.param(
+            machine(preserved=ACTIVE, deleting=True), {}, Outcome.ALREADY_DELETED, id="a-machine-already-going"
+        ),
+        pytest.param(
+            machine(preserved=ACTIVE, labels={FORCE_DELETION_LABEL: "True"}),
+            {},
+            Outcome.FORCE_DELETION,
+            id="marked-for-forced-deletion",
+        ),
+        pytest.param(
+            machine(preserved=ACTIVE, labels={FORCE_DELETION_LABEL: "true"}),
+            {},
+            Outcome.PRESERVED,
+            id="only-mcms-exact-force-deletion-marker-counts",
+        ),
+        pytest.param(
+            machine(preserved=(NOW - dt.timedelta(hours=3), NOW)), {}, Outcome.EXPIRED, id="expired-exactly-now"
+        ),
+        pytest.param(machine(preserved=cap_exceeded), {}, Outcome.EXPIRED, id="expiry-beyond-the-cap-counts-as-cap"),
+        pytest.param(
+            machine(annotations={v.PRESERVED_SINCE_ANNOTATION: "garbage", P: "now"}),
+            {},
+            Outcome.EXPIRED,
+            id="a-damaged-record-has-run-out",
+        ),
+        # Kept or not.
+        pytest.param(machine(), {}, Outcome.NOT_KEPT, id="no-value-no-machine-set"),
+        pytest.param(machine(annotations={P: "false"}), {}, Outcome.NOT_KEPT, id="opted-out"),
+        pytest.param(machine(annotations={P: "garbage"}), {}, Outcome.NOT_KEPT, id="an-invalid-value-counts-as-absent"),
+        pytest.param(
+            machine(annotations={v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION: "false", P: "now"}),
+            {},
+            Outcome.NOT_KEPT,
+            id="the-nodes-false-wins",
+        ),
+        pytest.param(machine(annotations={P: "now"}), {}, Outcome.PENDING_BY_VALUE, id="pending-by-the-machines-value"),
+        pytest.param(
+            machine(annotations={v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION: "when-failed"}),
+            {},
+            Outcome.PENDING_BY_VALUE,
+            id="pending-by-the-nodes-value",
+        ),
+        pytest.param(
+            machine(annotations={P: "auto-preserved"}),
+            {},
+            Outcome.PENDING_BY_VALUE,
+            id="pending-by-upstreams-auto-value",
+        ),
+        pytest.param(
+            machine(),
+            {"machine_set": view(budget, [machine(), healthy("h1")])},
+            Outcome.PENDING_BY_BUDGET,
+            id="pending-by-budget-room",
+        ),
+        pytest.param(
+            machine(),
+            {"machine_set": view(budget, [holder, machine()])},
+            Outcome.NOT_KEPT,
+            id="a-full-budget-keeps-nothing-more",
+        ),
+        pytest.param(
+            machine(),
+            {
+                "machine_set": view(
+                    budget,
+                    [machine()],
+                    siblings=[budget, machine_set("ms-new", max_=1, created=NOW - dt.timedelta(minutes=5))],
+                )
+            },
+            Outcome.NOT_KEPT,
+            id="a-machine-set-being-rolled-out-grants-nothing",
+        ),
+        pytest.param(PRESERVED, {"machine_set": PRESERVED_SET}, Outcome.PRESERVED, id="a-replacing-delete"),
+        # Replica counts win.
+        pytest.param(
+            PRESERVED,
+            {"machine_set": view(machine_set(deleting=True), [PRESERVED])},
+            Outcome.MACHINE_SET_DELETED,
+            id="machine-set-deleted",
+        ),
+        pytest.param(
+            PRESERVED,
+            {"machine_set": view(machine_set(), [PRESERVED], deployments=[deployment(deleting=True)])},
+            Outcome.MACHINE_DEPLOYMENT_DELETED,
+            id="machine-deployment-deleted",
+        ),
+        pytest.param(
+            PRESERVED,
+            {"machine_set": view(machine_set(replicas=0), [PRESERVED, healthy("h1")])},
+            Outcome.MACHINE_SET_SURPLUS,
+            id="scale-to-zero",
+        ),
+        pytest.param(
+            machine(annotations={P: "when-failed"}),
+            {"machine_set": view(machine_set(replicas=0), [machine(annotations={P: "when-failed"})])},
+            Outcome.MACHINE_SET_SURPLUS,
+            id="scale-to-zero-takes-pending-machines-too",
+        ),
+        pytest.param(
+            machine(),
+            {"machine_set": view(machine_set(replicas=0, max_=1), [machine()])},
+            Outcome.MACHINE_SET_SURPLUS,
+            id="scale-to-zero-takes-budget-candidates-too",
+        ),
+        pytest.param(
+            PRESERVED,
+            {"machine_set": view(machine_set(replicas=1), [PRESERVED, healthy("h1"), healthy("h2")])},
+            Outcome.PRESERVED,
+            id="scale-down-takes-unpreserved-machines-first",
+        ),
+        pytest.param(
+            two_kept[0],
+            {"machine_set": view(machine_set(replicas=1), [*two_kept, healthy("h1")])},
+            Outcome.MACHINE_SET_SURPLUS,
+            id="scale-down-beyond-the-unpreserved-machines-takes-the-first-in-mcms-order",
+        ),
+        pytest.param(
+            two_kept[1],
+            {"machine_set": view(machine_set(replicas=1), [*two_kept, healthy("h1")])},
+            Outcome.PRESERVED,
+            id="scale-down-beyond-the-unpreserved-machines-keeps-the-rest",
+        ),
+        pytest.param(
+            PRESERVED,
+            {
+                "machine_set": view(
+                    machine_set(replicas=1),
+                    [PRESERVED, machine("gone", preserved=ACTIVE, deleting=True, node="ng")],
+                )
+            },
+            Outcome.PRESERVED,
+            id="machines-being-deleted-do-not-count",
+        ),
+        pytest.param(
+            PRESERVED,
+            {
+                "machine_set": view(
+                    machine_set(replicas=1), [PRESERVED, machine("t", phase="Terminating", preserved=ACTIVE, node="nt")]
+                )
+            },
+            Outcome.PRESERVED,
+            id="terminating-machines-do-not-count",
+        ),
+        pytest.param(
+            PRESERVED,
+            {"machine_set": view(machine_set(replicas=3), [PRESERVED], deployments=[deployment(replicas=0)])},
+            Outcome.MACHINE_DEPLOYMENT_SURPLUS,
+            id="the-machine-deployment-scaled-to-zero-before-its-set",
+        ),
+        pytest.param(
+            PRESERVED,
+            {
+                "machine_set": view(
+                    machine_set("ms", replicas=1),
+                    [PRESERVED, machine("b", owner="ms-b", preserved=ACTIVE, priority=5, node="nb")],
+                    siblings=[machine_set("ms", replicas=1), machine_set("ms-b", replicas=1)],
+                    deployments=[deployment(replicas=1)],
+                )
+            },
+            Outcome.MACHINE_DEPLOYMENT_SURPLUS,
+            id="the-machine-deployment-counts-all-its-sets",
+        ),
+        pytest.param(
+            PRESERVED,
+            {
+                "machine_set": view(
+                    machine_set("ms", replicas=1),
+                    [PRESERVED, healthy("n", owner="ms-new")],
+                    siblings=[machine_set("ms", replicas=1), machine_set("ms-new", replicas=1)],
+                    deployments=[deployment(replicas=1)],
+                )
+            },
+            Outcome.PRESERVED,
+            id="a-rollout-surge-is-no-scale-down",
+        ),
+        # The Shoot.
+        pytest.param(
+            PRESERVED,
+            {"machine_set": PRESERVED_SET, "shoot": ShootLifecycle(hibernated=True)},
+            Outcome.SHOOT_GOING_AWAY,
+            id="shoot-hibernated",
+        ),
+        pytest.param(
+            PRESERVED,
+            {"machine_set": PRESERVED_SET, "shoot": ShootLifecycle(deleted=True)},
+            Outcome.SHOOT_GOING_AWAY,
+            id="shoot-deleted",
+        ),
+        pytest.param(
+            machine(annotations={P: "now"}),
+            {"shoot": ShootLifecycle(migrated=True)},
+            Outcome.SHOOT_GOING_AWAY,
+            id="shoot-migrated",
+        ),
+        pytest.param(
+            PRESERVED,
+            {"machine_set": PRESERVED_SET, "shoot": ShootLifecycle(name="s")},
+            Outcome.PRESERVED,
+            id="a-shoot-going-nowhere",
+        ),
+    ]
+
+
+@pytest.mark.parametrize(("candidate", "context", "expected"), _rows())
+def test_every_reason_to_pass_or_deny(candidate: Machine, context: dict[str, Any], expected: Outcome) -> None:
+    assessment = assess(candidate, **context)
+    assert assessment.outcome == expected
+    assert assessment.allowed == (expected not in DENIALS)
+    verdict = assessment.verdict()
+    assert verdict.allowed == assessment.allowed
+    if not verdict.allowed:
+        assert verdict.code == 403
+        assert f'machine "{candidate.metadata.name}" is Failed and ' in verdict.message
+        assert f"to release it, annotate the machine (or its node) with {P}=false" in verdict.message
+
+
+def test_a_preserved_denial_names_the_capped_expiry() -> None:
+    message = assess(PRESERVED).message
+    assert message.startswith('machine "m1" is Failed and preserved until 2026-11-21T14:00:00Z; ')
+    far = machine(preserved=(NOW - dt.timedelta(days=1), NOW + dt.timedelta(days=3650)))
+    assert "preserved until 2026-12-20T12:00:00Z" in assess(far).message  # since + 30 days
+
+
+def test_a_denial_with_replica_counts_says_the_delete_would_only_replace_it() -> None:
+    message = assess(PRESERVED, machine_set=PRESERVED_SET).message
+    assert 'its MachineSet "ms" wants 3 machine(s) and keeps it among them, so deleting it would only replace it' in (
+        message
+    )
 
 
 @pytest.mark.parametrize(
-    "candidate",
+    ("timeout", "shown"),
     [
-        machine(expiry=NOW),  # expired exactly now
-        machine(expiry=NOW - dt.timedelta(seconds=1)),
-        machine(phase="Running", expiry=NOW + dt.timedelta(hours=1)),  # preserved but healthy: MCM's business
-        machine(phase="Terminating", annotations={v.PRESERVE_ANNOTATION: "now"}),
-        machine(annotations={v.PRESERVE_ANNOTATION: "false"}),
-        machine(annotations={v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION: "false", v.PRESERVE_ANNOTATION: "now"}),
-        machine(annotations={v.PRESERVE_ANNOTATION: "garbage"}, owner=""),  # invalid counts as absent, no budget
+        (None, "kept for the configured machinePreserveTimeout from the start"),
+        ("48h", "kept for 48h from the start of its preservation"),
+        ("1y", "kept for the configured machinePreserveTimeout from the start"),
+        ("9000h", "kept for 720h0m0s (the maximum preserve timeout) from the start"),
     ],
 )
-def test_mcm_may_delete_machines_that_are_not_guarded(candidate: Machine) -> None:
-    assert judge(candidate).allowed
+def test_pending_denials_say_how_long_the_machine_will_be_kept(timeout: str | None, shown: str) -> None:
+    message = assess(machine(annotations={P: "now"}, timeout=timeout)).message
+    assert 'about to be preserved (preserve value "now" from its machine)' in message
+    assert shown in message
 
 
-@pytest.mark.parametrize(
-    ("annotations", "value", "source"),
-    [
-        ({v.PRESERVE_ANNOTATION: "now"}, "now", "machine"),
-        ({v.PRESERVE_ANNOTATION: "when-failed"}, "when-failed", "machine"),
-        ({v.PRESERVE_ANNOTATION: "auto-preserved"}, "auto-preserve", "machine"),
-        ({v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION: "when-failed"}, "when-failed", "node"),
-        ({v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION: "now", v.PRESERVE_ANNOTATION: "false"}, "now", "node"),
-    ],
-)
-def test_pending_preservation_by_value_is_guarded(annotations: dict[str, str], value: str, source: str) -> None:
-    verdict = judge(machine(annotations=annotations))
-    assert not verdict.allowed
-    assert f'about to be preserved (preserve value "{value}" from its {source})' in verdict.message
+def test_budget_denials_name_the_machine_set() -> None:
+    message = assess(machine(), machine_set=view(machine_set(max_=1), [machine()])).message
+    assert 'is Failed and about to be auto-preserved (MachineSet "ms" has room in its autoPreserve' in message
 
 
-def test_only_budget_decisions_need_a_read() -> None:
-    def read(m: Machine, username: str = MCM) -> str:
-        return machine_set_to_read(machine=m, username=username, settings=SETTINGS)
+def test_releases_of_kept_machines_say_why() -> None:
+    scaled = assess(PRESERVED, machine_set=view(machine_set(replicas=0), [PRESERVED]))
+    assert scaled.message == 'machine "m1": its MachineSet "ms" wants 0 machine(s), fewer than it keeps'
+    hibernated = assess(PRESERVED, shoot=ShootLifecycle(name="s", hibernated=True))
+    assert hibernated.message == 'machine "m1": Shoot "s" is being hibernated'
 
-    assert read(machine()) == "ms"
-    assert read(machine(), "alice") == ""
-    assert read(machine(phase="Running")) == ""
-    assert read(machine(expiry=NOW + dt.timedelta(hours=1))) == ""
-    assert read(machine(annotations={v.PRESERVE_ANNOTATION: "now"})) == ""
-    assert read(machine(annotations={v.PRESERVE_ANNOTATION: "false"})) == ""
+
+def test_judge_is_assess_as_a_verdict() -> None:
+    verdict = judge_machine_deletion(machine=PRESERVED, username=MCM, settings=SETTINGS, now=NOW)
+    assert verdict == assess(PRESERVED).verdict()
+
+
+def test_reads_are_only_made_when_the_machine_alone_does_not_decide() -> None:
+    def read(m: Machine, username: str = MCM, settings_: AdmissionSettings = SETTINGS) -> str:
+        return machine_set_to_read(machine=m, username=username, settings=settings_, now=NOW)
+
+    assert read(machine()) == "ms"  # the budget
+    assert read(PRESERVED) == "ms"  # the replica counts
+    assert read(machine(annotations={P: "now"})) == "ms"
+    assert read(PRESERVED, "alice") == ""
+    assert read(machine(phase="Running", preserved=ACTIVE)) == ""
+    assert read(machine(annotations={P: "now"}), settings_=NATIVE) == ""
+    assert read(PRESERVED, settings_=NATIVE) == "ms"
+    assert read(machine(preserved=ACTIVE, labels={FORCE_DELETION_LABEL: "True"})) == ""
+    assert read(machine(preserved=(NOW - dt.timedelta(hours=2), NOW - dt.timedelta(hours=1)))) == ""
     assert read(machine(owner="")) == ""
 
 
-def test_pending_denials_say_how_long_the_machine_will_be_kept() -> None:
-    pending = machine(annotations={v.PRESERVE_ANNOTATION: "now"})
-    assert "kept for the configured machinePreserveTimeout from the start" in judge(pending).message
-    timed = Machine.model_validate({**pending.model_dump(by_alias=True), "spec": {"machinePreserveTimeout": "48h"}})
-    assert "kept for 48h from the start of its preservation" in judge(timed).message
+def test_a_machine_missing_from_the_listing_is_counted_as_the_request_shows_it() -> None:
+    # The list may lag behind: the judged machine counts even when it is not listed yet.
+    assert assess(PRESERVED, machine_set=view(machine_set(replicas=0), [])).outcome == Outcome.MACHINE_SET_SURPLUS
+    assert assess(PRESERVED, machine_set=view(machine_set(replicas=1), [])).outcome == Outcome.PRESERVED
 
 
-def test_room_in_the_budget_makes_a_failed_machine_pending() -> None:
-    candidate = machine()
-    view = MachineSetView(machine_set=machine_set(max_=1), machines=[candidate], siblings=[machine_set(max_=1)])
-    verdict = judge(candidate, view=view)
-    assert not verdict.allowed
-    assert 'about to be auto-preserved (MachineSet "ms" has room' in verdict.message
+def test_the_cluster_resource_is_read_as_gardener_writes_it() -> None:
+    def cluster(shoot: Any) -> dict[str, Any]:
+        return {"apiVersion": "extensions.gardener.cloud/v1alpha1", "kind": "Cluster", "spec": {"shoot": shoot}}
 
-
-def test_a_full_budget_lets_mcm_delete() -> None:
-    holder = machine("m0", annotations={v.PRESERVE_ANNOTATION: "auto-preserve"}, expiry=NOW + dt.timedelta(hours=1))
-    candidate = machine()
-    view = MachineSetView(machine_set=machine_set(max_=1), machines=[holder, candidate], siblings=[machine_set()])
-    assert judge(candidate, view=view).allowed
-
-
-def test_newest_failures_get_the_last_slot_first() -> None:
-    older = machine("old", created=NOW - dt.timedelta(hours=5))
-    newer = machine("new", created=NOW - dt.timedelta(hours=1))
-    view = MachineSetView(machine_set=machine_set(max_=1), machines=[older, newer], siblings=[machine_set()])
-    assert judge(older, view=view).allowed
-    assert not judge(newer, view=view).allowed
-
-
-def test_a_machine_set_being_replaced_by_a_rollout_auto_preserves_nothing() -> None:
-    old_set, new_set = machine_set("ms"), machine_set("ms-new", created=NOW - dt.timedelta(minutes=5))
-    candidate = machine()
-    view = MachineSetView(machine_set=old_set, machines=[candidate], siblings=[old_set, new_set])
-    assert judge(candidate, view=view).allowed
-
-
-def test_a_node_value_of_false_recorded_as_last_applied_keeps_the_machine_out_of_the_budget() -> None:
-    candidate = machine(annotations={v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION: "false"})
-    assert machine_set_to_read(machine=candidate, username=MCM, settings=SETTINGS) == ""
-    assert judge(candidate).allowed
-
-
-def test_machines_of_other_machine_sets_do_not_use_the_budget() -> None:
-    stranger = machine("s", owner="other", annotations={v.PRESERVE_ANNOTATION: "auto-preserve"})
-    candidate = machine()
-    view = MachineSetView(machine_set=machine_set(max_=1), machines=[stranger], siblings=[machine_set()])
-    assert not judge(candidate, view=view).allowed
+    assert shoot_lifecycle(cluster({"metadata": {"name": "s"}, "spec": {"hibernation": {"enabled": True}}})) == (
+        ShootLifecycle(name="s", hibernated=True)
+    )
+    assert shoot_lifecycle(
+        cluster({"spec": {"hibernation": {"enabled": False}}, "status": {"isHibernated": True}})
+    ) == (
+        ShootLifecycle()  # waking up: the machines are wanted again
+    )
+    assert shoot_lifecycle(cluster({"metadata": {"deletionTimestamp": "2026-11-21T11:00:00Z"}})).deleted
+    assert shoot_lifecycle(cluster({"status": {"lastOperation": {"type": "Migrate", "state": "Processing"}}})).migrated
+    assert not shoot_lifecycle(cluster({"status": {"lastOperation": {"type": "Restore"}}})).migrated
+    for malformed in ({}, {"spec": []}, cluster("raw"), cluster({"spec": {"hibernation": {"enabled": "true"}}})):
+        assert shoot_lifecycle(malformed) == ShootLifecycle()
 
 
 def test_the_last_known_node_carries_the_last_applied_value() -> None:
     known = last_known_node(machine(annotations={v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION: "now"}))
     assert known is not None
     assert known.metadata.name == "n1"
-    assert known.metadata.annotations == {v.PRESERVE_ANNOTATION: "now"}
+    assert known.metadata.annotations == {P: "now"}
     empty = last_known_node(machine())
     assert empty is not None
     assert empty.metadata.annotations == {}
     assert last_known_node(machine(node="")) is None
+
+
+# --- Properties -----------------------------------------------------------------------------------------------
+
+_PHASES = ["Failed", "Running", "Unknown", "Pending", "Terminating", "CrashLoopBackOff"]
+_VALUES = [None, "", "now", "when-failed", "false", "auto-preserve", "garbage"]
+
+
+@st.composite
+def machines(draw: st.DrawFn, name: str, *, phase: str | None = None) -> Machine:
+    since = NOW - dt.timedelta(hours=draw(st.integers(0, 24 * 40)))
+    kind = draw(st.sampled_from(["none", "active", "expired"]))
+    preserved = None
+    if kind == "active":
+        preserved = (since, NOW + dt.timedelta(hours=draw(st.integers(1, 24 * 400))))
+    elif kind == "expired":
+        preserved = (since, since + dt.timedelta(minutes=draw(st.integers(0, 60))))
+    value = draw(st.sampled_from(_VALUES))
+    return machine(
+        name,
+        phase=phase or draw(st.sampled_from(_PHASES)),
+        preserved=preserved,
+        annotations={P: value} if value is not None else {},
+        labels={FORCE_DELETION_LABEL: "True"} if draw(st.integers(0, 9)) == 0 else {},
+        created=NOW - dt.timedelta(minutes=draw(st.integers(1, 10_000))),
+        node=f"node-{name}",
+        priority=draw(st.none() | st.integers(1, 6)),
+        deleting=draw(st.integers(0, 9)) == 0,
+    )
+
+
+@st.composite
+def namespaces(draw: st.DrawFn) -> MachineSetView:
+    count = draw(st.integers(1, 6))
+    members = [draw(machines(f"m{i}")) for i in range(count)]
+    own = machine_set(replicas=draw(st.integers(0, count + 1)), max_=draw(st.integers(0, 2)))
+    return view(own, members, deployments=[deployment(replicas=draw(st.integers(0, count + 1)))])
+
+
+_SHOOTS = st.none() | st.builds(ShootLifecycle, hibernated=st.booleans(), deleted=st.booleans(), migrated=st.booleans())
+
+
+@given(namespace=namespaces(), shoot=_SHOOTS, username=st.sampled_from(["alice", CONTROLLER, "system:admin"]))
+def test_a_users_delete_always_passes(namespace: MachineSetView, shoot: ShootLifecycle | None, username: str) -> None:
+    for candidate in namespace.machines:
+        assert assess(candidate, username=username, machine_set=namespace, shoot=shoot).allowed
+
+
+@given(namespace=namespaces(), native=st.booleans())
+def test_mcm_may_delete_whatever_a_shoot_going_away_has(namespace: MachineSetView, native: bool) -> None:
+    going = ShootLifecycle(hibernated=True)
+    for candidate in namespace.machines:
+        chosen = NATIVE if native else SETTINGS
+        assert assess(candidate, machine_set=namespace, shoot=going, settings_=chosen).allowed
+
+
+@given(namespace=namespaces())
+def test_scale_to_zero_lets_mcm_delete_every_machine(namespace: MachineSetView) -> None:
+    emptied = view(
+        machine_set(replicas=0, max_=namespace.machine_set.spec.auto_preserve_failed_machine_max),
+        list(namespace.machines),
+    )
+    for candidate in namespace.machines:
+        assert assess(candidate, machine_set=emptied).allowed
+
+
+@settings(max_examples=200)
+@given(
+    kept=st.integers(0, 5),
+    others=st.integers(0, 4),
+    replicas=st.integers(0, 10),
+    data=st.data(),
+)
+def test_the_replica_target_decides_how_many_kept_machines_may_go(
+    kept: int, others: int, replicas: int, data: st.DataObject
+) -> None:
+    """Whenever the MachineSet needs kept machines gone to reach spec.replicas, exactly that many deletes pass
+    (whichever order MCM asks in), and none while the machines we do not keep are enough."""
+
+    def kept_machine(i: int) -> Machine:
+        # A kept machine has a running record or a value that asks for preservation.
+        by_record = data.draw(st.booleans())
+        return machine(
+            f"k{i}",
+            preserved=ACTIVE if by_record else None,
+            annotations={} if by_record else {P: data.draw(st.sampled_from(["now", "when-failed", "auto-preserve"]))},
+            created=NOW - dt.timedelta(minutes=data.draw(st.integers(1, 1000))),
+            priority=data.draw(st.none() | st.integers(1, 6)),
+            node=f"node-k{i}",
+        )
+
+    kept_machines = [kept_machine(i) for i in range(kept)]
+    other_machines = [
+        data.draw(st.sampled_from([healthy(f"o{i}"), machine(f"o{i}", annotations={P: "false"}, node=f"node-o{i}")]))
+        for i in range(others)
+    ]
+    listed = data.draw(st.permutations(kept_machines + other_machines))
+    namespace = view(machine_set(replicas=replicas, deployment=None), listed, deployments=[])
+    passing = [m.metadata.name for m in kept_machines if assess(m, machine_set=namespace).allowed]
+    assert len(passing) == max(0, kept - replicas)
+    for m in other_machines:
+        assert assess(m, machine_set=namespace).allowed
+
+
+@given(namespace=namespaces())
+def test_without_our_record_native_mcm_is_never_stopped(namespace: MachineSetView) -> None:
+    for candidate in namespace.machines:
+        if v.PRESERVED_SINCE_ANNOTATION not in candidate.metadata.annotations:
+            assert machine_set_to_read(machine=candidate, username=MCM, settings=NATIVE, now=NOW) == ""
+            assert assess(candidate, machine_set=namespace, settings_=NATIVE).allowed
+
+
+@given(namespace=namespaces(), shoot=_SHOOTS)
+def test_every_denial_names_the_machine_and_how_to_release_it(
+    namespace: MachineSetView, shoot: ShootLifecycle | None
+) -> None:
+    for candidate in namespace.machines:
+        assessment = assess(candidate, machine_set=namespace, shoot=shoot)
+        if not assessment.allowed:
+            assert assessment.message.startswith(f'machine "{candidate.metadata.name}" is Failed and ')
+            assert assessment.message.endswith(f"{P}=false; a user's delete is not blocked")

@@ -1,7 +1,8 @@
-"""Reading a Machine's MachineSet and its machines, for the deletion guard's "pending" decision.
+"""What the deletion guard reads on demand: a Machine's MachineSet with the namespace's machines, MachineSets
+and MachineDeployments (budget and replica counts), and the Shoot's Gardener `Cluster` resource.
 
-A Machine DELETE is rare, so the webhook reads on demand with kubernetes.aio (in the server's event loop)
-instead of keeping a cache.
+A guarded Machine DELETE is rare, so the webhook reads on demand with kubernetes.aio (in the server's event
+loop) instead of keeping a cache.
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ from pydantic import ValidationError
 
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.deletion import MachineSetView
-from machine_preservation.core.models import Machine, MachineSet
+from machine_preservation.core.admission.shoot_lifecycle import (
+    CLUSTER_API_GROUP,
+    CLUSTER_API_VERSION,
+    CLUSTER_PLURAL,
+    ShootLifecycle,
+    shoot_lifecycle,
+)
+from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
 
 # The Machine webhook's timeoutSeconds is 10; leave room to answer.
 READ_TIMEOUT_SECONDS = 3.0
@@ -31,25 +39,49 @@ class SourceUnavailable(Exception):
 
 class MachineSetSource(Protocol):
     async def read(self, *, namespace: str, name: str) -> MachineSetView | None:
-        """The MachineSet `name` with its machines and siblings; None when it does not exist."""
+        """The MachineSet `name` with the namespace's machines, MachineSets and MachineDeployments; None when it
+        does not exist."""
+        ...
+
+    async def read_shoot(self, *, namespace: str) -> ShootLifecycle | None:
+        """What the `Cluster` named after the control namespace shows; None when there is none (not Gardener)."""
         ...
 
     async def close(self) -> None: ...
 
 
 def view_from_lists(
-    *, name: str, machine_sets: list[dict[str, Any]], machines: list[dict[str, Any]]
+    *,
+    name: str,
+    machine_sets: list[dict[str, Any]],
+    machines: list[dict[str, Any]],
+    machine_deployments: list[dict[str, Any]] | None = None,
 ) -> MachineSetView | None:
     """Build the view from raw list items; None when the named MachineSet is not among them."""
     try:
         sets = [MachineSet.model_validate(item) for item in machine_sets]
         members = [Machine.model_validate(item) for item in machines]
+        deployments = [MachineDeployment.model_validate(item) for item in machine_deployments or []]
     except ValidationError as error:
         raise SourceUnavailable(f"unexpected object from the API server: {error.errors()[0]['msg']}") from None
     own = next((s for s in sets if s.metadata.name == name), None)
     if own is None:
         return None
-    return MachineSetView(machine_set=own, machines=members, siblings=sets)
+    return MachineSetView(machine_set=own, machines=members, siblings=sets, machine_deployments=deployments)
+
+
+async def new_api_client(*, kubeconfig: Path | None) -> client.ApiClient:
+    """A client from the kubeconfig file, else the in-cluster config, else the default kubeconfig."""
+    api_client: client.ApiClient
+    if kubeconfig is not None:
+        api_client = await config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        configuration = client.Configuration()
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        api_client = client.ApiClient(configuration=configuration)
+    else:
+        api_client = await config.new_client_from_config()  # type: ignore[no-untyped-call]
+    return api_client
 
 
 def _items(listing: object) -> list[dict[str, Any]]:
@@ -68,42 +100,48 @@ class KubernetesMachineSets:
     async def _api(self) -> client.CustomObjectsApi:
         async with self._lock:
             if self._api_client is None:
-                if self._kubeconfig is not None:
-                    self._api_client = await config.new_client_from_config(  # type: ignore[no-untyped-call]
-                        config_file=str(self._kubeconfig)
-                    )
-                elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-                    configuration = client.Configuration()
-                    config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-                    self._api_client = client.ApiClient(configuration=configuration)
-                else:
-                    self._api_client = await config.new_client_from_config()  # type: ignore[no-untyped-call]
+                self._api_client = await new_api_client(kubeconfig=self._kubeconfig)
             return client.CustomObjectsApi(self._api_client)
 
     async def read(self, *, namespace: str, name: str) -> MachineSetView | None:
+        def listing(plural: str) -> Any:
+            return api.list_namespaced_custom_object(
+                v.MACHINE_API_GROUP, v.MACHINE_API_VERSION, namespace, plural, _request_timeout=READ_TIMEOUT_SECONDS
+            )
+
         try:
             api = await self._api()
-            sets, machines = await asyncio.gather(
-                api.list_namespaced_custom_object(
-                    v.MACHINE_API_GROUP,
-                    v.MACHINE_API_VERSION,
-                    namespace,
-                    "machinesets",
-                    _request_timeout=READ_TIMEOUT_SECONDS,
-                ),
-                api.list_namespaced_custom_object(
-                    v.MACHINE_API_GROUP,
-                    v.MACHINE_API_VERSION,
-                    namespace,
-                    "machines",
-                    _request_timeout=READ_TIMEOUT_SECONDS,
-                ),
+            sets, machines, deployments = await asyncio.gather(
+                listing("machinesets"), listing("machines"), listing("machinedeployments")
             )
         except ApiException as error:
             raise SourceUnavailable(f"reading MachineSets in {namespace!r}: {error.status} {error.reason}") from None
         except (ConfigException, aiohttp.ClientError, TimeoutError, OSError) as error:
             raise SourceUnavailable(f"reading MachineSets in {namespace!r}: {error}") from None
-        return view_from_lists(name=name, machine_sets=_items(sets), machines=_items(machines))
+        return view_from_lists(
+            name=name,
+            machine_sets=_items(sets),
+            machines=_items(machines),
+            machine_deployments=_items(deployments),
+        )
+
+    async def read_shoot(self, *, namespace: str) -> ShootLifecycle | None:
+        try:
+            api = await self._api()
+            cluster = await api.get_cluster_custom_object(
+                CLUSTER_API_GROUP,
+                CLUSTER_API_VERSION,
+                CLUSTER_PLURAL,
+                namespace,
+                _request_timeout=READ_TIMEOUT_SECONDS,
+            )
+        except ApiException as error:
+            if error.status == 404:  # no Cluster resource (or not even its CRD): not a Gardener seed
+                return None
+            raise SourceUnavailable(f"reading the Cluster {namespace!r}: {error.status} {error.reason}") from None
+        except (ConfigException, aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise SourceUnavailable(f"reading the Cluster {namespace!r}: {error}") from None
+        return shoot_lifecycle(cluster) if isinstance(cluster, dict) else None
 
     async def close(self) -> None:
         if self._api_client is not None:

@@ -6,6 +6,9 @@
 - the controller-owned markers (core.vocabulary.CONTROLLER_OWNED_ANNOTATIONS) change only through the
   controller's identity; the CA `-by-mcm` marker also through MCM's identities, because upstream MCM sets it
   itself during rolling updates.
+- when the cluster's MCM preserves natively (settings.mcm_native_preservation), MCM's identities may also
+  write their own auto value (`auto-preserved`, not ours) and the last-applied node value: MCM runs the
+  lifecycle then and writes both itself. Users still may not.
 - on UPDATE an annotation whose value did not change is not judged again, so an object that already carries
   a bad value can still be updated otherwise.
 """
@@ -21,6 +24,7 @@ from machine_preservation.core.admission.verdict import Verdict, allow, deny
 
 _ANNOTATIONS = root("metadata", "annotations")
 _MCM_MAY_CHANGE = frozenset({v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION})
+_NATIVE_MCM_MAY_CHANGE = frozenset({v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION})
 
 
 def annotation_errors(
@@ -34,11 +38,14 @@ def annotation_errors(
     previous: Mapping[str, str] = old or {}
     errors: list[FieldError] = []
     is_controller = settings.is_controller(username)
+    native_mcm = settings.mcm_native_preservation and settings.is_mcm(username)
 
     value = new.get(v.PRESERVE_ANNOTATION)
     if value is not None and value != previous.get(v.PRESERVE_ANNOTATION):
         path = _ANNOTATIONS.key(v.PRESERVE_ANNOTATION)
-        if value in v.AUTO_PRESERVE_VALUES and not is_controller:
+        if native_mcm and value == v.PreserveValue.AUTO_UPSTREAM:
+            pass
+        elif value in v.AUTO_PRESERVE_VALUES and not is_controller:
             supported = ", ".join(f'"{option}"' for option in v.USER_ALLOWED_VALUES)
             errors.append(
                 forbidden(
@@ -54,6 +61,8 @@ def annotation_errors(
         if new.get(key) == previous.get(key) or is_controller:
             continue
         if key in _MCM_MAY_CHANGE and settings.is_mcm(username):
+            continue
+        if key in _NATIVE_MCM_MAY_CHANGE and native_mcm:
             continue
         errors.append(
             forbidden(

@@ -1,42 +1,135 @@
-"""Whether MCM may delete a Machine now: not while it is Failed and preserved, or about to be.
+"""Whether MCM may delete a Machine now: never when the delete would only *replace* a Failed machine we keep.
 
-MCM deletes Failed machines it sees without preservation; our controller preserves them a moment later.
-To let the controller win that race, a DELETE by one of the MCM identities is denied while the machine is
-Failed and either actively preserved (`preserveExpiryTime` in the future) or *pending*: not preserved yet but
-its effective preserve value (the machine's annotation, or the node's last-applied value) asks for it, or its
-MachineSet's auto-preservation budget has room for it. Everyone else's deletes always pass.
+Who is guarded: DELETEs by one of MCM's identities of a machine in phase Failed. A user's delete, the
+controller's, and any delete of a machine that is not Failed always pass, without reading anything.
 
-The webhook cannot see the shoot's nodes, so a node's value is known through the machine's last-applied
-record only (what the controller last synced from the node).
+Which machines we keep:
+- a *preserved* one: its preservation record (in the Machine's annotations) has not run out. The expiry in
+  force is the record's, capped at its start + the maximum preserve timeout. The mirror in
+  `status.currentStatus.preserveExpiryTime` is never read: anyone who may write `machines/status` could
+  set it to year 9999;
+- one *about to be preserved*: no record yet, but its effective preserve value asks for preservation (the
+  machine's annotation, or its node's value as last recorded on the machine: the webhook cannot see the
+  shoot's nodes), or its MachineSet's auto-preservation budget has room for it. MCM deletes a Failed
+  machine within milliseconds of seeing it; the controller needs a moment to start the preservation.
+
+Replica counts always win: a kept machine's delete passes when
+- the Machine is marked for forced deletion (label `force-deletion=True`; Gardener sets it on every machine
+  of a Shoot it hibernates or deletes);
+- its MachineSet, or that set's MachineDeployment, is being deleted;
+- its MachineSet (or MachineDeployment) wants fewer machines than it keeps: among the machines not being
+  deleted, even once every machine we do not keep is gone more remain than `spec.replicas`. Then the
+  surplus of kept machines may go, the first ones in MCM's scale-down order (priority annotation, phase,
+  age); the others stay denied, so MCM's parallel deletes cannot take more kept machines than the count
+  needs. Scale to zero therefore deletes every machine, preserved ones included;
+- the Shoot is being hibernated, deleted or migrated, as its Gardener `Cluster` resource shows.
+So the guard denies only the delete that would replace a kept machine; the denial names the machine, until
+when it is kept, and how to release it.
+
+With an MCM that preserves machines itself (settings.mcm_native_preservation) MCM runs the lifecycle and the
+guard is off, except for machines that still carry our record (a preservation handed over while it was
+running): those stay guarded until the record is gone.
+
+What it costs: the shell reads the machine's MachineSet, the namespace's machines and MachineDeployments
+only when a guarded delete is not decided by the machine alone (`machine_set_to_read`), and the Shoot's
+`Cluster` only when the answer would otherwise be a denial.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
 
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.settings import AdmissionSettings
+from machine_preservation.core.admission.shoot_lifecycle import ShootLifecycle
 from machine_preservation.core.admission.verdict import Verdict, allow, deny
 from machine_preservation.core.auto_preservation import is_being_replaced, plan_auto_preservation
-from machine_preservation.core.models import Machine, MachineSet, Node, ObjectMeta
+from machine_preservation.core.durations import InvalidDuration, format_go_duration, parse_go_duration
+from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, ObjectMeta
+from machine_preservation.core.preservation_record import PreservationRecord, format_timestamp, read_record
 from machine_preservation.core.preserve_value import Preference, effective_preserve_value
+
+# MCM's marker for a machine to be deleted at once (no drain); Gardener sets it on hibernation and deletion.
+FORCE_DELETION_LABEL: Final = "force-deletion"
+FORCE_DELETION_VALUE: Final = "True"
 
 _ASKS_FOR_PRESERVATION = (Preference.NOW, Preference.WHEN_FAILED, Preference.AUTO)
 _RELEASE_HINT = (
     f"to release it, annotate the machine (or its node) with {v.PRESERVE_ANNOTATION}=false; "
     "a user's delete is not blocked"
 )
+# MCM's scale-down order by phase (earlier phases go first); a phase it does not know ranks first, as in MCM.
+_PHASE_RANK: Final[dict[str, int]] = {
+    v.MachinePhase.TERMINATING: 0,
+    v.MachinePhase.FAILED: 1,
+    v.MachinePhase.CRASH_LOOP_BACK_OFF: 2,
+    v.MachinePhase.UNKNOWN: 3,
+    v.MachinePhase.PENDING: 4,
+    v.MachinePhase.AVAILABLE: 5,
+    v.MachinePhase.RUNNING: 6,
+}
+_EPOCH = dt.datetime.min.replace(tzinfo=dt.UTC)
 
 
 @dataclass(frozen=True)
 class MachineSetView:
-    """The machine's MachineSet, its machines, and the other MachineSets of the namespace (rollouts)."""
+    """The machine's MachineSet and what of its namespace the replica counts and the budget need."""
 
     machine_set: MachineSet
-    machines: Sequence[Machine]
-    siblings: Sequence[MachineSet]
+    machines: Sequence[Machine]  # every machine of the namespace
+    siblings: Sequence[MachineSet]  # every MachineSet of the namespace, this one included
+    machine_deployments: Sequence[MachineDeployment] = ()  # every MachineDeployment of the namespace
+
+
+class Outcome(StrEnum):
+    """Why a delete passes or is denied."""
+
+    NOT_GUARDED = "not-guarded"  # not MCM's identity, or the machine is not Failed
+    NOT_OURS = "not-ours"  # MCM preserves natively and the machine carries no record of ours
+    ALREADY_DELETED = "already-deleted"  # a repeated delete changes nothing: the machine is going already
+    FORCE_DELETION = "force-deletion"
+    EXPIRED = "expired"
+    NOT_KEPT = "not-kept"
+    MACHINE_SET_DELETED = "machine-set-deleted"
+    MACHINE_DEPLOYMENT_DELETED = "machine-deployment-deleted"
+    MACHINE_SET_SURPLUS = "machine-set-surplus"
+    MACHINE_DEPLOYMENT_SURPLUS = "machine-deployment-surplus"
+    SHOOT_GOING_AWAY = "shoot-going-away"
+    # Denials:
+    PRESERVED = "preserved"
+    PENDING_BY_VALUE = "pending-by-value"
+    PENDING_BY_BUDGET = "pending-by-budget"
+
+
+DENIALS: Final = frozenset({Outcome.PRESERVED, Outcome.PENDING_BY_VALUE, Outcome.PENDING_BY_BUDGET})
+# Passes of a machine we keep: worth a log line, they are the replica counts winning.
+RELEASES: Final = frozenset(
+    {
+        Outcome.FORCE_DELETION,
+        Outcome.MACHINE_SET_DELETED,
+        Outcome.MACHINE_DEPLOYMENT_DELETED,
+        Outcome.MACHINE_SET_SURPLUS,
+        Outcome.MACHINE_DEPLOYMENT_SURPLUS,
+        Outcome.SHOOT_GOING_AWAY,
+    }
+)
+
+
+@dataclass(frozen=True)
+class Assessment:
+    outcome: Outcome
+    message: str = ""  # the denial; for a kept machine that may go, why (for the log)
+
+    @property
+    def allowed(self) -> bool:
+        return self.outcome not in DENIALS
+
+    def verdict(self) -> Verdict:
+        return allow() if self.allowed else deny(self.message)
 
 
 def last_known_node(machine: Machine) -> Node | None:
@@ -48,39 +141,269 @@ def last_known_node(machine: Machine) -> Node | None:
     return Node(metadata=ObjectMeta(name=machine.node_name, annotations=annotations))
 
 
-def _guarded(*, machine: Machine, username: str, settings: AdmissionSettings) -> bool:
-    return settings.is_mcm(username) and machine.phase == v.MachinePhase.FAILED
+def _first_look(
+    *, machine: Machine, username: str, settings: AdmissionSettings, now: dt.datetime
+) -> Assessment | PreservationRecord | None:
+    """A pass decided by the machine alone, else its record (None: none yet)."""
+    if not settings.is_mcm(username) or machine.phase != v.MachinePhase.FAILED:
+        return Assessment(Outcome.NOT_GUARDED)
+    if machine.metadata.deletion_timestamp is not None:
+        return Assessment(Outcome.ALREADY_DELETED)
+    record = read_record(machine.metadata.annotations)
+    if record is None and settings.mcm_native_preservation:
+        return Assessment(Outcome.NOT_OURS)
+    subject = f'machine "{machine.metadata.name}"'
+    if machine.metadata.labels.get(FORCE_DELETION_LABEL) == FORCE_DELETION_VALUE:
+        return Assessment(Outcome.FORCE_DELETION, f"{subject} is marked for forced deletion")
+    if record is not None and record.expired(now=now, max_timeout=settings.max_preserve_timeout):
+        return Assessment(Outcome.EXPIRED)
+    return record
 
 
-def machine_set_to_read(*, machine: Machine, username: str, settings: AdmissionSettings) -> str:
-    """The name of the MachineSet whose budget decides this DELETE, or "" when no read is needed."""
-    if not _guarded(machine=machine, username=username, settings=settings) or machine.preserve_expiry_time:
-        return ""
-    if effective_preserve_value(machine=machine, node=last_known_node(machine)).value != Preference.NONE:
-        return ""
+def _owner_set_name(machine: Machine) -> str:
     owner = machine.metadata.controller_owner()
     return owner.name if owner is not None and owner.kind == "MachineSet" else ""
 
 
-def _has_budget_room(*, machine: Machine, view: MachineSetView, now: dt.datetime) -> bool:
-    owned = [
-        m
-        for m in view.machines
-        if (owner := m.metadata.controller_owner()) is not None
-        and owner.kind == "MachineSet"
-        and owner.name == view.machine_set.metadata.name
-    ]
-    if all(m.metadata.name != machine.metadata.name for m in owned):
-        owned.append(machine)
+def machine_set_to_read(*, machine: Machine, username: str, settings: AdmissionSettings, now: dt.datetime) -> str:
+    """The name of the MachineSet to read (with the namespace's machines and MachineDeployments) before
+    judging this DELETE; "" when the machine alone decides, or it has no MachineSet."""
+    if isinstance(_first_look(machine=machine, username=username, settings=settings, now=now), Assessment):
+        return ""
+    return _owner_set_name(machine)
+
+
+def _asks_for_preservation(machine: Machine) -> tuple[Preference, str] | None:
+    effective = effective_preserve_value(machine=machine, node=last_known_node(machine))
+    if effective.value in _ASKS_FOR_PRESERVATION:
+        return effective.value, effective.source.value
+    return None
+
+
+def _owned_by(machine: Machine, machine_set: MachineSet) -> bool:
+    owner = machine.metadata.controller_owner()
+    return owner is not None and owner.kind == "MachineSet" and owner.name == machine_set.metadata.name
+
+
+def _auto_candidates(
+    view: MachineSetView, machine_set: MachineSet, now: dt.datetime, max_timeout: dt.timedelta
+) -> set[str]:
+    """The machines of `machine_set` its auto-preservation budget would grant the auto value now."""
+    owned = [m for m in view.machines if _owned_by(m, machine_set)]
     nodes = {m.node_name: node for m in owned if (node := last_known_node(m)) is not None}
     plan = plan_auto_preservation(
-        machine_set=view.machine_set,
+        machine_set=machine_set,
         machines=owned,
         nodes=nodes,
-        being_replaced=is_being_replaced(view.machine_set, view.siblings),
+        being_replaced=is_being_replaced(machine_set, view.siblings),
         now=now,
+        max_timeout=max_timeout,
     )
-    return machine.metadata.name in plan.annotate
+    return set(plan.annotate)
+
+
+class _Keeping:
+    """Which machines of the namespace we keep, with each MachineSet's budget worked out once."""
+
+    def __init__(self, *, view: MachineSetView, settings: AdmissionSettings, now: dt.datetime) -> None:
+        self._view, self._settings, self._now = view, settings, now
+        self._budgets: dict[str, set[str]] = {}
+
+    def budget_has_room(self, machine: Machine, machine_set: MachineSet) -> bool:
+        name = machine_set.metadata.name
+        if name not in self._budgets:
+            self._budgets[name] = _auto_candidates(
+                self._view, machine_set, self._now, self._settings.max_preserve_timeout
+            )
+        return machine.metadata.name in self._budgets[name]
+
+    def kept(self, machine: Machine, machine_set: MachineSet) -> bool:
+        record = read_record(machine.metadata.annotations)
+        if record is not None:
+            return not record.expired(now=self._now, max_timeout=self._settings.max_preserve_timeout)
+        if self._settings.mcm_native_preservation or machine.phase != v.MachinePhase.FAILED:
+            return False
+        return _asks_for_preservation(machine) is not None or self.budget_has_room(machine, machine_set)
+
+
+def _priority(machine: Machine) -> int:
+    raw = machine.metadata.annotations.get(v.MACHINE_PRIORITY_ANNOTATION, "")
+    try:
+        return int(raw)
+    except ValueError:
+        return v.DEFAULT_MACHINE_PRIORITY
+
+
+def _scale_down_order(machine: Machine) -> tuple[int, int, dt.datetime, str]:
+    return (
+        _priority(machine),
+        _PHASE_RANK.get(machine.phase, 0),
+        machine.metadata.creation_timestamp or _EPOCH,
+        machine.metadata.name,
+    )
+
+
+def _counted(machine: Machine) -> bool:
+    """A machine that still counts toward its set's replicas (not on its way out already)."""
+    return machine.metadata.deletion_timestamp is None and machine.phase != v.MachinePhase.TERMINATING
+
+
+def _in_surplus(
+    *, machine: Machine, members: Iterable[tuple[Machine, MachineSet]], replicas: int, keeping: _Keeping
+) -> bool:
+    """Whether `machine` (kept) is among the kept machines the replica target needs gone, in MCM's order."""
+    kept = [m for m, owner in members if m.metadata.name == machine.metadata.name or keeping.kept(m, owner)]
+    surplus = len(kept) - max(replicas, 0)
+    if surplus <= 0:
+        return False
+    kept.sort(key=_scale_down_order)
+    return any(m.metadata.name == machine.metadata.name for m in kept[:surplus])
+
+
+def _members(machine: Machine, view: MachineSetView, sets: Sequence[MachineSet]) -> list[tuple[Machine, MachineSet]]:
+    """The counted machines of `sets`, each with its set; the judged machine as the request shows it."""
+    members: list[tuple[Machine, MachineSet]] = []
+    found = False
+    for machine_set in sets:
+        for member in view.machines:
+            if not _owned_by(member, machine_set):
+                continue
+            if member.metadata.name == machine.metadata.name:
+                member, found = machine, True
+            if _counted(member):
+                members.append((member, machine_set))
+    if not found and _counted(machine) and _owned_by(machine, view.machine_set):
+        members.append((machine, view.machine_set))
+    return members
+
+
+def _machine_deployment(view: MachineSetView) -> MachineDeployment | None:
+    owner = view.machine_set.metadata.controller_owner()
+    if owner is None or owner.kind != "MachineDeployment":
+        return None
+    return next((d for d in view.machine_deployments if d.metadata.name == owner.name), None)
+
+
+def _deployment_sets(view: MachineSetView, deployment: MachineDeployment) -> list[MachineSet]:
+    def owned(machine_set: MachineSet) -> bool:
+        owner = machine_set.metadata.controller_owner()
+        return owner is not None and owner.kind == "MachineDeployment" and owner.name == deployment.metadata.name
+
+    return [s for s in view.siblings if owned(s)] or [view.machine_set]
+
+
+def _replica_release(*, machine: Machine, view: MachineSetView, keeping: _Keeping, subject: str) -> Assessment | None:
+    machine_set = view.machine_set
+    set_name = f'MachineSet "{machine_set.metadata.name}"'
+    if machine_set.metadata.deletion_timestamp is not None:
+        return Assessment(Outcome.MACHINE_SET_DELETED, f"{subject}: its {set_name} is being deleted")
+    deployment = _machine_deployment(view)
+    deployment_name = f'MachineDeployment "{deployment.metadata.name}"' if deployment is not None else ""
+    if deployment is not None and deployment.metadata.deletion_timestamp is not None:
+        return Assessment(Outcome.MACHINE_DEPLOYMENT_DELETED, f"{subject}: its {deployment_name} is being deleted")
+    replicas = machine_set.spec.replicas
+    if _in_surplus(machine=machine, members=_members(machine, view, [machine_set]), replicas=replicas, keeping=keeping):
+        return Assessment(
+            Outcome.MACHINE_SET_SURPLUS,
+            f"{subject}: its {set_name} wants {replicas} machine(s), fewer than it keeps",
+        )
+    if deployment is not None:
+        replicas = deployment.spec.replicas
+        members = _members(machine, view, _deployment_sets(view, deployment))
+        if _in_surplus(machine=machine, members=members, replicas=replicas, keeping=keeping):
+            return Assessment(
+                Outcome.MACHINE_DEPLOYMENT_SURPLUS,
+                f"{subject}: its {deployment_name} wants {replicas} machine(s), fewer than it keeps",
+            )
+    return None
+
+
+def _kept_for(machine: Machine, settings: AdmissionSettings) -> str:
+    """How long a machine about to be preserved will be kept, as far as the webhook knows."""
+    written = machine.spec.machine_preserve_timeout
+    if written is None:
+        return "the configured machinePreserveTimeout"
+    try:
+        timeout = parse_go_duration(written)
+    except InvalidDuration:
+        return "the configured machinePreserveTimeout"
+    if timeout > settings.max_preserve_timeout:
+        return f"{format_go_duration(settings.max_preserve_timeout)} (the maximum preserve timeout)"
+    return written
+
+
+def _denial(
+    *,
+    machine: Machine,
+    record: PreservationRecord | None,
+    view: MachineSetView | None,
+    keeping: _Keeping | None,
+    settings: AdmissionSettings,
+) -> Assessment | None:
+    """The denial for a machine we keep; None when we do not keep it."""
+    subject = f'machine "{machine.metadata.name}"'
+    replacing = ""
+    if view is not None:
+        wanted = view.machine_set.spec.replicas
+        replacing = (
+            f'; its MachineSet "{view.machine_set.metadata.name}" wants {wanted} machine(s) and keeps it among '
+            "them, so deleting it would only replace it"
+        )
+    if record is not None:
+        until = format_timestamp(record.expiry(max_timeout=settings.max_preserve_timeout))
+        return Assessment(
+            Outcome.PRESERVED, f"{subject} is Failed and preserved until {until}{replacing}; {_RELEASE_HINT}"
+        )
+    kept_for = _kept_for(machine, settings)
+    asked = _asks_for_preservation(machine)
+    if asked is not None:
+        value, source = asked
+        return Assessment(
+            Outcome.PENDING_BY_VALUE,
+            f'{subject} is Failed and about to be preserved (preserve value "{value}" from its {source}); it is '
+            f"kept for {kept_for} from the start of its preservation{replacing}; {_RELEASE_HINT}",
+        )
+    if view is not None and keeping is not None and keeping.budget_has_room(machine, view.machine_set):
+        name = view.machine_set.metadata.name
+        return Assessment(
+            Outcome.PENDING_BY_BUDGET,
+            f'{subject} is Failed and about to be auto-preserved (MachineSet "{name}" has room in its '
+            f"autoPreserveFailedMachineMax); it is kept for {kept_for} from the start of its preservation"
+            f"{replacing}; {_RELEASE_HINT}",
+        )
+    return None
+
+
+def assess_machine_deletion(
+    *,
+    machine: Machine,
+    username: str,
+    settings: AdmissionSettings,
+    now: dt.datetime,
+    machine_set: MachineSetView | None = None,
+    shoot: ShootLifecycle | None = None,
+) -> Assessment:
+    """Judge a DELETE of `machine` (the request's oldObject) by `username`.
+
+    `machine_set`: the view read for `machine_set_to_read(...)`; None when none was needed, the machine has
+    no MachineSet, or it is gone. `shoot`: what the Shoot's `Cluster` shows, read only when the answer
+    without it is a denial; None when not read or there is none.
+    """
+    first = _first_look(machine=machine, username=username, settings=settings, now=now)
+    if isinstance(first, Assessment):
+        return first
+    keeping = _Keeping(view=machine_set, settings=settings, now=now) if machine_set is not None else None
+    denial = _denial(machine=machine, record=first, view=machine_set, keeping=keeping, settings=settings)
+    if denial is None:
+        return Assessment(Outcome.NOT_KEPT)
+    subject = f'machine "{machine.metadata.name}"'
+    if machine_set is not None and keeping is not None:
+        release = _replica_release(machine=machine, view=machine_set, keeping=keeping, subject=subject)
+        if release is not None:
+            return release
+    if shoot is not None and (why := shoot.going_away()):
+        return Assessment(Outcome.SHOOT_GOING_AWAY, f"{subject}: {why}")
+    return denial
 
 
 def judge_machine_deletion(
@@ -90,33 +413,9 @@ def judge_machine_deletion(
     settings: AdmissionSettings,
     now: dt.datetime,
     machine_set: MachineSetView | None = None,
+    shoot: ShootLifecycle | None = None,
 ) -> Verdict:
-    """Deny MCM's DELETE of a Failed machine that is, or is about to be, preserved; allow everything else.
-
-    `machine_set` is the view read for `machine_set_to_read(...)`; None when none was needed or it is gone.
-    """
-    if not _guarded(machine=machine, username=username, settings=settings):
-        return allow()
-    subject = f'machine "{machine.metadata.name}"'
-    expiry = machine.preserve_expiry_time
-    if expiry is not None:
-        if expiry <= now:
-            return allow()
-        until = expiry.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        return deny(f"{subject} is Failed and preserved until {until}; {_RELEASE_HINT}")
-    # The expiry is not known yet: the controller sets it when it starts preserving.
-    kept_for = machine.spec.machine_preserve_timeout or "the configured machinePreserveTimeout"
-    effective = effective_preserve_value(machine=machine, node=last_known_node(machine))
-    if effective.value in _ASKS_FOR_PRESERVATION:
-        return deny(
-            f'{subject} is Failed and about to be preserved (preserve value "{effective.value}" from its '
-            f"{effective.source}); it is kept for {kept_for} from the start of its preservation; {_RELEASE_HINT}"
-        )
-    if machine_set is not None and _has_budget_room(machine=machine, view=machine_set, now=now):
-        name = machine_set.machine_set.metadata.name
-        return deny(
-            f'{subject} is Failed and about to be auto-preserved (MachineSet "{name}" has room in its '
-            f"autoPreserveFailedMachineMax); it is kept for {kept_for} from the start of its preservation; "
-            f"{_RELEASE_HINT}"
-        )
-    return allow()
+    """`assess_machine_deletion` as an admission verdict."""
+    return assess_machine_deletion(
+        machine=machine, username=username, settings=settings, now=now, machine_set=machine_set, shoot=shoot
+    ).verdict()

@@ -21,6 +21,9 @@ class AdmissionSettings(BaseModel):
     controller_username: str = DEFAULT_CONTROLLER_USERNAME
     mcm_usernames: frozenset[str] = Field(default_factory=lambda: frozenset(DEFAULT_MCM_USERNAMES))
     max_preserve_timeout: dt.timedelta = DEFAULT_MAX_PRESERVE_TIMEOUT
+    # The cluster's MCM preserves machines itself (v0.62+): it may write its own auto value and last-applied
+    # record on Machines, and the deletion guard only covers preservations our controller still holds.
+    mcm_native_preservation: bool = False
 
     @field_validator("max_preserve_timeout")
     @classmethod
