@@ -199,12 +199,11 @@ async def test_dry_run_deletes_are_judged_alike(webhook: Webhook) -> None:
     assert await webhook.review(PATH, real) == await webhook.review(PATH, dry)
 
 
-async def test_an_internal_error_is_answered_like_failure_policy_ignore_not_with_a_500(webhook: Webhook) -> None:
+async def test_an_internal_error_is_a_500_so_that_the_failure_policy_applies(webhook: Webhook) -> None:
     webhook.machine_sets.crash = True
     body = delete(machine(phase="Failed"))
-    response = await webhook.review(PATH, body)
-    assert response["allowed"] is True
-    assert response["warnings"] == ["machine-preservation webhook: internal error, request not checked"]
+    status, answer = await webhook.post(PATH, body)
+    assert (status, answer["reason"]) == (500, "InternalError")
     labels = {"endpoint": "validate-machine-deletion", "kind": "internal"}
     assert webhook.sample("machine_preservation_webhook_errors_total", **labels) == 1
 

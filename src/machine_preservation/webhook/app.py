@@ -2,9 +2,13 @@
 
 Every admission endpoint goes through `_serve`: read the body (413 above the limit), parse the review (400
 with a reason), decide with the core, answer 200 with the uid echoed. `dryRun` requests take the same path:
-no decision here has side effects. Nothing a client sends can produce a 500: an unexpected exception is
-logged, counted and answered like `failurePolicy: Ignore` would (allowed, with a warning), because the node
-rules must never take a cluster down. A body that does not arrive in time gets 408, so nothing hangs.
+no decision here has side effects. A body that does not arrive in time gets 408, so nothing hangs.
+
+An unexpected exception (a bug of ours, never something a client sent) is logged, counted and answered as the
+endpoint's failure policy says (`FAILURE_POLICIES`): a Node request is allowed with a warning, because the node
+rules must never block kubelets; a Machine or Shoot request gets HTTP 500, so that the API server treats the
+call as failed and applies the rule's `failurePolicy` (Fail unless an operator chose Ignore) instead of this
+webhook letting it through unchecked.
 """
 
 from __future__ import annotations
@@ -13,9 +17,9 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 from aiohttp import web
 from pydantic import ValidationError
@@ -50,6 +54,7 @@ DEFAULT_MAX_BODY_BYTES: Final = 3 * 1024 * 1024
 # in after this long is not from it, and must not hold a connection forever.
 DEFAULT_BODY_TIMEOUT_SECONDS: Final = 10.0
 INTERNAL_ERROR_WARNING: Final = "machine-preservation webhook: internal error, request not checked"
+INTERNAL_ERROR_MESSAGE: Final = "machine-preservation webhook: internal error, request not judged; retry later"
 
 PRESERVE_ANNOTATION_PATH: Final = "/validate-preserve-annotation"
 CA_ANNOTATION_PATH: Final = "/mutate-node-ca-annotation"
@@ -59,6 +64,19 @@ SHOOT_PATH: Final = "/validate-shoot"
 NODE: Final = ("", "Node")
 MACHINE: Final = (v.MACHINE_API_GROUP, "Machine")
 SHOOT: Final = (v.SHOOT_API_GROUP, "Shoot")
+
+FailurePolicy = Literal["Fail", "Ignore"]
+
+# The failurePolicy each endpoint is registered with, per kind: how an internal error is answered. Node
+# rules are always Ignore; Machine and Shoot rules default to Fail (an operator may register them with
+# Ignore: the API server applies whichever they have, as it receives a 500).
+FAILURE_POLICIES: Final[Mapping[tuple[str, tuple[str, str]], FailurePolicy]] = {
+    (PRESERVE_ANNOTATION_PATH, NODE): "Ignore",
+    (CA_ANNOTATION_PATH, NODE): "Ignore",
+    (PRESERVE_ANNOTATION_PATH, MACHINE): "Fail",
+    (MACHINE_DELETION_PATH, MACHINE): "Fail",
+    (SHOOT_PATH, SHOOT): "Fail",
+}
 
 _ERROR_KINDS: Final = {413: "too_large", 408: "timeout"}
 
@@ -75,6 +93,35 @@ class WebhookConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     body_timeout: float = DEFAULT_BODY_TIMEOUT_SECONDS
     clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
+
+
+def failure_policy(path: str, kind: tuple[str, str] | None) -> FailurePolicy:
+    """The policy for a request of `kind` (None: not known, the review could not be read) to `path`.
+
+    A kind the table does not list for the path is treated as Ignore if the path serves Nodes at all, so that
+    a kubelet's request is never blocked by mistake.
+    """
+    policy = FAILURE_POLICIES.get((path, kind)) if kind is not None else None
+    if policy is not None:
+        return policy
+    return "Ignore" if (path, NODE) in FAILURE_POLICIES else "Fail"
+
+
+def _internal_error_response(path: str, kind: tuple[str, str] | None, uid: str) -> web.Response:
+    if failure_policy(path, kind) == "Ignore":
+        verdict = allow(warnings=(INTERNAL_ERROR_WARNING,))
+        return web.json_response(review_response(uid=uid, verdict=verdict).to_json())
+    # A Status body: the API server quotes its message in the error it returns to the client.
+    status = {
+        "apiVersion": "v1",
+        "kind": "Status",
+        "metadata": {},
+        "status": "Failure",
+        "message": INTERNAL_ERROR_MESSAGE,
+        "reason": "InternalError",
+        "code": 500,
+    }
+    return web.json_response(status, status=500)
 
 
 def _require_kind(request: AdmissionRequest, *kinds: tuple[str, str]) -> tuple[str, str]:
@@ -208,19 +255,20 @@ def _serve(config: WebhookConfig, path: str, decide: Decide) -> Callable[[web.Re
         started = time.perf_counter()
         requests.inc()
         uid = ""
+        kind: tuple[str, str] | None = None
         try:
             try:
                 body = await _read_body(request, limit=config.max_body_bytes, seconds=config.body_timeout)
                 review = parse_review(body)
-                uid = review.request.uid
+                uid, kind = review.request.uid, (review.request.kind.group, review.request.kind.kind)
                 verdict = await decide(review.request)
             except BadRequest as error:
                 metrics.errors.labels(endpoint, _ERROR_KINDS.get(error.status, "bad_request")).inc()
                 return web.json_response(bad_request_response(error).to_json(), status=error.status)
             except Exception:
-                logger.exception("internal error while judging a request to %s", path)
+                logger.exception("internal error while judging request %s to %s", uid, path)
                 metrics.errors.labels(endpoint, "internal").inc()
-                verdict = allow(warnings=(INTERNAL_ERROR_WARNING,))
+                return _internal_error_response(path, kind, uid)
             # Denials and patches are rare and are what an operator asks about; allowed requests are only counted.
             if not verdict.allowed:
                 denials.inc()
