@@ -16,6 +16,7 @@ import pytest
 from cryptography import x509
 
 from machine_preservation.cli import build_parser
+from machine_preservation.core.mcm_generation import NativePreservationMode
 from machine_preservation.webhook.commands import write_self_signed
 
 
@@ -50,10 +51,35 @@ def test_flags_and_defaults() -> None:
     defaults = build_parser().parse_args(["webhook", "--cert-dir", "/x"])
     assert defaults.max_preserve_timeout == dt.timedelta(hours=720)
     assert defaults.controller_username.startswith("system:serviceaccount:")
+    assert defaults.mcm_native_preservation == NativePreservationMode.AUTO
+    assert defaults.control_namespace is None
+
+
+@pytest.mark.parametrize("mode", ["auto", "true", "false"])
+def test_the_native_preservation_mode(mode: str) -> None:
+    args = build_parser().parse_args(
+        ["webhook", "--cert-dir", "/x", f"--mcm-native-preservation={mode}", "--control-namespace", "shoot--p--s"]
+    )
+    assert args.mcm_native_preservation == NativePreservationMode(mode)
+    assert args.control_namespace == "shoot--p--s"
+
+
+def test_a_bad_native_preservation_mode_lists_the_allowed_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["webhook", "--cert-dir", "/x", "--mcm-native-preservation=yes"])
+    err = capsys.readouterr().err
+    assert "--mcm-native-preservation: invalid choice: 'yes' (choose from " in err
+    assert all(mode in err for mode in ("auto", "true", "false"))
 
 
 @pytest.mark.parametrize(
-    "flags", [["--max-preserve-timeout", "3d"], ["--max-preserve-timeout", "-1h"], ["--max-body-bytes", "0"]]
+    "flags",
+    [
+        ["--max-preserve-timeout", "3d"],
+        ["--max-preserve-timeout", "-1h"],
+        ["--max-body-bytes", "0"],
+        ["--mcm-native-preservation", "yes"],
+    ],
 )
 def test_bad_flags_are_refused(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:

@@ -19,6 +19,7 @@ from machine_preservation.core.admission.settings import (
     AdmissionSettings,
 )
 from machine_preservation.core.durations import InvalidDuration, parse_go_duration
+from machine_preservation.core.mcm_generation import NativePreservationMode
 from machine_preservation.webhook.app import DEFAULT_MAX_BODY_BYTES
 from machine_preservation.webhook.certificates import CA_FILE, CERT_FILE, KEY_FILE
 from machine_preservation.webhook.connections import (
@@ -28,6 +29,7 @@ from machine_preservation.webhook.connections import (
     ConnectionLimits,
 )
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
+from machine_preservation.webhook.mcm_detection import decide as decide_native
 from machine_preservation.webhook.server import DEFAULT_CERT_POLL_INTERVAL, WebhookServer
 
 logger = logging.getLogger(__name__)
@@ -95,6 +97,13 @@ async def serve(args: argparse.Namespace) -> None:
         controller_username=args.controller_username,
         mcm_usernames=frozenset(args.mcm_username or DEFAULT_MCM_USERNAMES),
         max_preserve_timeout=args.max_preserve_timeout,
+        mcm_native_preservation=(
+            await decide_native(
+                mode=NativePreservationMode(args.mcm_native_preservation),
+                kubeconfig=args.kubeconfig,
+                namespace=args.control_namespace,
+            )
+        ).native,
     )
     server = WebhookServer(
         host=args.host,
@@ -190,6 +199,21 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
         help="upper bound for machinePreserveTimeout in Shoots (Go duration, default 720h)",
     )
     parser.add_argument(
-        "--kubeconfig", type=Path, help="for reading MachineSets (default: in-cluster, else the default kubeconfig)"
+        "--kubeconfig",
+        type=Path,
+        help="the control cluster, for the deletion guard's reads (default: in-cluster, else the default kubeconfig)",
+    )
+    parser.add_argument(
+        "--mcm-native-preservation",
+        choices=[mode.value for mode in NativePreservationMode],
+        default=NativePreservationMode.AUTO.value,
+        help="whether MCM preserves machines itself (v0.62+): then it may write its own auto value and the "
+        "deletion guard covers only preservations our controller still holds; auto: decided at start from MCM's "
+        "Deployment (--control-namespace) and CRDs, and logged (default auto)",
+    )
+    parser.add_argument(
+        "--control-namespace",
+        default=None,
+        help="the namespace MCM's Deployment runs in, for --mcm-native-preservation=auto (default: CRDs only)",
     )
     parser.set_defaults(handler=run)
