@@ -221,7 +221,6 @@ def _builder_webhooks(
     node_timeout: int = 5,
     machine_policy: builder.FailurePolicy = "Fail",
     machine_namespace_selector: dict[str, Any] | None = None,
-    deletion_guard: bool = True,
 ) -> dict[str, dict[str, Any]]:
     machine_namespace_selector = machine_namespace_selector or builder.control_namespace_selector(NAMESPACE)
     built = []
@@ -241,17 +240,14 @@ def _builder_webhooks(
                 controller_username=controller,
                 failure_policy=machine_policy,
                 namespace_selector=machine_namespace_selector,
-            )
+            ),
+            builder.machine_deletion_webhook(
+                client=client,
+                mcm_usernames=mcm,
+                failure_policy=machine_policy,
+                namespace_selector=machine_namespace_selector,
+            ),
         ]
-        if deletion_guard:
-            built.append(
-                builder.machine_deletion_webhook(
-                    client=client,
-                    mcm_usernames=mcm,
-                    failure_policy=machine_policy,
-                    namespace_selector=machine_namespace_selector,
-                )
-            )
     if shoots:
         built.append(builder.shoot_webhook(client=client))
     return {webhook["name"]: webhook for webhook in built}
@@ -307,15 +303,9 @@ EXPECTED: dict[str, Any] = {
         machines=True,
         shoots=False,
     ),
-    # MCM keeps preserved machines itself: no deletion guard to call.
+    # MCM preserves natively: the same registrations (what the webhook lets through is decided in code).
     "native": lambda: _builder_webhooks(
-        client=_service_client(),
-        controller=CONTROLLER_USERNAME,
-        mcm=[MCM],
-        nodes=True,
-        machines=True,
-        shoots=False,
-        deletion_guard=False,
+        client=_service_client(), controller=CONTROLLER_USERNAME, mcm=[MCM], nodes=True, machines=True, shoots=False
     ),
 }
 
@@ -497,10 +487,13 @@ def test_rbac_grants_exactly_the_verbs_used(rendered: dict[str, list[dict[str, A
     node_events = find(documents, "Role", _unique(f"{CONTROLLER}-node-events"))
     assert node_events["metadata"]["namespace"] == "default"
     assert _rules(documents, "Role", _unique(f"{CONTROLLER}-node-events")) == _expand("", "events", "create get patch")
-    crds = ",".join(f"{plural}.machine.sapcloud.io" for plural in ("machines", "machinesets", "machinedeployments"))
-    assert _rules(documents, "ClusterRole", _unique(f"{CONTROLLER}-crd")) == _expand(
-        "apiextensions.k8s.io", "customresourcedefinitions", "get", crds
-    )
+    # MCM's generation: its Deployment (above), its Machine and MachineSet CRDs; the controller and the webhook
+    # each decide at start.
+    crds = "machines.machine.sapcloud.io,machinesets.machine.sapcloud.io"
+    for component in (CONTROLLER, WEBHOOK):
+        assert _rules(documents, "ClusterRole", _unique(f"{component}-crd")) == _expand(
+            "apiextensions.k8s.io", "customresourcedefinitions", "get", crds
+        )
     # Gardener's Cluster resource is cluster-scoped and named after the control namespace: that one only.
     assert _rules(documents, "ClusterRole", _unique(f"{CONTROLLER}-gardener-cluster")) == _expand(
         "extensions.gardener.cloud", "clusters", "get list watch", NAMESPACE
@@ -508,9 +501,11 @@ def test_rbac_grants_exactly_the_verbs_used(rendered: dict[str, list[dict[str, A
     assert _rules(documents, "ClusterRole", _unique(f"{WEBHOOK}-gardener-cluster")) == _expand(
         "extensions.gardener.cloud", "clusters", "get", NAMESPACE
     )
-    assert _rules(documents, "Role", _unique(f"{WEBHOOK}-control")) == _expand(
-        machine, "machines machinesets", "list"
-    ) | _expand(machine, "machinedeployments", "get list")
+    assert _rules(documents, "Role", _unique(f"{WEBHOOK}-control")) == (
+        _expand(machine, "machines machinesets", "list")
+        | _expand(machine, "machinedeployments", "get list")
+        | _expand("apps", "deployments", "get", "machine-controller-manager")
+    )
     assert _rules(documents, "Role", f"{WEBHOOK}-certs") == _expand("", "secrets", "get patch", f"{WEBHOOK}-certs")
     assert _rules(documents, "ClusterRole", _unique(f"{WEBHOOK}-cabundle")) == _expand(
         "admissionregistration.k8s.io",
@@ -624,9 +619,10 @@ def test_native_preservation_and_the_maximum_reach_both_components(
         assert f"--mcm-native-preservation={native}" in args, (deployment, args)
         assert f"--max-preserve-timeout={limit}" in args, (deployment, args)
         parsed = build_parser().parse_args(args)
-        assert str(parsed.mcm_native_preservation).lower() == native
-    registered = webhooks_by_name(documents)
-    assert (builder.MACHINE_DELETION_WEBHOOK in registered) == (native != "true")
+        assert getattr(parsed.mcm_native_preservation, "value", parsed.mcm_native_preservation) == native
+    # The guard stays registered: with native preservation the webhook itself lets MCM's deletes through
+    # (except for a preservation handed over from our controller).
+    assert builder.MACHINE_DELETION_WEBHOOK in webhooks_by_name(documents)
 
 
 def test_network_policies_by_default(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -689,6 +685,7 @@ def test_seed_setup(rendered: dict[str, list[dict[str, Any]]]) -> None:
         _unique(f"{CONTROLLER}-crd"),
         _unique(f"{CONTROLLER}-gardener-cluster"),
         _unique(f"{WEBHOOK}-control"),
+        _unique(f"{WEBHOOK}-crd"),
         _unique(f"{WEBHOOK}-gardener-cluster"),
         f"{WEBHOOK}-certs",
         _unique(f"{WEBHOOK}-cabundle"),
@@ -846,6 +843,7 @@ def test_chart_commands_are_accepted_by_the_cli(rendered: dict[str, list[dict[st
         if args.command == "webhook":
             assert args.cert_dir == Path("/certs")
             assert args.port == 10250
+            assert args.control_namespace == ("shoot--p--s" if name == "remote-clusters" else NAMESPACE)
         elif args.command == "certs":
             assert args.cert_dir == Path("/certs")
             assert args.secret == (NAMESPACE, f"{WEBHOOK}-certs")
