@@ -25,6 +25,8 @@ def plan(
     now: dt.datetime = NOW,
     ceiling: int = 3,
     config: PreservationConfig = CONFIG,
+    pool_timeout: dt.timedelta | None = None,
+    pods_to_evict: tuple[str, ...] = (),
 ) -> MachinePlan:
     return plan_machine(
         machine=machine,
@@ -33,6 +35,8 @@ def plan(
         config=config,
         now=now,
         unpreserved_priority_ceiling=ceiling,
+        pool_timeout=pool_timeout,
+        pods_to_evict=pods_to_evict,
     )
 
 

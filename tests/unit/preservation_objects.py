@@ -7,6 +7,7 @@ from typing import Any
 
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Machine, MachineSet, Node
+from machine_preservation.core.preservation_record import DrainRecord, PreservationRecord
 
 NOW = dt.datetime(2026, 8, 20, 10, 0, 0, tzinfo=dt.UTC)
 HOUR = dt.timedelta(hours=1)
@@ -32,6 +33,10 @@ def machine(
     node: str = "n1",
     phase: str = v.MachinePhase.RUNNING,
     expiry: dt.datetime | None = None,
+    since: dt.datetime | None = None,
+    by: v.PreservedBy = v.PreservedBy.USER,
+    drain: DrainRecord | None = None,
+    mirrored: dt.datetime | None = None,
     preserve: object = ABSENT,
     last_applied: object = ABSENT,
     priority: object = ABSENT,
@@ -62,11 +67,15 @@ def machine(
         "status": {
             "currentStatus": {
                 "phase": phase,
-                "preserveExpiryTime": expiry.isoformat() if expiry else None,
+                "preserveExpiryTime": mirrored.isoformat() if mirrored else None,
                 "lastUpdateTime": failed_at.isoformat() if failed_at else None,
             }
         },
     }
+    if expiry is not None:
+        # The record of a preservation that started `since` (default: a 72h one that ends at `expiry`).
+        record = PreservationRecord(since=since or expiry - 72 * HOUR, until=expiry, by=by, drain=drain)
+        body["metadata"]["annotations"].update(record.annotations())
     if deleting:
         body["metadata"]["deletionTimestamp"] = NOW.isoformat()
     return Machine.model_validate(body)
@@ -78,7 +87,6 @@ def preserved_condition(
     reason: str = v.ConditionReason.PRESERVED_BY_USER,
     message: str = "",
     transition: dt.datetime | None = None,
-    heartbeat: dt.datetime | None = None,
 ) -> dict[str, Any]:
     return {
         "type": v.PRESERVED_CONDITION_TYPE,
@@ -86,7 +94,6 @@ def preserved_condition(
         "reason": reason,
         "message": message,
         "lastTransitionTime": (transition or NOW - 10 * HOUR).isoformat(),
-        "lastHeartbeatTime": heartbeat.isoformat() if heartbeat else None,
     }
 
 

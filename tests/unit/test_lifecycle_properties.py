@@ -6,6 +6,7 @@ costs no API write.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from typing import Any
 
@@ -26,12 +27,14 @@ from machine_preservation.core.plan import (
     SetPreservedTaint,
     SetPreserveExpiry,
 )
+from machine_preservation.core.preservation_record import DrainRecord, parse_timestamp
 
 from .lifecycle_helpers import CONFIG, changing_steps, execute, of_type, plan, writes
 from .preservation_objects import ABSENT, HOUR, NOW, machine, node, preserved_condition
 
 VALUES = [ABSENT, "", "now", "when-failed", "false", "auto-preserve", "auto-preserved", "yes", " now"]
 PHASES = ["Running", "Failed", "Unknown", "Pending", "CrashLoopBackOff", "", "Terminating"]
+MINUTE = dt.timedelta(minutes=1)
 EXPIRIES = [None, None, NOW - HOUR, NOW, NOW + dt.timedelta(seconds=1), NOW + 5 * HOUR, NOW + 100 * HOUR]
 UNTIL = "Machine preserved until 2026-08-20 15:00:00 +0000 UTC."
 CONDITIONS: list[dict[str, Any] | None] = [
@@ -39,11 +42,22 @@ CONDITIONS: list[dict[str, Any] | None] = [
     preserved_condition(message=UNTIL),
     preserved_condition(message=f"Preserved node drained successfully. {UNTIL}"),
     preserved_condition(reason="Preserved by MCM.", message=f"Preserved node drained successfully. {UNTIL}"),
-    preserved_condition(status="False", message=f"Preserved node could not be drained. {UNTIL}", heartbeat=NOW),
+    preserved_condition(status="False", message=f"Preserved node could not be drained. {UNTIL}"),
+    preserved_condition(status="False", message=f"Preserved node is being drained. {UNTIL}"),
     preserved_condition(status="False", message=f"Preserved node could not be drained. {UNTIL} Pods blocking: a/b."),
     preserved_condition(status="False", reason="Preservation stopped."),
     preserved_condition(message="Machine preserved until 2030-01-01 00:00:00 +0000 UTC."),
 ]
+DRAINS = [
+    None,
+    None,
+    DrainRecord(outcome=v.DrainOutcome.DRAINED),
+    DrainRecord(
+        outcome=v.DrainOutcome.FAILED, failing_since=NOW - 3 * HOUR, last_attempt=NOW - dt.timedelta(minutes=5)
+    ),
+    DrainRecord(outcome=v.DrainOutcome.FAILED, failing_since=NOW - HOUR, last_attempt=NOW - dt.timedelta(seconds=10)),
+]
+CONFIGS = [CONFIG, dataclasses.replace(CONFIG, mirror_status=True), dataclasses.replace(CONFIG, drain_timeout=HOUR)]
 PRIORITY_SETTINGS = st.fixed_dictionaries(
     {
         "priority": st.sampled_from([ABSENT, "1", "2", "3", "5", "10", "abc"]),
@@ -59,6 +73,9 @@ def snapshots(draw: st.DrawFn, timeouts: tuple[str | None, ...] = (None, "1h", "
         node="n1" if has_label else "",
         phase=draw(st.sampled_from(PHASES)),
         expiry=draw(st.sampled_from(EXPIRIES)),
+        since=draw(st.sampled_from([None, None, NOW - 1000 * HOUR])),  # old enough for the cap to bite
+        drain=draw(st.sampled_from(DRAINS)),
+        mirrored=draw(st.sampled_from([None, NOW + 5 * HOUR, NOW + 10_000 * HOUR])),
         preserve=draw(st.sampled_from(VALUES)),
         last_applied=draw(st.sampled_from([ABSENT, ABSENT, "", "now", "when-failed", "false", "auto-preserved"])),
         reported_invalid=draw(st.sampled_from([ABSENT, ABSENT, "garbage", '[["Node","yes"]]', '[["Machine","yes"]]'])),
@@ -85,6 +102,7 @@ def snapshots(draw: st.DrawFn, timeouts: tuple[str | None, ...] = (None, "1h", "
         "node": n,
         "node_missing": node_missing,
         "ceiling": draw(st.integers(3, 12)),
+        "config": draw(st.sampled_from(CONFIGS)),
         "drained": draw(st.booleans()),
         "now": NOW + dt.timedelta(microseconds=draw(st.sampled_from([0, 1, 999_999]))),
     }
@@ -96,7 +114,7 @@ def plan_of(s: dict[str, Any]) -> MachinePlan:
 
 def replan(s: dict[str, Any], m: Machine, n: Node | None) -> MachinePlan:
     """Plan the snapshot's machine as it is now (same node_missing, ceiling and time)."""
-    return plan(m, n, node_missing=s["node_missing"], ceiling=s["ceiling"], now=s["now"])
+    return plan(m, n, node_missing=s["node_missing"], ceiling=s["ceiling"], now=s["now"], config=s["config"])
 
 
 def pending(
@@ -153,12 +171,34 @@ def test_unschedulable_is_never_changed(s: dict[str, Any]) -> None:
 
 @PROPERTY
 @given(snapshots())
-def test_expiry_is_never_extended_or_reset_while_preserved(s: dict[str, Any]) -> None:
-    new_expiries = [step.expiry for step in of_type(plan_of(s), SetPreserveExpiry) if step.expiry is not None]
-    if s["machine"].preserve_expiry_time is not None:
-        assert new_expiries == []
-    else:
-        assert all(expiry > s["now"] - dt.timedelta(seconds=1) for expiry in new_expiries)
+def test_the_record_is_never_extended_or_reset_while_preserved(s: dict[str, Any]) -> None:
+    record_writes = [
+        patch.set
+        for patch in of_type(plan_of(s), PatchMachineAnnotations)
+        if {v.PRESERVED_SINCE_ANNOTATION, v.PRESERVED_UNTIL_ANNOTATION} & set(patch.set)
+    ]
+    if s["machine"].preservation is not None:
+        assert record_writes == []
+    for written in record_writes:
+        since = parse_timestamp(written[v.PRESERVED_SINCE_ANNOTATION])
+        until = parse_timestamp(written[v.PRESERVED_UNTIL_ANNOTATION])
+        assert since is not None
+        assert until is not None
+        assert s["now"] - dt.timedelta(seconds=1) < since <= until <= since + s["config"].max_preserve_timeout
+
+
+@PROPERTY
+@given(snapshots())
+def test_the_mirror_shows_the_capped_expiry_and_only_where_the_crd_keeps_it(s: dict[str, Any]) -> None:
+    _, m, _ = run(s)
+    mirrors = of_type(plan_of(s), SetPreserveExpiry)
+    if not s["config"].mirror_status:
+        assert mirrors == []
+        return
+    expiry = m.preservation.expiry(max_timeout=s["config"].max_preserve_timeout) if m.preservation else None
+    in_force = expiry is not None and expiry > s["now"]
+    if in_force and m.metadata.deletion_timestamp is None and m.phase != v.MachinePhase.TERMINATING:
+        assert m.mirrored_expiry == expiry
 
 
 @PROPERTY
@@ -180,18 +220,25 @@ def test_taint_and_drain_only_for_failed_machines_and_drain_is_last(s: dict[str,
 @given(snapshots())
 def test_requeue_exactly_at_expiry_while_preserved(s: dict[str, Any]) -> None:
     first, m, n = run(s)
-    expiry = m.preserve_expiry_time
-    if m.metadata.deletion_timestamp is not None or m.phase == v.MachinePhase.TERMINATING or expiry is None:
+    record = m.preservation
+    if m.metadata.deletion_timestamp is not None or m.phase == v.MachinePhase.TERMINATING or record is None:
         assert first.requeue_after is None
         return
+    expiry = record.expiry(max_timeout=s["config"].max_preserve_timeout)
+    if expiry <= s["now"]:
+        return  # an expired record is being stopped (the Failed machine deleted)
     wake = expiry
-    condition = n.preserved_condition if n is not None else None
     drain_failed_at = (
-        condition.last_heartbeat_time
-        if condition is not None and condition.message.startswith(v.DRAIN_FAILED_MESSAGE)
+        record.drain.last_attempt
+        if record.drain is not None and record.drain.outcome == v.DrainOutcome.FAILED
         else None
     )
-    if drain_failed_at is not None and m.phase == v.MachinePhase.FAILED and not of_type(first, DrainNode):
+    if (
+        drain_failed_at is not None
+        and n is not None
+        and m.phase == v.MachinePhase.FAILED
+        and not of_type(first, DrainNode)
+    ):
         # waiting: a failed drain is retried after the interval, or at expiry if that comes first
         wake = min(expiry, drain_failed_at + CONFIG.drain_retry_interval)
     assert first.requeue_after == max(wake - s["now"], dt.timedelta(0))
@@ -211,7 +258,7 @@ def test_warnings_only_for_invalid_values(s: dict[str, Any]) -> None:
     for event in of_type(plan_of(s), RecordEvent):
         assert event.type in ("Normal", "Warning")
         if event.type == "Warning":
-            assert event.reason == v.EventReason.INVALID_PRESERVE_VALUE
+            assert event.reason in (v.EventReason.INVALID_PRESERVE_VALUE, v.EventReason.PRESERVED_NODE_DRAIN_FAILED)
 
 
 def essentials(m: Machine, n: Node | None) -> tuple[object, ...]:
@@ -219,7 +266,7 @@ def essentials(m: Machine, n: Node | None) -> tuple[object, ...]:
     machine_state = (
         m.metadata.annotations,
         m.phase,
-        m.preserve_expiry_time,
+        m.mirrored_expiry,
         m.metadata.deletion_timestamp is not None,
     )
     if n is None:

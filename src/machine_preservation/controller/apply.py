@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,11 +73,6 @@ class Snapshot:
         self.machine_version = self.machine_version or self.machine.metadata.resource_version
         if self.node is not None:
             self.node_version = self.node_version or self.node.metadata.resource_version
-
-
-# Runs the drain of a DrainNode step and returns what to write about its outcome (the core's
-# `plan_after_drain`: the Preserved condition, then Events).
-DrainStep = Callable[[Snapshot, p.DrainNode], Awaitable[Sequence[p.MachineStep]]]
 
 
 @dataclass
@@ -194,8 +189,6 @@ class Writer:
             "reason": step.reason,
             "message": step.message,
             "lastTransitionTime": rfc3339(step.last_transition_time),
-            # null removes it: the core's condition is the whole desired state (core/apply.py).
-            "lastHeartbeatTime": None if step.last_heartbeat_time is None else rfc3339(step.last_heartbeat_time),
         }
         body = {"status": {"conditions": [condition]}}
         result = await client.CoreV1Api(self.target).patch_node_status(
@@ -218,6 +211,7 @@ class Writer:
             message=step.message,
             action="Preservation",
             now=now,
+            once=step.once,
         )
 
     # --- machine sets ------------------------------------------------------------------------------
@@ -270,25 +264,26 @@ class Writer:
 
 
 async def execute_machine_plan(
-    *, writer: Writer, snap: Snapshot, steps: Sequence[p.MachineStep], drain: DrainStep, now: dt.datetime
-) -> int:
-    """Run the steps in order; returns how many were executed. Raises StepFailed or ObjectGone."""
-    written = 0
-    for step in steps:
+    *, writer: Writer, snap: Snapshot, steps: Sequence[p.MachineStep], now: dt.datetime
+) -> p.DrainNode | None:
+    """Run the steps in order, up to a DrainNode, which is returned for the caller to run (None: no drain).
+    Raises StepFailed or ObjectGone."""
+    for index, step in enumerate(steps):
+        if isinstance(step, p.DrainNode):
+            if index != len(steps) - 1:
+                raise ValueError("a DrainNode must be the last step of a plan")
+            return step
         try:
-            await _execute_one(writer=writer, snap=snap, step=step, drain=drain, now=now)
+            await _execute_one(writer=writer, snap=snap, step=step, now=now)
         except ApiException as error:
             if error.status == 404 and not isinstance(step, p.RecordEvent):
                 raise ObjectGone(f"{type(step).__name__}: {error.reason}") from error
             guarded = isinstance(step, p.SetPreservedTaint)
             raise StepFailed(step, error, conflict=_is_conflict(error, guarded_json_patch=guarded)) from error
-        written += 1
-    return written
+    return None
 
 
-async def _execute_one(
-    *, writer: Writer, snap: Snapshot, step: p.MachineStep, drain: DrainStep, now: dt.datetime
-) -> None:
+async def _execute_one(*, writer: Writer, snap: Snapshot, step: p.MachineStep, now: dt.datetime) -> None:
     match step:
         case p.PatchMachineAnnotations():
             await writer.patch_machine_annotations(snap, step)
@@ -304,11 +299,6 @@ async def _execute_one(
             await writer.set_preserved_taint(snap, step, now=now)
         case p.SetPreservedCondition():
             await writer.set_preserved_condition(snap, step)
-        case p.DrainNode():
-            for after in await drain(snap, step):
-                if isinstance(after, p.DrainNode):
-                    raise TypeError("a drain outcome cannot ask for another drain")
-                await _execute_one(writer=writer, snap=snap, step=after, drain=drain, now=now)
         case p.RecordEvent():
             await writer.record_event(snap, step, now=now)
         case _:

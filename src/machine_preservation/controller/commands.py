@@ -16,10 +16,12 @@ from machine_preservation.controller.manager import DEFAULT_DRAIN_ATTEMPT_TIMEOU
 from machine_preservation.core.config import (
     DEFAULT_DRAIN_RETRY_INTERVAL,
     DEFAULT_DRAIN_TIMEOUT,
+    DEFAULT_MAX_PRESERVE_TIMEOUT,
     DEFAULT_PRESERVE_TIMEOUT,
     PreservationConfig,
 )
 from machine_preservation.core.durations import InvalidDuration, format_go_duration, parse_go_duration
+from machine_preservation.core.mcm_generation import NativePreservationMode
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +48,9 @@ def options_from(args: argparse.Namespace) -> ControllerOptions:
             default_preserve_timeout=args.machine_preserve_timeout,
             drain_timeout=args.machine_drain_timeout,
             drain_retry_interval=args.drain_retry_interval,
+            max_preserve_timeout=args.max_preserve_timeout,
         ),
+        native_preservation=args.mcm_native_preservation,
         max_drain_attempt=args.drain_attempt_timeout,
         workers=args.workers,
         leader_elect=args.leader_elect,
@@ -106,6 +110,21 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
         default=DEFAULT_PRESERVE_TIMEOUT,
         help=f"how long a preservation lasts unless the Machine sets spec.machinePreserveTimeout "
         f"(default {format_go_duration(DEFAULT_PRESERVE_TIMEOUT)})",
+    )
+    parser.add_argument(
+        "--max-preserve-timeout",
+        type=_duration,
+        default=DEFAULT_MAX_PRESERVE_TIMEOUT,
+        help="no preservation lasts longer, whoever set its timeout or expiry; shared with the webhook "
+        f"(default {format_go_duration(DEFAULT_MAX_PRESERVE_TIMEOUT)})",
+    )
+    parser.add_argument(
+        "--mcm-native-preservation",
+        type=NativePreservationMode,
+        choices=list(NativePreservationMode),
+        default=NativePreservationMode.AUTO,
+        help="whether MCM preserves machines itself (v0.62+): then the controller hands over and only observes; "
+        "auto decides from MCM's Deployment image, else its CRDs (default auto)",
     )
     parser.add_argument(
         "--machine-drain-timeout",

@@ -1,9 +1,12 @@
-"""Startup check: would the Machine CRD's schema prune `status.currentStatus.preserveExpiryTime`?
+"""Startup inspection of MCM's CRDs in the control cluster: what they keep, and whether they serve at all.
 
-The apiserver drops (prunes) fields a structural schema does not declare, unless an enclosing object
-says `x-kubernetes-preserve-unknown-fields: true` or has an `additionalProperties` schema. MCM versions
-without preservation do not declare the field; the controller's writes would then vanish silently and
-every machine would be "preserved" again on each reconcile. Better to refuse to start.
+The apiserver drops (prunes) fields a structural schema does not declare, unless an enclosing object says
+`x-kubernetes-preserve-unknown-fields: true` or has an `additionalProperties` schema. MCM v0.61's CRDs do not
+declare the preservation status fields (`status.currentStatus.preserveExpiryTime` on Machines, the counters on
+MachineSets and MachineDeployments); v0.62's do. The controller works with both: its state lives in Machine
+annotations, and it mirrors the status fields only where the CRDs keep them. It refuses to start only when
+the Machine CRD is missing, does not serve v1alpha1, or has no status subresource (recovery writes the phase
+through it).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.aio import client
@@ -20,20 +24,24 @@ from machine_preservation.core import vocabulary as v
 logger = logging.getLogger(__name__)
 
 MACHINE_CRD = f"machines.{v.MACHINE_API_GROUP}"
-FIELD_PATH = ("status", "currentStatus", "preserveExpiryTime")
-FIX = (
-    "Fix: install a Machine CRD that declares it - under spec.versions[name=v1alpha1].schema.openAPIV3Schema add "
-    "properties.status.properties.currentStatus.properties.preserveExpiryTime: "
-    "{type: string, format: date-time, nullable: true} (the CRD of a machine-controller-manager release with "
-    "machine preservation has it), or mark status.currentStatus with x-kubernetes-preserve-unknown-fields: true."
-)
+MACHINE_SET_CRD = f"machinesets.{v.MACHINE_API_GROUP}"
+EXPIRY_PATH = ("status", "currentStatus", "preserveExpiryTime")
+AUTO_MAX_PATH = ("spec", "autoPreserveFailedMachineMax")
 
 
 class CrdCheckFailed(RuntimeError):
-    """The Machine CRD cannot hold what the controller writes; the message names the fix."""
+    """The Machine CRD cannot be worked with; the message names the fix."""
 
 
-def pruned_at(schema: Mapping[str, Any], path: Sequence[str] = FIELD_PATH) -> str | None:
+@dataclass(frozen=True)
+class CrdFacts:
+    """What MCM's CRDs keep (None: that CRD could not be read)."""
+
+    machine_keeps_expiry: bool
+    machine_set_keeps_auto_max: bool | None
+
+
+def pruned_at(schema: Mapping[str, Any], path: Sequence[str]) -> str | None:
     """Where along `path` the schema prunes (e.g. "status.currentStatus"), or None when the field is kept."""
     node: Mapping[str, Any] = schema
     walked: list[str] = []
@@ -51,39 +59,61 @@ def pruned_at(schema: Mapping[str, Any], path: Sequence[str] = FIELD_PATH) -> st
     return None
 
 
-def check_machine_crd(crd: Mapping[str, Any], *, version: str = v.MACHINE_API_VERSION) -> None:
-    """Raise CrdCheckFailed unless `version` of the CRD is served and keeps preserveExpiryTime in status."""
-    name = (crd.get("metadata") or {}).get("name") or MACHINE_CRD
-    spec = crd.get("spec") or {}
-    versions = {entry.get("name"): entry for entry in spec.get("versions") or []}
+def _served_schema(crd: Mapping[str, Any], *, version: str) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
+    """The served version's entry and its schema, or None when `version` is not served."""
+    versions = {entry.get("name"): entry for entry in (crd.get("spec") or {}).get("versions") or []}
     entry = versions.get(version)
-    field = ".".join(FIELD_PATH)
     if entry is None or not entry.get("served", False):
-        raise CrdCheckFailed(f"The Machine CRD {name} does not serve version {version}. {FIX}")
+        return None
+    return entry, (entry.get("schema") or {}).get("openAPIV3Schema") or {}
+
+
+def keeps(crd: Mapping[str, Any], path: Sequence[str], *, version: str = v.MACHINE_API_VERSION) -> bool:
+    """Whether the CRD's served `version` keeps the field at `path`."""
+    served = _served_schema(crd, version=version)
+    return served is not None and pruned_at(served[1], path) is None
+
+
+def check_machine_crd(crd: Mapping[str, Any], *, version: str = v.MACHINE_API_VERSION) -> bool:
+    """Raise CrdCheckFailed unless `version` is served with a status subresource; return whether the CRD keeps
+    `status.currentStatus.preserveExpiryTime`."""
+    name = (crd.get("metadata") or {}).get("name") or MACHINE_CRD
+    served = _served_schema(crd, version=version)
+    if served is None:
+        raise CrdCheckFailed(f"The Machine CRD {name} does not serve version {version}; install MCM's CRDs.")
+    entry, schema = served
     if "status" not in (entry.get("subresources") or {}):
         raise CrdCheckFailed(
-            f"The Machine CRD {name} ({version}) has no status subresource; the controller writes {field} "
-            "through it. Fix: enable subresources.status on that version (MCM's CRD has it)."
+            f"The Machine CRD {name} ({version}) has no status subresource; the controller writes a recovered "
+            "machine's phase through it. Fix: install MCM's own CRD, which has it."
         )
-    schema = (entry.get("schema") or {}).get("openAPIV3Schema") or {}
-    where = pruned_at(schema)
-    if where is not None:
-        raise CrdCheckFailed(
-            f"The Machine CRD {name} ({version}) would prune {field}: the schema at {where} neither "
-            f"declares the next field nor preserves unknown fields. {FIX}"
-        )
+    return pruned_at(schema, EXPIRY_PATH) is None
 
 
-async def verify_machine_crd(api_client: client.ApiClient, *, name: str = MACHINE_CRD) -> None:
-    """Read the Machine CRD from the control cluster and check it."""
-    api = client.ApiextensionsV1Api(api_client)
+async def _read_crd(api: client.ApiextensionsV1Api, name: str) -> tuple[int, bytes]:
     response = await api.read_custom_resource_definition_without_preload_content(name)
-    body = await response.read()
-    if response.status == 404:
-        raise CrdCheckFailed(f"The Machine CRD {name} is not installed in the control cluster. {FIX}")
-    if response.status != 200:
+    return response.status, await response.read()
+
+
+async def inspect_crds(api_client: client.ApiClient) -> CrdFacts:
+    """Read MCM's Machine and MachineSet CRDs from the control cluster and say what they keep."""
+    api = client.ApiextensionsV1Api(api_client)
+    status, body = await _read_crd(api, MACHINE_CRD)
+    if status == 404:
+        raise CrdCheckFailed(f"The Machine CRD {MACHINE_CRD} is not installed in the control cluster.")
+    if status != 200:
         raise CrdCheckFailed(
-            f"Cannot read the Machine CRD {name}: HTTP {response.status} {body[:300].decode(errors='replace')}"
+            f"Cannot read the Machine CRD {MACHINE_CRD}: HTTP {status} {body[:300].decode(errors='replace')}"
         )
-    check_machine_crd(json.loads(body))
-    logger.info("Machine CRD keeps %s", ".".join(FIELD_PATH))
+    keeps_expiry = check_machine_crd(json.loads(body))
+    status, body = await _read_crd(api, MACHINE_SET_CRD)
+    keeps_auto_max = keeps(json.loads(body), AUTO_MAX_PATH) if status == 200 else None
+    logger.info(
+        "MCM's CRDs %s the preservation status fields (Machine keeps %s: %s; MachineSet keeps %s: %s)",
+        "keep" if keeps_expiry else "prune",
+        ".".join(EXPIRY_PATH),
+        keeps_expiry,
+        ".".join(AUTO_MAX_PATH),
+        keeps_auto_max,
+    )
+    return CrdFacts(machine_keeps_expiry=keeps_expiry, machine_set_keeps_auto_max=keeps_auto_max)

@@ -47,8 +47,17 @@ class EventRecorder:
     instance: str
 
     async def record(
-        self, *, regarding: Regarding, type: str, reason: str, message: str, action: str, now: dt.datetime
+        self,
+        *,
+        regarding: Regarding,
+        type: str,
+        reason: str,
+        message: str,
+        action: str,
+        now: dt.datetime,
+        once: bool = False,
     ) -> None:
+        """Create the Event, or count a repeat of it (`once`: a repeat changes nothing)."""
         if regarding.kind == "Machine":
             api_client, namespace = self.control, self.machine_namespace
             reference = client.V1ObjectReference(
@@ -86,6 +95,8 @@ class EventRecorder:
         except ApiException as error:
             if error.status != 409:
                 raise
+        if once:
+            return
         existing = await api.read_namespaced_event(name, namespace)
         repeat = {"count": (existing.count or 1) + 1, "lastTimestamp": rfc3339(now)}
         await api.patch_namespaced_event(name, namespace, repeat, _content_type=MERGE_PATCH)

@@ -1,7 +1,8 @@
 """The controller process: clients, startup check, metrics server, leader election, caches, workers.
 
 Lifecycle (controller-runtime's manager, in one event loop):
-1. build the API clients and check the Machine CRD (exit with a clear error if it would prune);
+1. build the API clients, inspect MCM's CRDs (exit with a clear error if the Machine CRD is unusable) and
+   decide whether MCM preserves natively (then hand over and only observe);
 2. serve /metrics, /healthz and /readyz (ready once every cache has synced);
 3. with leader election, wait until this process leads (or a stop is requested);
 4. start the informers, wait until they have synced, start the workers;
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import logging
 import os
@@ -30,7 +32,7 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.apply import StepFailed, Writer
 from machine_preservation.controller.clients import Clients, new_api_client
-from machine_preservation.controller.crd_check import verify_machine_crd
+from machine_preservation.controller.crd_check import inspect_crds
 from machine_preservation.controller.drain import Drainer
 from machine_preservation.controller.events import EventRecorder
 from machine_preservation.controller.informer import Informer, Source
@@ -48,7 +50,10 @@ from machine_preservation.controller.reconcile import (
 )
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.config import PreservationConfig
+from machine_preservation.core.decision import expiry_of
+from machine_preservation.core.mcm_generation import ClusterEvidence, NativePreservationMode, decide_native_preservation
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, Pod
+from machine_preservation.core.native import observed_expiry
 from machine_preservation.core.preserve_value import is_auto_value
 
 logger = logging.getLogger(__name__)
@@ -59,6 +64,7 @@ DEFAULT_DRAIN_ATTEMPT_TIMEOUT = dt.timedelta(minutes=2)
 EXIT_OK = 0
 EXIT_LOST_LEADERSHIP = 1
 LEASE_NAME = "machine-preservation-controller"
+MCM_DEPLOYMENT = "machine-controller-manager"
 
 
 def default_identity() -> str:
@@ -83,6 +89,7 @@ class ControllerOptions:
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 8080
     resync_period: float = 600.0
+    native_preservation: NativePreservationMode = NativePreservationMode.AUTO
     max_drain_attempt: dt.timedelta = DEFAULT_DRAIN_ATTEMPT_TIMEOUT
     shutdown_grace: float = 30.0
 
@@ -98,6 +105,8 @@ class Controller:
     clients: Clients | None = None
     metrics_port: int = 0  # the port actually bound (options.metrics_port may be 0)
     leading: bool = False
+    native: bool = False  # MCM preserves natively (decided at start)
+    preservation: PreservationConfig = field(default_factory=PreservationConfig)  # options' + what the CRDs keep
 
     def ready(self) -> bool:
         """A standby replica is ready (it must not block a rollout); the leader once its caches synced."""
@@ -117,7 +126,7 @@ class Controller:
         self.clients = Clients(control=control, target=target)
         runner = None
         try:
-            await verify_machine_crd(control)
+            self.preservation = await self._inspect_cluster(control)
             self.caches = new_caches(
                 control=control,
                 target=target,
@@ -134,6 +143,24 @@ class Controller:
             if runner is not None:
                 await runner.cleanup()
             await self.clients.close()
+
+    async def _inspect_cluster(self, control: client.ApiClient) -> PreservationConfig:
+        """What MCM's CRDs keep and whether MCM preserves natively; the settings to run with."""
+        facts = await inspect_crds(control)
+        evidence = ClusterEvidence(
+            mcm_image=await read_mcm_image(control, namespace=self.options.namespace),
+            machine_crd_has_expiry=facts.machine_keeps_expiry,
+            machine_set_crd_has_auto_max=facts.machine_set_keeps_auto_max,
+        )
+        decision = decide_native_preservation(mode=self.options.native_preservation, evidence=evidence)
+        self.native = decision.native
+        logger.info(
+            "MCM native preservation: %s (%s)%s",
+            "on" if decision.native else "off",
+            decision.because,
+            "; the controller hands over and only observes" if decision.native else "",
+        )
+        return dataclasses.replace(self.options.preservation, mirror_status=facts.machine_keeps_expiry)
 
     async def _run_elected(self, *, stop: asyncio.Event, api_client: client.ApiClient) -> int:
         options = self.options
@@ -228,19 +255,21 @@ class Controller:
             caches=caches,
             writer=writer,
             drainer=Drainer(target=self.clients.target, pods=caches.pods),
-            config=options.preservation,
+            config=self.preservation,
             metrics=self.metrics,
+            native=self.native,
             max_drain_attempt=options.max_drain_attempt,
             max_concurrent_drains=max(options.workers // 2, 1),
         )
-        machine_sets = MachineSetReconciler(caches=caches, writer=writer, config=options.preservation)
+        machine_sets = MachineSetReconciler(caches=caches, writer=writer, config=self.preservation)
         deployments = MachineDeploymentReconciler(caches=caches, writer=writer)
-        self.metrics.watch_preserved(lambda: preserved_counts(caches.machines.values(), utc_now()))
-        pools = [
-            (queues.machines, machines.reconcile, max(options.workers, 1)),
-            (queues.machine_sets, machine_sets.reconcile, 1),
-            (queues.machine_deployments, deployments.reconcile, 1),
-        ]
+        config, native = self.preservation, self.native
+        self.metrics.watch_preserved(lambda: preserved_counts(caches.machines.values(), utc_now(), config, native))
+        pools = [(queues.machines, machines.reconcile, max(options.workers, 1))]
+        if not self.native:  # MCM runs auto-preservation and its counters itself
+            pools.append((queues.machine_sets, machine_sets.reconcile, 1))
+            if self.preservation.mirror_status:  # the counters are all a MachineDeployment plan writes
+                pools.append((queues.machine_deployments, deployments.reconcile, 1))
         return [
             asyncio.create_task(self._worker(queue, reconcile), name=f"{queue.name}-worker-{n}")
             for queue, reconcile, count in pools
@@ -303,10 +332,27 @@ def new_caches(*, control: client.ApiClient, target: client.ApiClient, namespace
     )
 
 
-def preserved_counts(machines: list[Machine], now: dt.datetime) -> Counter[tuple[str, str]]:
+async def read_mcm_image(api_client: client.ApiClient, *, namespace: str) -> str | None:
+    """The image of MCM's Deployment in the control namespace (as Gardener runs it), if it can be read."""
+    try:
+        deployment = await client.AppsV1Api(api_client).read_namespaced_deployment(MCM_DEPLOYMENT, namespace)
+    except ApiException as error:
+        if error.status in (403, 404):
+            return None  # not a Gardener-style install, or no right to look: the CRDs decide
+        raise
+    pod_spec = deployment.spec.template.spec if deployment.spec and deployment.spec.template else None
+    containers = (pod_spec.containers if pod_spec is not None else None) or []
+    chosen = next((c for c in containers if c.name == MCM_DEPLOYMENT), containers[0] if containers else None)
+    return chosen.image if chosen is not None else None
+
+
+def preserved_counts(
+    machines: list[Machine], now: dt.datetime, config: PreservationConfig, native: bool
+) -> Counter[tuple[str, str]]:
+    """Preserved machines by kind (auto/manual) and phase: from our records, or what MCM shows when native."""
     counts: Counter[tuple[str, str]] = Counter()
     for machine in machines:
-        expiry = machine.preserve_expiry_time
+        expiry = observed_expiry(machine, now) if native else expiry_of(machine, config)
         if expiry is not None and expiry > now:
             auto = is_auto_value(machine.metadata.annotations.get(v.PRESERVE_ANNOTATION))
             counts["auto" if auto else "manual", machine.phase or "Unknown"] += 1

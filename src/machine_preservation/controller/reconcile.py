@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -24,6 +24,7 @@ from machine_preservation.core.auto_preservation import is_being_replaced, plan_
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.lifecycle import plan_after_drain, plan_machine
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, ObjectMeta, Pod
+from machine_preservation.core.native import plan_native
 from machine_preservation.core.priority import (
     UnpreservedPriorities,
     unpreserved_priorities,
@@ -83,20 +84,24 @@ class Caches:
         owner = owner_name("MachineSet")(machine)
         return self.machines.by_index(MACHINE_SET_INDEX, owner[0]) if owner else [machine]
 
-    def priority_ceiling(self, machine: Machine, *, now: dt.datetime) -> int:
+    def priority_ceiling(self, machine: Machine, *, now: dt.datetime, max_timeout: dt.timedelta) -> int:
         """`unpreserved_priority_ceiling` over the machine's MachineSet, summarised once per MachineSet and
         reused until the machines change or a preservation in it runs out: a resync reconciles every machine
         of a set, and a scan of the set for each of them would make it quadratic."""
         owner = owner_name("MachineSet")(machine)
         if not owner:
-            return unpreserved_priority_ceiling(machine=machine, machine_set_machines=[machine], now=now)
+            return unpreserved_priority_ceiling(
+                machine=machine, machine_set_machines=[machine], now=now, max_timeout=max_timeout
+            )
         if self._priorities_generation != self.machines.generation:
             self._priorities.clear()  # any machine change may move any set's ceiling (and sets come and go)
             self._priorities_generation = self.machines.generation
         summary = self._priorities.get(owner[0])
         if summary is None or not summary.holds_at(now):
             summary = self._priorities[owner[0]] = unpreserved_priorities(
-                machine_set_machines=self.machines.by_index(MACHINE_SET_INDEX, owner[0]), now=now
+                machine_set_machines=self.machines.by_index(MACHINE_SET_INDEX, owner[0]),
+                now=now,
+                max_timeout=max_timeout,
             )
         return summary.ceiling_for(machine.metadata.name)
 
@@ -105,8 +110,12 @@ def key_of(namespace: str, name: str) -> str:
     return f"{namespace}/{name}" if namespace else name
 
 
-class DrainDeferred(Exception):
-    """No drain slot free (or the node is already being drained): plan again a little later."""
+# The pool's machinePreserveTimeout for a machine, where one is known (None: the configured default).
+PoolTimeout = Callable[[Machine], dt.timedelta | None]
+
+
+def no_pool_timeout(_: Machine) -> dt.timedelta | None:
+    return None
 
 
 @dataclass
@@ -116,6 +125,9 @@ class MachineReconciler:
     drainer: Drainer
     config: PreservationConfig
     metrics: Metrics
+    # MCM preserves machines itself: hand our preservations over and only observe (core.native).
+    native: bool = False
+    pool_timeout: PoolTimeout = no_pool_timeout
     # Upper bound of one drain attempt, so a PDB-blocked drain does not hold a worker for the whole
     # drain timeout; the core paces the next attempt (PreservationConfig.drain_retry_interval).
     max_drain_attempt: dt.timedelta = dt.timedelta(minutes=2)
@@ -127,77 +139,88 @@ class MachineReconciler:
     _draining: set[str] = field(default_factory=set)  # node names
 
     async def reconcile(self, key: str) -> dt.timedelta | None:
+        """Plan once, execute up to the drain; drain; plan the outcome once, execute it."""
         machine = self.caches.machines.get(key)
         if machine is None:
             return None
         now = self.now()
         node = self.caches.nodes.get(machine.node_name) if machine.node_name else None
-        ceiling = self.caches.priority_ceiling(machine, now=now)
-        plan = plan_machine(
-            machine=machine,
-            node=node,
-            node_missing=bool(machine.node_name) and node is None,
-            config=self.config,
-            now=now,
-            unpreserved_priority_ceiling=ceiling,
-        )
+        if self.native:
+            plan = plan_native(machine=machine, node=node, config=self.config)
+        else:
+            failed = machine.phase == v.MachinePhase.FAILED
+            plan = plan_machine(
+                machine=machine,
+                node=node,
+                node_missing=bool(machine.node_name) and node is None,
+                config=self.config,
+                now=now,
+                unpreserved_priority_ceiling=self.caches.priority_ceiling(
+                    machine, now=now, max_timeout=self.config.max_preserve_timeout
+                ),
+                pool_timeout=self.pool_timeout(machine),
+                pods_to_evict=self.drainer.look(node).blocking if failed and node is not None else (),
+            )
         if plan.steps:
             logger.info("machine %s: %s", key, ", ".join(type(step).__name__ for step in plan.steps))
+        snap = Snapshot(machine=machine, node=node)
         try:
-            await execute_machine_plan(
-                writer=self.writer,
-                snap=Snapshot(machine=machine, node=node),
-                steps=plan.steps,
-                drain=self._drain,
-                now=now,
+            drain = await execute_machine_plan(writer=self.writer, snap=snap, steps=plan.steps, now=now)
+            if drain is None:
+                return plan.requeue_after
+            if snap.node is None:
+                raise ObjectGone(f"machine {machine.metadata.name} has no node to drain")
+            if not self._drain_slot_free(snap.node):
+                logger.info("machine %s: drain deferred (slots busy); again in %s", key, self.drain_deferral)
+                return self.drain_deferral
+            result = await self._drain(snap.node, drain, machine.spec.max_evict_retries)
+            after = plan_after_drain(
+                machine=snap.machine,
+                node=snap.node,
+                drain=drain,
+                drained=result.drained,
+                blocking_pods=result.blocking,
+                now=self.now(),
             )
+            await execute_machine_plan(writer=self.writer, snap=snap, steps=after.steps, now=now)
         except ObjectGone as gone:
             logger.info("machine %s: %s; nothing more to do", key, gone)
             return None
-        except DrainDeferred as deferred:
-            logger.info("machine %s: %s; again in %s", key, deferred, self.drain_deferral)
-            return self.drain_deferral
         return plan.requeue_after
 
-    async def _drain(self, snap: Snapshot, step: p.DrainNode) -> Sequence[p.MachineStep]:
-        node = snap.node
-        if node is None:
-            raise ObjectGone(f"machine {snap.machine.metadata.name} has no node to drain")
-        if step.evict:
-            result = await self._evict(node, step, snap.machine.spec.max_evict_retries)
-            self.metrics.drains.labels(outcome="succeeded" if result.drained else "failed").inc()
-            if not result.drained:
-                logger.warning("node %s not drained; blocking: %s", node.metadata.name, ", ".join(result.blocking))
-        else:
+    def _drain_slot_free(self, node: Node) -> bool:
+        """One drain per node (two machines may name the same node) and at most max_concurrent_drains."""
+        return node.metadata.name not in self._draining and len(self._draining) < self.max_concurrent_drains
+
+    async def _drain(self, node: Node, step: p.DrainNode, max_evict_retries: int | None) -> DrainResult:
+        """One eviction attempt capped at max_drain_attempt, or, once evictions were given up, only a look."""
+        if not step.evict:
             result = self.drainer.look(node)  # evictions given up: only notice the node becoming empty
             if result.drained:
                 self.metrics.drains.labels(outcome="succeeded").inc()
-        after = plan_after_drain(
-            machine=snap.machine,
-            node=node,
-            drain=step,
-            drained=result.drained,
-            blocking_pods=result.blocking,
-            now=self.now(),
-        )
-        return after.steps
-
-    async def _evict(self, node: Node, step: p.DrainNode, max_evict_retries: int | None) -> DrainResult:
-        """One eviction attempt, capped at max_drain_attempt; one per node and at most max_concurrent_drains."""
+            return result
         timeout = min(step.timeout or self.config.drain_timeout, self.max_drain_attempt)
         retries = max_evict_retries
         if retries is None or retries < 0:
             retries = max(int((step.timeout or self.config.drain_timeout) / EVICTION_RETRY_INTERVAL), 1)
         name = node.metadata.name
-        if name in self._draining:  # one drain per node, even if two machines name the same node
-            raise DrainDeferred(f"node {name} is being drained for another machine")
-        if len(self._draining) >= self.max_concurrent_drains:
-            raise DrainDeferred(f"{len(self._draining)} drains running, the most at once")
         self._draining.add(name)
         try:
-            return await self.drainer.drain(node=node, time_limit=timeout.total_seconds(), max_evict_retries=retries)
+            result = await self.drainer.drain(node=node, time_limit=timeout.total_seconds(), max_evict_retries=retries)
         finally:
             self._draining.discard(name)
+        self.metrics.drains.labels(outcome="succeeded" if result.drained else "failed").inc()
+        if not result.drained:
+            logger.warning("node %s not drained; blocking: %s", name, ", ".join(result.blocking))
+        return result
+
+
+# The pool's autoPreserveFailedMachineMax for a MachineSet where its spec does not carry it (None: the spec's).
+PoolLimit = Callable[[MachineSet], int | None]
+
+
+def no_pool_limit(_: MachineSet) -> int | None:
+    return None
 
 
 @dataclass
@@ -205,6 +228,7 @@ class MachineSetReconciler:
     caches: Caches
     writer: Writer
     config: PreservationConfig
+    pool_limit: PoolLimit = no_pool_limit
     now: WallClock = utc_now
 
     async def reconcile(self, key: str) -> dt.timedelta | None:
@@ -224,6 +248,7 @@ class MachineSetReconciler:
             being_replaced=is_being_replaced(machine_set, siblings),
             config=self.config,
             now=now,
+            limit=self.pool_limit(machine_set),
         )
         by_name = {m.metadata.name: m for m in machines}
         for name, patch in plan.machine_annotations.items():
@@ -280,7 +305,7 @@ def _priority_relevant(machine: Machine) -> tuple[str | None, str | None, bool]:
     return (
         annotations.get(v.MACHINE_PRIORITY_ANNOTATION),
         annotations.get(v.LAST_MACHINE_PRIORITY_ANNOTATION),
-        machine.preserve_expiry_time is not None,
+        machine.preservation is not None,
     )
 
 
@@ -318,7 +343,7 @@ def wire_handlers(*, caches: Caches, queues: Queues) -> None:
         # A priority or preservation change moves the ceiling of the preserved siblings' priorities.
         if old is None or new is None or _priority_relevant(old) != _priority_relevant(new):
             for sibling in caches.machine_set_of(current):
-                if sibling.preserve_expiry_time is not None and sibling.metadata.name != current.metadata.name:
+                if sibling.preservation is not None and sibling.metadata.name != current.metadata.name:
                     queues.machines.add(_machine_key(sibling))
 
     def on_node(old: Node | None, new: Node | None) -> None:

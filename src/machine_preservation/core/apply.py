@@ -79,7 +79,6 @@ def apply_node_step(node: Node, step: MachineStep, now: dt.datetime) -> Node:
             reason=step.reason,
             message=step.message,
             last_transition_time=step.last_transition_time,
-            last_heartbeat_time=step.last_heartbeat_time,
         )
         others = [c for c in node.status.conditions if c.type != v.PRESERVED_CONDITION_TYPE]
         return node.model_copy(update={"status": node.status.model_copy(update={"conditions": [*others, condition]})})

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.config import PreservationConfig
+from machine_preservation.core.config import DEFAULT_MAX_PRESERVE_TIMEOUT, PreservationConfig
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node
 from machine_preservation.core.plan import (
     MachineSetPlan,
@@ -89,8 +89,9 @@ def is_being_replaced(machine_set: MachineSet, siblings: Sequence[MachineSet]) -
     return False
 
 
-def _actively_preserved(machine: Machine, now: dt.datetime) -> bool:
-    return machine.preserve_expiry_time is not None and machine.preserve_expiry_time > now
+def _actively_preserved(machine: Machine, now: dt.datetime, max_timeout: dt.timedelta) -> bool:
+    record = machine.preservation
+    return record is not None and not record.expired(now=now, max_timeout=max_timeout)
 
 
 def plan_auto_preservation(
@@ -100,18 +101,21 @@ def plan_auto_preservation(
     nodes: Mapping[str, Node],
     being_replaced: bool,
     now: dt.datetime,
+    max_timeout: dt.timedelta = DEFAULT_MAX_PRESERVE_TIMEOUT,
+    limit: int | None = None,
 ) -> AutoPreservationPlan:
     """Decide the auto value for every machine of one MachineSet (`machines`: the ones it owns;
-    `nodes`: their Nodes by name, where known)."""
+    `nodes`: their Nodes by name, where known; `limit`: the MachineSet's autoPreserveFailedMachineMax where it is
+    known from elsewhere than its spec, e.g. the Shoot; `max_timeout`: the cap on every expiry)."""
     live = [m for m in machines if m.metadata.deletion_timestamp is None]
-    limit = max(machine_set.spec.auto_preserve_failed_machine_max, 0)
+    limit = max(machine_set.spec.auto_preserve_failed_machine_max if limit is None else limit, 0)
 
     holders: list[Machine] = []
     release: list[str] = []
     for machine in live:
         if not is_auto_value(machine.metadata.annotations.get(v.PRESERVE_ANNOTATION)):
             continue
-        if machine.phase != v.MachinePhase.FAILED and not _actively_preserved(machine, now):
+        if machine.phase != v.MachinePhase.FAILED and not _actively_preserved(machine, now, max_timeout):
             release.append(machine.metadata.name)  # stale claim on a machine that is not Failed
         else:
             holders.append(machine)
@@ -128,7 +132,7 @@ def plan_auto_preservation(
         m
         for m in live
         if m.phase == v.MachinePhase.FAILED
-        and m.preserve_expiry_time is None
+        and m.preservation is None
         and effective_preserve_value(machine=m, node=nodes.get(m.node_name)).value == Preference.NONE
     ]
     candidates.sort(key=_failed_since, reverse=True)
@@ -137,13 +141,11 @@ def plan_auto_preservation(
 
 
 def preserved_failed_replicas(*, machines: Sequence[Machine]) -> int:
-    """Machines in phase Failed with a preserveExpiryTime (expired ones included), not being deleted."""
+    """Machines in phase Failed with a preservation record (expired ones included), not being deleted."""
     return sum(
         1
         for m in machines
-        if m.metadata.deletion_timestamp is None
-        and m.phase == v.MachinePhase.FAILED
-        and m.preserve_expiry_time is not None
+        if m.metadata.deletion_timestamp is None and m.phase == v.MachinePhase.FAILED and m.preservation is not None
     )
 
 
@@ -155,14 +157,21 @@ def plan_machine_set(
     being_replaced: bool,
     config: PreservationConfig,
     now: dt.datetime,
+    limit: int | None = None,
 ) -> MachineSetPlan:
     """The auto values to grant and release (Machine annotation patches by name), the status counters
     when they change (autoPreserveFailedMachineCount, preservedFailedReplicas) and an Event per change."""
     auto = plan_auto_preservation(
-        machine_set=machine_set, machines=machines, nodes=nodes, being_replaced=being_replaced, now=now
+        machine_set=machine_set,
+        machines=machines,
+        nodes=nodes,
+        being_replaced=being_replaced,
+        now=now,
+        max_timeout=config.max_preserve_timeout,
+        limit=limit,
     )
     name = machine_set.metadata.name
-    limit = machine_set.spec.auto_preserve_failed_machine_max
+    limit = machine_set.spec.auto_preserve_failed_machine_max if limit is None else limit
     patches: dict[str, PatchMachineAnnotations] = {}
     events: list[RecordEvent] = []
     for machine_name in auto.annotate:
@@ -193,9 +202,8 @@ def plan_machine_set(
         auto_preserve_failed_machine_count=machine_set.status.auto_preserve_failed_machine_count,
         preserved_failed_replicas=machine_set.status.preserved_failed_replicas,
     )
-    return MachineSetPlan(
-        machine_annotations=patches, status=None if status == current else status, events=tuple(events)
-    )
+    mirrored = status if config.mirror_status and status != current else None
+    return MachineSetPlan(machine_annotations=patches, status=mirrored, events=tuple(events))
 
 
 def plan_machine_deployment(

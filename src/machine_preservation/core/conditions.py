@@ -1,12 +1,13 @@
 """The Node's `Preserved` condition: its reasons, its messages and when it must be (re)written.
 
-Messages keep upstream's functional prefixes (reference §1.3): "Preserved node drained successfully." records
-that the drain of the current failure is done, so it is not repeated; "Preserved node could not be drained."
-records a failed drain, followed by the pods still blocking it (as Cluster API's drain condition names them).
-The time is `preserveExpiryTime` in Go's default time format (`2026-08-23 10:00:00 +0000 UTC`).
+Messages are for people and are never read back to decide anything (the drain's outcome is in the
+preservation record). They keep upstream MCM's wording, which MCM v0.62 itself reads when it takes over a
+preservation: "Preserved node drained successfully." once the drain of the current failure is done;
+"Preserved node could not be drained." after a failed attempt, followed by the pods still blocking it (as
+Cluster API's drain condition names them); while the first drain runs, "Preserved node is being drained."
+with the pods it waits for. The time is the expiry in Go's default time format (`2026-08-23 10:00:00 +0000 UTC`).
 
-`lastTransitionTime` follows the Kubernetes convention (now when the status changes, else kept), not
-upstream's "kept when an existing condition flips" (reference §1.3, code-read).
+`lastTransitionTime` follows the Kubernetes convention (now when the status changes, else kept).
 """
 
 from __future__ import annotations
@@ -46,15 +47,24 @@ def drained_message(expiry: dt.datetime) -> str:
     return f"{v.DRAINED_SUCCESSFULLY_MESSAGE} {preserved_until_message(expiry)}"
 
 
+def draining_message(expiry: dt.datetime, pods: Sequence[str]) -> str:
+    return f"{v.DRAINING_MESSAGE} {preserved_until_message(expiry)}{_listed_pods('Waiting for pods', pods)}"
+
+
+def _listed_pods(label: str, pods: Sequence[str]) -> str:
+    names = sorted(set(pods))  # sorted: the same pods give the same message
+    if not names:
+        return ""
+    listed = ", ".join(names[:MAX_LISTED_BLOCKING_PODS])
+    more = len(names) - MAX_LISTED_BLOCKING_PODS
+    return f" {label}: {listed}{f' and {more} more' if more > 0 else ''}."
+
+
 def drain_failed_message(
     expiry: dt.datetime, blocking_pods: Sequence[str], *, gave_up_after: dt.timedelta | None = None
 ) -> str:
     message = f"{v.DRAIN_FAILED_MESSAGE} {preserved_until_message(expiry)}"
-    pods = sorted(set(blocking_pods))  # sorted: the same blockers give the same message
-    if pods:
-        listed = ", ".join(pods[:MAX_LISTED_BLOCKING_PODS])
-        more = len(pods) - MAX_LISTED_BLOCKING_PODS
-        message += f" Pods blocking the drain: {listed}{f' and {more} more' if more > 0 else ''}."
+    message += _listed_pods("Pods blocking the drain", blocking_pods)
     if gave_up_after is not None:
         message += f" {gave_up_message(gave_up_after)}"
     return message
@@ -65,34 +75,6 @@ def gave_up_message(timeout: dt.timedelta) -> str:
         f"Evictions stopped after the drain timeout ({format_go_duration(timeout)}); "
         "the node counts as drained once these pods are gone."
     )
-
-
-def evictions_exhausted(
-    condition: NodeCondition | None, *, timeout: dt.timedelta, expiry: dt.datetime, now: dt.datetime
-) -> bool:
-    """Whether the drain of the preservation running until `expiry` has been failing for `timeout` (since the
-    condition turned to "could not be drained"). A failure recorded for an earlier preservation (its message
-    names another expiry) does not count: a new preservation gets the full timeout."""
-    return (
-        is_drain_failed(condition)
-        and condition is not None
-        and preserved_until_message(expiry) in condition.message
-        and condition.last_transition_time is not None
-        and now >= condition.last_transition_time + timeout
-    )
-
-
-def is_drained(condition: NodeCondition | None) -> bool:
-    """Whether the condition records a successful drain of the current failure."""
-    return (
-        condition is not None
-        and condition.status == TRUE
-        and condition.message.startswith(v.DRAINED_SUCCESSFULLY_MESSAGE)
-    )
-
-
-def is_drain_failed(condition: NodeCondition | None) -> bool:
-    return condition is not None and condition.status == FALSE and condition.message.startswith(v.DRAIN_FAILED_MESSAGE)
 
 
 def is_stopped(condition: NodeCondition) -> bool:
@@ -111,7 +93,6 @@ def condition_step(
     reason: str,
     message: str,
     now: dt.datetime,
-    last_heartbeat_time: dt.datetime | None = None,
 ) -> SetPreservedCondition | None:
     """The write that makes the condition say this; None when it already does (status, reason, message)."""
     if current is not None and (current.status, current.reason, current.message) == (status, reason, message):
@@ -121,42 +102,29 @@ def condition_step(
         reason=reason,
         message=message,
         last_transition_time=_transition_time(current, status, now),
-        last_heartbeat_time=last_heartbeat_time,
     )
 
 
 def condition_after_drain(
     *, node: Node, drain: DrainNode, drained: bool, blocking_pods: Sequence[str], now: dt.datetime
 ) -> SetPreservedCondition | None:
-    """The condition to write once the drain `drain` ended; `blocking_pods` as `namespace/name`.
-
-    After an eviction attempt always a write (its heartbeat records the attempt, which paces the next one
-    after a failure). After a look without evictions (`drain.evict` False) that finds the node still blocked,
-    a write only when the message changes (None otherwise), with the heartbeat kept.
-    """
+    """The condition to write once the drain `drain` ended (None: it already says so); `blocking_pods` as
+    `namespace/name`. After evictions were given up (`drain.evict` False) a still blocked node says so."""
     if drain.expiry is None:
         raise ValueError("DrainNode.expiry is required to describe the drain outcome")
-    current = node.preserved_condition
-    status = TRUE if drained else FALSE
-    if not drained and not drain.evict:
-        if drain.timeout is None:
+    if drained:
+        message = drained_message(drain.expiry)
+    else:
+        if not drain.evict and drain.timeout is None:
             raise ValueError("DrainNode.timeout is required when evictions were given up")
-        message = drain_failed_message(drain.expiry, blocking_pods, gave_up_after=drain.timeout)
-        return condition_step(
-            current=current,
-            status=status,
-            reason=drain.reason,
-            message=message,
-            now=now,
-            last_heartbeat_time=current.last_heartbeat_time if current is not None else None,
-        )
-    message = drained_message(drain.expiry) if drained else drain_failed_message(drain.expiry, blocking_pods)
-    return SetPreservedCondition(
-        status=status,
+        gave_up_after = drain.timeout if not drain.evict else None
+        message = drain_failed_message(drain.expiry, blocking_pods, gave_up_after=gave_up_after)
+    return condition_step(
+        current=node.preserved_condition,
+        status=TRUE if drained else FALSE,
         reason=drain.reason,
         message=message,
-        last_transition_time=_transition_time(current, status, now),
-        last_heartbeat_time=now,
+        now=now,
     )
 
 

@@ -8,10 +8,13 @@
 | `false` | stop (Failed: delete) | stop (preserved: delete) | stop |
 | none (`""`, absent, invalid) | stop | stop | stop |
 
-"Stop" and "delete" act only on a machine that is preserved (expiry set); otherwise they change nothing.
-"Expired" needs an expiry: `preserveExpiryTime` is set and not after now. The expiry is computed once, when
-preservation starts (now + the machine's spec.machinePreserveTimeout, else the configured default), and is
-never extended or reset while the machine stays preserved.
+"Stop" and "delete" act only on a machine that is preserved (it has a preservation record); otherwise they
+change nothing. "Expired" needs a record whose expiry (capped at its start + the maximum timeout) is not after
+now. The expiry is computed once, when preservation starts (now + the machine's spec.machinePreserveTimeout,
+else the pool's setting, else the configured default; at most the maximum), and is never extended or reset
+while the machine stays preserved. Because the record stays until the stop is complete (or the Failed machine
+is gone), a stop interrupted by a conflict or a crash is finished, never mistaken for "not preserved" and
+started again.
 
 A Failed machine whose preservation expired or was turned off with `false` is deleted (the issue's "a Failed
 machine is then deleted"); its annotations are then left alone: removing them first would let a crash in
@@ -29,6 +32,7 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.durations import duration_or_default
 from machine_preservation.core.models import Machine
+from machine_preservation.core.preservation_record import PreservationRecord, start_record
 from machine_preservation.core.preserve_value import Preference
 
 
@@ -42,7 +46,8 @@ class StopCause(StrEnum):
 @dataclass(frozen=True)
 class PreservationDecision:
     preserve: bool
-    # When preserving: the expiry in force (the existing one, or a new one when `starts`).
+    # When preserving: the record in force (the existing one, or a new one when `starts`) and its expiry.
+    record: PreservationRecord | None = None
     expiry: dt.datetime | None = None
     starts: bool = False
     # When not preserving: why, and whether the preserve annotations go too (so it is not re-preserved).
@@ -52,11 +57,19 @@ class PreservationDecision:
     delete_machine: bool = False
 
 
-def effective_preserve_timeout(*, machine: Machine, config: PreservationConfig) -> dt.timedelta:
-    """spec.machinePreserveTimeout when it is a valid, non-negative Go duration; else the configured default."""
-    return duration_or_default(
-        machine.spec.machine_preserve_timeout, default=config.default_preserve_timeout, allow_zero=True
-    )
+def effective_preserve_timeout(
+    *, machine: Machine, config: PreservationConfig, pool_timeout: dt.timedelta | None = None
+) -> dt.timedelta:
+    """spec.machinePreserveTimeout when it is a valid, non-negative Go duration; else the pool's setting; else the
+    configured default."""
+    default = config.default_preserve_timeout if pool_timeout is None else pool_timeout
+    return duration_or_default(machine.spec.machine_preserve_timeout, default=default, allow_zero=True)
+
+
+def expiry_of(machine: Machine, config: PreservationConfig) -> dt.datetime | None:
+    """When the machine's preservation ends (capped); None when it is not preserved."""
+    record = machine.preservation
+    return None if record is None else record.expiry(max_timeout=config.max_preserve_timeout)
 
 
 def is_expired(expiry: dt.datetime | None, now: dt.datetime) -> bool:
@@ -64,11 +77,18 @@ def is_expired(expiry: dt.datetime | None, now: dt.datetime) -> bool:
 
 
 def decide_preservation(
-    *, machine: Machine, value: Preference, phase: str, config: PreservationConfig, now: dt.datetime
+    *,
+    machine: Machine,
+    value: Preference,
+    phase: str,
+    config: PreservationConfig,
+    now: dt.datetime,
+    pool_timeout: dt.timedelta | None = None,
 ) -> PreservationDecision:
     """The decision for `machine` with effective `value` in `phase` (which may differ from the machine's
-    phase when the plan also moves it)."""
-    expiry = machine.preserve_expiry_time
+    phase when the plan also moves it); `pool_timeout` is the pool's machinePreserveTimeout, if it has one."""
+    record = machine.preservation
+    expiry = expiry_of(machine, config)
     failed = phase == v.MachinePhase.FAILED
     if failed and expiry is not None:
         if value == Preference.FALSE:
@@ -78,11 +98,17 @@ def decide_preservation(
     if value in (Preference.NOW, Preference.WHEN_FAILED, Preference.AUTO) and is_expired(expiry, now):
         return PreservationDecision(preserve=False, stop_cause=StopCause.EXPIRED, remove_annotations=True)
     if value == Preference.NOW or (value in (Preference.WHEN_FAILED, Preference.AUTO) and failed):
-        if expiry is not None:
-            return PreservationDecision(preserve=True, expiry=expiry)
-        # Whole seconds: the API server stores RFC 3339 seconds, and the condition message renders it.
-        start = (now + effective_preserve_timeout(machine=machine, config=config)).replace(microsecond=0)
-        return PreservationDecision(preserve=True, expiry=start, starts=True)
+        if record is not None and expiry is not None:
+            return PreservationDecision(preserve=True, record=record, expiry=expiry)
+        started = start_record(
+            now=now,
+            timeout=effective_preserve_timeout(machine=machine, config=config, pool_timeout=pool_timeout),
+            max_timeout=config.max_preserve_timeout,
+            by=v.PreservedBy.AUTO if value == Preference.AUTO else v.PreservedBy.USER,
+        )
+        return PreservationDecision(
+            preserve=True, record=started, expiry=started.expiry(max_timeout=config.max_preserve_timeout), starts=True
+        )
     if value == Preference.WHEN_FAILED:
         return PreservationDecision(preserve=False, stop_cause=StopCause.NOT_FAILED)
     if value == Preference.AUTO:

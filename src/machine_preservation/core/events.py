@@ -23,14 +23,26 @@ _STOP_MESSAGES = {
 
 
 def on_machine_and_node(
-    *, machine: Machine, node: Node | None, event_type: v.EventType, reason: v.EventReason, message: str
+    *,
+    machine: Machine,
+    node: Node | None,
+    event_type: v.EventType,
+    reason: v.EventReason,
+    message: str,
+    once: bool = False,
 ) -> tuple[RecordEvent, ...]:
-    events = [RecordEvent(kind="Machine", name=machine.metadata.name, type=event_type, reason=reason, message=message)]
-    if node is not None:
-        events.append(
-            RecordEvent(kind="Node", name=node.metadata.name, type=event_type, reason=reason, message=message)
-        )
-    return tuple(events)
+    targets = [("Machine", machine.metadata.name)] + ([("Node", node.metadata.name)] if node is not None else [])
+    return tuple(
+        RecordEvent(kind=kind, name=name, type=event_type, reason=reason, message=message, once=once)
+        for kind, name in targets
+    )
+
+
+def observed(*, machine: Machine, node: Node | None, reason: v.EventReason, message: str) -> tuple[RecordEvent, ...]:
+    """What MCM did, as seen in its objects: recorded once however often it is seen again."""
+    return on_machine_and_node(
+        machine=machine, node=node, event_type=v.EventType.NORMAL, reason=reason, message=message, once=True
+    )
 
 
 def started(
@@ -53,10 +65,11 @@ def started(
     )
 
 
-def stopped(*, machine: Machine, node: Node | None, cause: StopCause, deleting: bool) -> tuple[RecordEvent, ...]:
+def stopped(
+    *, machine: Machine, node: Node | None, cause: StopCause, deleting: bool, expiry: dt.datetime
+) -> tuple[RecordEvent, ...]:
+    """`expiry`: when the preservation that stops was to end."""
     if cause == StopCause.EXPIRED:
-        expiry = machine.preserve_expiry_time
-        assert expiry is not None  # only a set expiry can expire
         reason = v.EventReason.PRESERVATION_EXPIRED
         message = (
             f"Preservation expired at {go_time_string(expiry)}; the preserve annotation is removed so the "

@@ -4,35 +4,37 @@
 so an already converged machine yields an empty plan (no API writes in steady state). Each step is one
 idempotent write; the shell stops at the first failure and plans again from the objects.
 
-Order, and why:
-- start: `preserveExpiryTime` first (it is the record that preservation is active), then the Machine's
-  annotations (priority raise, node-value sync), the CA annotation, the taint of a Failed machine, and last
-  either the `Preserved` condition or, for a Failed machine, the drain (whose outcome writes the condition);
-- stop: the Machine's annotations (removed on expiry so the machine is not preserved again; priority
-  restored), the Node's annotations (CA annotation only when our ownership marker says we added it), the
-  condition, the taint, and last the expiry is cleared;
+The preservation record (Machine annotations, core.preservation_record) is the state; the node's condition,
+taint and CA annotation, the mirrored `preserveExpiryTime` and the priority are derived from it. Order, and why:
+- start: one Machine write carrying the record (plus the priority raise and node-value sync), then the
+  mirror, the CA annotation, the taint of a Failed machine, and last either the `Preserved` condition or, for
+  a Failed machine not drained yet, the condition "being drained" and the drain (whose outcome
+  `plan_after_drain` records);
+- stop: the Machine's annotations (on expiry the preserve annotation goes, so the machine is not preserved
+  again; the priority is restored), the Node's annotations (CA annotation only when our ownership marker says
+  we added it), the condition, the taint, the mirror, and last the record is removed;
 - end of a Failed machine whose preservation expired or was turned off with `false`: the node is cleaned up
-  the same way, then the Machine is deleted instead of clearing its expiry, and its annotations are left
-  alone (core.decision explains why; it also keeps auto-preservation from picking up a Failed, unpreserved
-  machine again, upstream quirk Q2).
-A crash between any two steps leaves the expiry and the annotations that decided the stop in place, so the
-next plan makes the same decision and finishes the job.
+  the same way, then the Machine is deleted with its record in place (core.decision explains why).
+A crash or a conflict between any two steps leaves the record in place, so the next plan makes the same
+decision and finishes the job; it never starts a new preservation instead.
 
-Deliberate differences from upstream (reference §3, §11):
+Beyond upstream MCM:
 - every preserved machine's node state is checked on every plan, not only until the condition is True: a CA
-  annotation flipped by a user is re-asserted (DESIGN.md §3), and the reason follows the value (Q4);
-- the "drained" record belongs to one failure: while the machine is not Failed the condition says
-  "Machine preserved until", so a `now` machine that fails again is tainted and drained again (Q3/Q4);
-- a failed drain is retried `drain_retry_interval` after the last attempt (the condition's heartbeat);
+  annotation flipped by a user is re-asserted, and the reason follows the value;
+- the drain record belongs to one failure: it is dropped while the machine is not Failed, so a `now`
+  machine that fails again is tainted and drained again;
+- a failed drain is retried `drain_retry_interval` after the last attempt, and evictions stop after the
+  drain timeout (the node counts as drained once the blocking pods are gone);
 - a Failed machine in our custody (preserved, or about to be) whose node is healthy again (Ready, none of
-  MCM's problem conditions) is moved to Running (DESIGN.md §3), and planned for as Running;
-- node-side leftovers (a condition not stopped) are cleaned up even if the expiry was dropped by someone
-  else (MCM's in-place update does, reference §2), and our taint never outlives preservation;
+  MCM's problem conditions) is moved to Running, and planned for as Running;
+- node-side leftovers (a condition not stopped) are cleaned up even without a record, and our taint never
+  outlives preservation;
 - invalid values are reported once each with a Warning Event (core.invalid_values), not only logged.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Sequence
 
@@ -43,7 +45,7 @@ from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.decision import PreservationDecision, decide_preservation
 from machine_preservation.core.durations import duration_or_default
 from machine_preservation.core.invalid_values import report_invalid_values
-from machine_preservation.core.models import Machine, Node, NodeCondition
+from machine_preservation.core.models import Machine, Node
 from machine_preservation.core.plan import (
     DeleteMachine,
     DrainNode,
@@ -56,6 +58,7 @@ from machine_preservation.core.plan import (
     SetPreservedTaint,
     SetPreserveExpiry,
 )
+from machine_preservation.core.preservation_record import DrainRecord, record_patch
 from machine_preservation.core.preserve_value import (
     EffectivePreserveValue,
     Preference,
@@ -76,13 +79,17 @@ def plan_machine(
     config: PreservationConfig,
     now: dt.datetime,
     unpreserved_priority_ceiling: int,
+    pool_timeout: dt.timedelta | None = None,
+    pods_to_evict: Sequence[str] = (),
 ) -> MachinePlan:
     """Decide one machine.
 
     `node` is the Node named by the machine's `node` label (None when there is no label or it was not
     found); `node_missing` is True when the label names a Node that does not exist: the machine's own value
-    is in force and only the expiry is set or cleared (reference §4.2 #19). `unpreserved_priority_ceiling`
-    comes from `priority.unpreserved_priority_ceiling` over the machine's MachineSet.
+    is in force and only the record is written or removed. `unpreserved_priority_ceiling` comes from
+    `priority.unpreserved_priority_ceiling` over the machine's MachineSet; `pool_timeout` is the pool's
+    machinePreserveTimeout where one is known; `pods_to_evict` names (`namespace/name`) the pods a drain of
+    the node would evict now, for the condition shown while it runs.
     """
     if node_missing and (node is not None or not machine.node_name):
         raise ValueError("node_missing means: the machine names a node, and that node was not found (node=None)")
@@ -92,14 +99,20 @@ def plan_machine(
     effective = effective_preserve_value(machine=machine, node=node)
     steps: list[MachineStep] = []
     phase = machine.phase
-    decision = decide_preservation(machine=machine, value=effective.value, phase=phase, config=config, now=now)
+
+    def decide() -> PreservationDecision:
+        return decide_preservation(
+            machine=machine, value=effective.value, phase=phase, config=config, now=now, pool_timeout=pool_timeout
+        )
+
+    decision = decide()
     # In our custody (preserved, or about to be) and Failed, but the node is healthy again: MCM has not moved
-    # the phase back, so we do (DESIGN.md §3), and decide on Running.
-    in_custody = machine.preserve_expiry_time is not None or decision.preserve
+    # the phase back, so we do, and decide on Running.
+    in_custody = machine.preservation is not None or decision.preserve
     if phase == v.MachinePhase.FAILED and in_custody and node is not None and node_is_healthy(node=node, config=config):
         steps += [SetMachinePhase(phase=v.MachinePhase.RUNNING), *events.recovered(machine=machine, node=node)]
         phase = v.MachinePhase.RUNNING
-        decision = decide_preservation(machine=machine, value=effective.value, phase=phase, config=config, now=now)
+        decision = decide()
     machine_patch, invalid_events = (
         (PatchMachineAnnotations(), ())  # the Machine goes: nothing to write on it
         if decision.delete_machine
@@ -119,6 +132,7 @@ def plan_machine(
             invalid_events=invalid_events,
             config=config,
             now=now,
+            pods_to_evict=pods_to_evict,
         )
         steps += preserve_steps
         assert decision.expiry is not None  # a preserve decision always carries its expiry
@@ -131,6 +145,7 @@ def plan_machine(
         decision=decision,
         machine_patch=machine_patch,
         invalid_events=invalid_events,
+        config=config,
         now=now,
     )
     return MachinePlan(steps=tuple(steps))
@@ -145,22 +160,40 @@ def plan_after_drain(
     blocking_pods: Sequence[str],
     now: dt.datetime,
 ) -> MachinePlan:
-    """What the shell writes once a DrainNode ended: the condition, then the outcome's Events.
+    """What the shell writes once a DrainNode ended: the drain record, the condition, the outcome's Events.
 
-    A look at a node whose evictions were given up (`evict` False) that finds it still blocked writes only
-    when the blocking pods changed, so it costs nothing in steady state.
+    An eviction attempt always updates the record (its time paces the next attempt after a failure). A look at
+    a node whose evictions were given up (`evict` False) that finds it still blocked writes only when the
+    blocking pods changed, so it costs nothing in steady state.
     """
-    condition = condition_after_drain(node=node, drain=drain, drained=drained, blocking_pods=blocking_pods, now=now)
-    if condition is None:
-        return MachinePlan()
-    outcome = events.drain_outcome(
-        machine=machine, node=node, drained=drained, blocking_pods=blocking_pods, gave_up_after=_gave_up(drain, drained)
+    record = drain.record
+    if record is None:
+        raise ValueError("DrainNode.record is required to record the drain outcome")
+    steps: list[MachineStep] = []
+    outcome: DrainRecord | None
+    if drained:
+        outcome = DrainRecord(outcome=v.DrainOutcome.DRAINED)
+    elif drain.evict:
+        failing_since = record.drain.failing_since if record.drain is not None else None
+        outcome = DrainRecord(outcome=v.DrainOutcome.FAILED, failing_since=failing_since or now, last_attempt=now)
+    else:
+        outcome = record.drain  # evictions given up: nothing new to record
+    to_set, to_remove = record_patch(
+        current=machine.metadata.annotations, record=dataclasses.replace(record, drain=outcome)
     )
-    return MachinePlan(steps=(condition, *outcome))
-
-
-def _gave_up(drain: DrainNode, drained: bool) -> dt.timedelta | None:
-    return drain.timeout if not drained and not drain.evict else None
+    if to_set or to_remove:
+        steps.append(PatchMachineAnnotations(set=to_set, remove=to_remove))
+    condition = condition_after_drain(node=node, drain=drain, drained=drained, blocking_pods=blocking_pods, now=now)
+    if condition is not None:
+        steps.append(condition)
+        steps += events.drain_outcome(
+            machine=machine,
+            node=node,
+            drained=drained,
+            blocking_pods=blocking_pods,
+            gave_up_after=drain.timeout if not drained and not drain.evict else None,
+        )
+    return MachinePlan(steps=tuple(steps))
 
 
 def node_is_healthy(*, node: Node, config: PreservationConfig) -> bool:
@@ -248,18 +281,26 @@ def _preserve(
     invalid_events: tuple[RecordEvent, ...],
     config: PreservationConfig,
     now: dt.datetime,
+    pods_to_evict: Sequence[str],
 ) -> tuple[list[MachineStep], dt.datetime | None]:
     """The writes that make the machine preserved, and when a waiting drain retry is due (else None)."""
-    expiry = decision.expiry
-    assert expiry is not None  # a preserve decision always carries its expiry
+    expiry, record = decision.expiry, decision.record
+    assert expiry is not None  # a preserve decision always carries its record and expiry
+    assert record is not None
+    failed = phase == v.MachinePhase.FAILED
+    if not failed and record.drain is not None:
+        record = dataclasses.replace(record, drain=None)  # the drain belongs to one failure
+    to_set, to_remove = record_patch(current=machine.metadata.annotations, record=record)
     steps: list[MachineStep] = []
-    if decision.starts:
+    machine_patch = _merge([PatchMachineAnnotations(set=to_set, remove=to_remove), machine_patch])
+    if not _is_empty(machine_patch):
+        steps.append(machine_patch)
+    if config.mirror_status and machine.mirrored_expiry != expiry:
         steps.append(SetPreserveExpiry(expiry=expiry))
+    if decision.starts:
         steps += events.started(
             machine=machine, node=node, node_missing=node_missing, effective=effective, expiry=expiry
         )
-    if not _is_empty(machine_patch):
-        steps.append(machine_patch)
     steps += invalid_events
     if node is None:
         return steps, None
@@ -273,65 +314,48 @@ def _preserve(
                 }
             )
         )
-    failed = phase == v.MachinePhase.FAILED
     if failed != node.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT):
         steps.append(SetPreservedTaint(present=failed))
 
     reason = conditions.reason_for(effective.value)
     current = node.preserved_condition
-    retry_at: dt.datetime | None = None
+    drain = record.drain
     if not failed:
-        # Also rewrites a "drained" message: the next failure must be drained again (quirk Q3).
-        condition = conditions.condition_step(
-            current=current,
-            status=conditions.TRUE,
-            reason=reason,
-            message=conditions.preserved_until_message(expiry),
-            now=now,
-        )
-    elif current is not None and conditions.is_drained(current):
-        condition = conditions.condition_step(
-            current=current,
-            status=conditions.TRUE,
-            reason=reason,
-            message=conditions.drained_message(expiry),
-            now=now,
-            last_heartbeat_time=current.last_heartbeat_time,
-        )
+        # Also rewrites a "drained" message: the next failure is drained again.
+        message, status = conditions.preserved_until_message(expiry), conditions.TRUE
+    elif drain is not None and drain.outcome == v.DrainOutcome.DRAINED:
+        message, status = conditions.drained_message(expiry), conditions.TRUE
     else:
-        retry_at = _drain_retry_at(current=current, expiry=expiry, config=config)
-        if current is None or retry_at is None or retry_at <= now:
-            timeout = drain_timeout(machine=machine, config=config)
-            evict = not conditions.evictions_exhausted(current, timeout=timeout, expiry=expiry, now=now)
-            steps.append(DrainNode(reason=reason, expiry=expiry, timeout=timeout, evict=evict))
-            return steps, None
-        # Waiting for the next attempt after a failed drain: only the reason follows the value meanwhile.
-        condition = conditions.condition_step(
-            current=current,
-            status=conditions.FALSE,
-            reason=reason,
-            message=current.message,
-            now=now,
-            last_heartbeat_time=current.last_heartbeat_time,
-        )
+        retry_at = drain.last_attempt + config.drain_retry_interval if drain and drain.last_attempt else None
+        if retry_at is not None and retry_at > now:
+            # Waiting for the next attempt after a failed one: the condition keeps the blockers it names, only
+            # the reason follows the value meanwhile.
+            waiting = conditions.condition_step(
+                current=current,
+                status=conditions.FALSE,
+                reason=reason,
+                message=current.message if current is not None else conditions.drain_failed_message(expiry, ()),
+                now=now,
+            )
+            return [*steps, *([waiting] if waiting is not None else [])], retry_at
+        timeout = drain_timeout(machine=machine, config=config)
+        gave_up = drain is not None and drain.failing_since is not None and now >= drain.failing_since + timeout
+        if drain is None:
+            # The first attempt: say what it waits for while it runs (an attempt may take minutes).
+            draining = conditions.condition_step(
+                current=current,
+                status=conditions.FALSE,
+                reason=reason,
+                message=conditions.draining_message(expiry, pods_to_evict),
+                now=now,
+            )
+            steps += [draining] if draining is not None else []
+        steps.append(DrainNode(record=record, reason=reason, expiry=expiry, timeout=timeout, evict=not gave_up))
+        return steps, None
+    condition = conditions.condition_step(current=current, status=status, reason=reason, message=message, now=now)
     if condition is not None:
         steps.append(condition)
-    return steps, retry_at
-
-
-def _drain_retry_at(
-    *, current: NodeCondition | None, expiry: dt.datetime, config: PreservationConfig
-) -> dt.datetime | None:
-    """When the next drain is due after a failed one (None: no failed drain of this preservation on record,
-    drain now; a failure recorded for an earlier preservation names another expiry and does not pace this one)."""
-    if (
-        current is None
-        or not conditions.is_drain_failed(current)
-        or conditions.preserved_until_message(expiry) not in current.message
-        or current.last_heartbeat_time is None
-    ):
-        return None
-    return current.last_heartbeat_time + config.drain_retry_interval
+    return steps, None
 
 
 def _stop_or_idle(
@@ -342,14 +366,14 @@ def _stop_or_idle(
     decision: PreservationDecision,
     machine_patch: PatchMachineAnnotations,
     invalid_events: tuple[RecordEvent, ...],
+    config: PreservationConfig,
     now: dt.datetime,
 ) -> list[MachineStep]:
     """The writes that end a preservation (if there is one to end) and keep an unpreserved machine clean."""
-    expiry = machine.preserve_expiry_time
+    record = machine.preservation
     current = node.preserved_condition if node is not None else None
-    # The expiry is the record; a condition still saying "preserved" is one too (the expiry may have been
-    # dropped by someone else, e.g. MCM's in-place update, reference §2).
-    stopping = expiry is not None or conditions.shows_preservation(current)
+    # The record is the state; a condition still saying "preserved" is a leftover to clean up as well.
+    stopping = record is not None or conditions.shows_preservation(current)
     steps: list[MachineStep] = []
     if not _is_empty(machine_patch):
         steps.append(machine_patch)
@@ -370,14 +394,22 @@ def _stop_or_idle(
                 steps.append(stopped)
         if node.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT):
             steps.append(SetPreservedTaint(present=False))
-    if not stopping:
-        return steps
-    assert decision.stop_cause is not None  # a stop decision always says why
-    if decision.delete_machine:
-        steps.append(DeleteMachine())
-    elif expiry is not None:
-        steps.append(SetPreserveExpiry(expiry=None))
-    steps += events.stopped(machine=machine, node=node, cause=decision.stop_cause, deleting=decision.delete_machine)
+    if record is not None and decision.delete_machine:
+        steps.append(DeleteMachine())  # with its record: a failed delete is retried, never re-preserved
+    elif record is not None:
+        if config.mirror_status and machine.mirrored_expiry is not None:
+            steps.append(SetPreserveExpiry(expiry=None))
+        _, to_remove = record_patch(current=machine.metadata.annotations, record=None)
+        steps.append(PatchMachineAnnotations(remove=to_remove))  # last: until here the stop is repeatable
+    if record is not None:
+        assert decision.stop_cause is not None  # a stop decision always says why
+        steps += events.stopped(
+            machine=machine,
+            node=node,
+            cause=decision.stop_cause,
+            deleting=decision.delete_machine,
+            expiry=record.expiry(max_timeout=config.max_preserve_timeout),
+        )
     return steps
 
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from machine_preservation.core import vocabulary as v
+from machine_preservation.core.preservation_record import PreservationRecord, read_record
 
 
 class KubeModel(BaseModel):
@@ -123,8 +124,16 @@ class Machine(KubeModel):
         return self.status.current_status.phase
 
     @property
-    def preserve_expiry_time(self) -> dt.datetime | None:
+    def mirrored_expiry(self) -> dt.datetime | None:
+        """`status.currentStatus.preserveExpiryTime`: a mirror of the record's expiry (or MCM's own expiry
+        when MCM preserves natively); pruned or dropped by MCM v0.61, so never the record."""
         return self.status.current_status.preserve_expiry_time
+
+    @property
+    def preservation(self) -> PreservationRecord | None:
+        """The preservation record in the annotations (None: not preserved). Not cached: `model_copy` would
+        carry a cached record over to a copy with other annotations."""
+        return read_record(self.metadata.annotations)
 
     @property
     def node_name(self) -> str:

@@ -3,9 +3,10 @@
 The core looks at a snapshot (objects + config + now) and returns a `MachinePlan` (or a
 `MachineSetPlan`): an ordered tuple of steps plus when to look again. The shell executes the steps
 in order, each as one idempotent API write, and stops at the first failure (the next reconcile
-recomputes the plan from the objects). The order is what makes a crash at any point safe: for a
-start the expiry is written first (it is the record that preservation is active), for a stop the
-annotations go before the expiry is cleared (so an expired `now` is never re-preserved).
+recomputes the plan from the objects). A `DrainNode` is always last: the shell stops there, drains, and
+asks the core (`lifecycle.plan_after_drain`) what the outcome writes. The order is what makes a crash at
+any point safe: for a start the preservation record (Machine annotations) is written first, for a stop it
+is removed last, so an interrupted stop is finished rather than mistaken for "not preserved".
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from machine_preservation.core.preservation_record import PreservationRecord
 
 
 @dataclass(frozen=True)
@@ -25,7 +28,8 @@ class PatchMachineAnnotations:
 
 @dataclass(frozen=True)
 class SetPreserveExpiry:
-    """Write `status.currentStatus.preserveExpiryTime` (None clears it) and `lastUpdateTime = now`."""
+    """Mirror the expiry into `status.currentStatus.preserveExpiryTime` (None clears it), with
+    `lastUpdateTime = now`; only where the Machine CRD keeps the field. Never read back as the record."""
 
     expiry: dt.datetime | None
 
@@ -65,23 +69,21 @@ class SetPreservedCondition:
     reason: str
     message: str
     last_transition_time: dt.datetime
-    # Time of the last drain outcome (None: leave `lastHeartbeatTime` unset). The core waits
-    # `PreservationConfig.drain_retry_interval` after a failed drain before planning the next one.
-    last_heartbeat_time: dt.datetime | None = None
 
 
 @dataclass(frozen=True)
 class DrainNode:
     """Evict the node's pods (Eviction API; DaemonSet and mirror pods stay).
 
-    The shell reports the outcome by writing the condition the core computes from it
-    (`core.lifecycle.condition_after_drain`), so the drain is not repeated once it succeeded.
-    It is always the last step of a plan; the shell runs at most one drain per node at a time.
+    Always the last step of a plan. The shell drains, then executes `core.lifecycle.plan_after_drain`, which
+    records the outcome in the preservation record (so a done drain is not repeated and a failed one is paced)
+    and in the condition. The shell runs at most one drain per node at a time.
     """
 
-    # What the outcome's condition needs (the plan-time view; a stale one is corrected by the next plan).
+    # What the outcome needs (the plan-time view; a stale one is corrected by the next plan).
+    record: PreservationRecord | None = None  # the preservation in force (may have been written by this plan)
     reason: str = ""  # the Preserved condition reason (ConditionReason)
-    expiry: dt.datetime | None = None  # preserveExpiryTime, rendered into the condition message
+    expiry: dt.datetime | None = None  # the record's expiry, rendered into the condition message
     # How long evictions are retried after the first failed drain: the Machine's spec.drainTimeout, else
     # PreservationConfig.drain_timeout. Past it, `evict` is False: the shell only looks whether the node has
     # become empty (someone removed the blocking pods) and evicts nothing.
@@ -98,6 +100,8 @@ class RecordEvent:
     type: str  # "Normal" | "Warning"
     reason: str  # CamelCase, e.g. "PreservationStarted"
     message: str
+    # Recorded at most once (an observation re-made on every look), instead of counting repeats.
+    once: bool = False
 
 
 MachineStep = (

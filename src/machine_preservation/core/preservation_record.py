@@ -101,7 +101,7 @@ def read_record(annotations: Mapping[str, str]) -> PreservationRecord | None:
         return None
     since = parse_timestamp(annotations.get(v.PRESERVED_SINCE_ANNOTATION))
     until = parse_timestamp(annotations.get(v.PRESERVED_UNTIL_ANNOTATION))
-    by_raw = annotations.get(v.PRESERVED_BY_ANNOTATION)
+    by_raw = annotations.get(v.PRESERVED_BY_ANNOTATION, "")
     by = v.PreservedBy(by_raw) if by_raw in v.PreservedBy._value2member_map_ else v.PreservedBy.USER
     if since is None or until is None:
         return PreservationRecord(since=_EPOCH, until=_EPOCH, by=by, damaged=True)
@@ -109,7 +109,7 @@ def read_record(annotations: Mapping[str, str]) -> PreservationRecord | None:
 
 
 def _read_drain(annotations: Mapping[str, str]) -> DrainRecord | None:
-    raw = annotations.get(v.PRESERVED_DRAIN_ANNOTATION)
+    raw = annotations.get(v.PRESERVED_DRAIN_ANNOTATION, "")
     if raw not in v.DrainOutcome._value2member_map_:
         return None  # absent or damaged: the drain is simply done again
     outcome = v.DrainOutcome(raw)

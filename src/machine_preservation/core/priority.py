@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from machine_preservation.core import vocabulary as v
+from machine_preservation.core.config import DEFAULT_MAX_PRESERVE_TIMEOUT
 from machine_preservation.core.models import Machine
 from machine_preservation.core.plan import PatchMachineAnnotations
 
@@ -64,13 +65,18 @@ class UnpreservedPriorities:
         return self.computed_at <= now and (self.valid_until is None or now < self.valid_until)
 
 
-def unpreserved_priorities(*, machine_set_machines: Sequence[Machine], now: dt.datetime) -> UnpreservedPriorities:
+def unpreserved_priorities(
+    *,
+    machine_set_machines: Sequence[Machine],
+    now: dt.datetime,
+    max_timeout: dt.timedelta = DEFAULT_MAX_PRESERVE_TIMEOUT,
+) -> UnpreservedPriorities:
     top: list[tuple[int, str]] = []
     valid_until: dt.datetime | None = None
     for m in machine_set_machines:
         if m.metadata.deletion_timestamp is not None:
             continue
-        expiry = m.preserve_expiry_time
+        expiry = m.preservation.expiry(max_timeout=max_timeout) if m.preservation is not None else None
         if expiry is not None and expiry > now:
             valid_until = expiry if valid_until is None else min(valid_until, expiry)
             continue
@@ -82,9 +88,16 @@ def unpreserved_priorities(*, machine_set_machines: Sequence[Machine], now: dt.d
     return UnpreservedPriorities(top=tuple(top), computed_at=now, valid_until=valid_until)
 
 
-def unpreserved_priority_ceiling(*, machine: Machine, machine_set_machines: Sequence[Machine], now: dt.datetime) -> int:
+def unpreserved_priority_ceiling(
+    *,
+    machine: Machine,
+    machine_set_machines: Sequence[Machine],
+    now: dt.datetime,
+    max_timeout: dt.timedelta = DEFAULT_MAX_PRESERVE_TIMEOUT,
+) -> int:
     """The highest own priority among the *other* unpreserved, not deleted machines (at least the default)."""
-    return unpreserved_priorities(machine_set_machines=machine_set_machines, now=now).ceiling_for(machine.metadata.name)
+    summary = unpreserved_priorities(machine_set_machines=machine_set_machines, now=now, max_timeout=max_timeout)
+    return summary.ceiling_for(machine.metadata.name)
 
 
 def preserved_priority(*, ceiling: int, auto: bool) -> int:

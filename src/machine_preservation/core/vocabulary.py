@@ -117,6 +117,7 @@ class ConditionReason(StrEnum):
 
 DRAINED_SUCCESSFULLY_MESSAGE: Final = "Preserved node drained successfully."
 DRAIN_FAILED_MESSAGE: Final = "Preserved node could not be drained."
+DRAINING_MESSAGE: Final = "Preserved node is being drained."
 PRESERVED_UNTIL_MESSAGE_PREFIX: Final = "Machine preserved until"
 
 
@@ -132,6 +133,7 @@ class EventReason(StrEnum):
     INVALID_PRESERVE_VALUE = "InvalidPreserveValue"
     AUTO_PRESERVATION_GRANTED = "AutoPreservationGranted"
     AUTO_PRESERVATION_RELEASED = "AutoPreservationReleased"
+    PRESERVATION_HANDED_OVER = "PreservationHandedOver"
 
 
 class EventType(StrEnum):

@@ -24,7 +24,7 @@ View = dict[str, str]
 
 def machine_view(machine: Machine) -> View:
     annotations = machine.metadata.annotations
-    expiry = machine.preserve_expiry_time
+    expiry = machine.preservation.until if machine.preservation is not None else None
     return {
         "phase": machine.phase or "-",
         "preserve": annotations.get(v.PRESERVE_ANNOTATION, "-"),

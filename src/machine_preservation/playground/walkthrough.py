@@ -126,7 +126,7 @@ class Walkthrough:
 
     async def preserved(self, name: str, *, reason: str, drained: bool = False) -> bool:
         machine, node = await self.machine(name), await self.node(name)
-        if machine is None or machine.preserve_expiry_time is None or node is None:
+        if machine is None or machine.preservation is None or node is None:
             return False
         condition = node.preserved_condition
         message = v.DRAINED_SUCCESSFULLY_MESSAGE if drained else v.PRESERVED_UNTIL_MESSAGE_PREFIX
@@ -141,7 +141,7 @@ class Walkthrough:
 
     async def stopped(self, name: str) -> bool:
         machine, node = await self.machine(name), await self.node(name)
-        if machine is None or node is None or machine.preserve_expiry_time is not None:
+        if machine is None or node is None or machine.preservation is not None:
             return False
         condition = node.preserved_condition
         return (
@@ -164,7 +164,7 @@ class Walkthrough:
             limit=self.wait_limit,
         )
         machine = await self.machine(name)
-        expiry = machine.preserve_expiry_time if machine is not None else None
+        expiry = machine.preservation.until if machine is not None and machine.preservation is not None else None
         if expiry is None:
             raise StepFailed(f"{name} lost its expiry right after being preserved")
         self.now_preserved, self.now_expiry = name, expiry
@@ -176,7 +176,7 @@ class Walkthrough:
         await self.kubectl("annotate", "node", name, f"{v.PRESERVE_ANNOTATION}=when-failed")
         await asyncio.sleep(2)  # give the controller a chance to (wrongly) act
         machine = await self.machine(name)
-        if machine is None or machine.preserve_expiry_time is not None:
+        if machine is None or machine.preservation is not None:
             raise StepFailed(f"{name} must not be preserved while it is healthy")
         await self.fail_node(name)
         await self.wait_for(

@@ -27,6 +27,7 @@ from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.core import vocabulary as v
+from machine_preservation.core.config import DEFAULT_MAX_PRESERVE_TIMEOUT
 from machine_preservation.core.models import Machine, MachineSet, Node
 from machine_preservation.core.priority import parse_priority
 
@@ -155,7 +156,10 @@ class McmStandIn:
 
     @staticmethod
     def _actively_preserved(machine: Machine, now: dt.datetime) -> bool:
-        return machine.preserve_expiry_time is not None and machine.preserve_expiry_time > now
+        return (
+            machine.preservation is not None
+            and machine.preservation.expiry(max_timeout=DEFAULT_MAX_PRESERVE_TIMEOUT) > now
+        )
 
     def _deletion_rank(self, machine: Machine, now: dt.datetime) -> tuple[bool, int, int, dt.datetime]:
         return (

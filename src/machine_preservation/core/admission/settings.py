@@ -7,10 +7,11 @@ from typing import Final
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from machine_preservation.core.config import DEFAULT_MAX_PRESERVE_TIMEOUT
+
 # The chart's service account for the controller, and MCM's identity inside a shoot (ecosystem.md §1.5).
 DEFAULT_CONTROLLER_USERNAME: Final = "system:serviceaccount:machine-preservation:machine-preservation-controller"
 DEFAULT_MCM_USERNAMES: Final = ("system:serviceaccount:kube-system:machine-controller-manager",)
-DEFAULT_MAX_PRESERVE_TIMEOUT: Final = dt.timedelta(days=30)
 
 
 class AdmissionSettings(BaseModel):

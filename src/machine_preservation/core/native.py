@@ -1,0 +1,94 @@
+"""With an MCM that preserves natively (v0.62+): hand our running preservations over, then only observe.
+
+MCM then owns the lifecycle (expiry in `status.currentStatus.preserveExpiryTime`, condition, taint, CA
+annotation, drain, auto-preservation with the value `auto-preserved`); the controller writes none of it.
+
+Hand-over: a machine still carrying our record (preserved before MCM was upgraded) gets its expiry written
+where MCM reads it and our auto value respelled as MCM's (MCM ignores `auto-preserve` and would stop the
+preservation), then our record is removed, in that order, so a crash in between repeats the hand-over. The
+node keeps our condition, taint and CA annotation: they use MCM's keys and messages, so MCM carries on
+from them (a drained node is not drained again).
+
+Observation: Events from what MCM's objects show, each recorded once (`RecordEvent.once`): a preservation
+starting (the expiry appears; the message names it, so each preservation is distinct) and ending (the node's
+condition turns to `Preservation stopped.`; named by its transition time).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from machine_preservation.core import events
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.conditions import go_time_string, is_stopped
+from machine_preservation.core.config import PreservationConfig
+from machine_preservation.core.models import Machine, Node
+from machine_preservation.core.plan import MachinePlan, MachineStep, PatchMachineAnnotations, SetPreserveExpiry
+from machine_preservation.core.preservation_record import record_patch
+
+
+def plan_native(*, machine: Machine, node: Node | None, config: PreservationConfig) -> MachinePlan:
+    """The hand-over writes of a machine that still has our record; else only the observed Events."""
+    if machine.metadata.deletion_timestamp is not None or machine.phase == v.MachinePhase.TERMINATING:
+        return MachinePlan()
+    record = machine.preservation
+    if record is not None:
+        return _hand_over(machine=machine, node=node, config=config)
+    return MachinePlan(steps=_observed(machine=machine, node=node))
+
+
+def _hand_over(*, machine: Machine, node: Node | None, config: PreservationConfig) -> MachinePlan:
+    record = machine.preservation
+    assert record is not None
+    expiry = record.expiry(max_timeout=config.max_preserve_timeout)
+    steps: list[MachineStep] = []
+    if machine.mirrored_expiry != expiry:
+        steps.append(SetPreserveExpiry(expiry=expiry))
+    annotations = machine.metadata.annotations
+    respell = (
+        {v.PRESERVE_ANNOTATION: v.PreserveValue.AUTO_UPSTREAM.value}
+        if annotations.get(v.PRESERVE_ANNOTATION) == v.PreserveValue.AUTO.value
+        else {}
+    )
+    _, remove = record_patch(current=annotations, record=None)
+    steps.append(PatchMachineAnnotations(set=respell, remove=remove))
+    steps += events.on_machine_and_node(
+        machine=machine,
+        node=node,
+        event_type=v.EventType.NORMAL,
+        reason=v.EventReason.PRESERVATION_HANDED_OVER,
+        message=(
+            f"Preservation until {go_time_string(expiry)} handed over to machine-controller-manager, "
+            "which preserves machines itself."
+        ),
+    )
+    return MachinePlan(steps=tuple(steps))
+
+
+def _observed(*, machine: Machine, node: Node | None) -> tuple[MachineStep, ...]:
+    expiry = machine.mirrored_expiry
+    if expiry is not None:
+        return events.observed(
+            machine=machine,
+            node=node,
+            reason=v.EventReason.PRESERVATION_STARTED,
+            message=f"machine-controller-manager preserves the machine until {go_time_string(expiry)}.",
+        )
+    condition = node.preserved_condition if node is not None else None
+    if condition is not None and is_stopped(condition) and condition.last_transition_time is not None:
+        return events.observed(
+            machine=machine,
+            node=node,
+            reason=v.EventReason.PRESERVATION_STOPPED,
+            message=(
+                "machine-controller-manager stopped the preservation at "
+                f"{go_time_string(condition.last_transition_time)}."
+            ),
+        )
+    return ()
+
+
+def observed_expiry(machine: Machine, now: dt.datetime) -> dt.datetime | None:
+    """MCM's expiry while it is in the future (for metrics)."""
+    expiry = machine.mirrored_expiry
+    return expiry if expiry is not None and expiry > now else None
