@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 
 from machine_preservation.cluster.crds import crd_manifests
-from machine_preservation.controller.crd_check import CrdCheckFailed, check_machine_crd, pruned_at
+from machine_preservation.controller.crd_check import (
+    EXPIRY_PATH,
+    CrdCheckFailed,
+    check_machine_crd,
+    keeps,
+    pruned_at,
+)
 
 
 def machine_crd() -> dict[str, Any]:
@@ -47,27 +53,29 @@ def test_the_shipped_crd_keeps_the_field() -> None:
     ],
 )
 def test_pruned_at(schema: dict[str, Any], where: str | None) -> None:
-    assert pruned_at(schema) == where
+    assert pruned_at(schema, EXPIRY_PATH) == where
 
 
-def test_an_mcm_crd_without_the_field_fails_with_the_fix() -> None:
+def test_an_mcm_v061_crd_without_the_field_is_accepted_and_reported_as_pruning() -> None:
     crd = machine_crd()
+    assert check_machine_crd(crd) is True
     del status_schema(crd)["properties"]["currentStatus"]["properties"]["preserveExpiryTime"]
-    with pytest.raises(CrdCheckFailed) as failed:
-        check_machine_crd(crd)
-    message = str(failed.value)
-    assert "would prune status.currentStatus.preserveExpiryTime" in message
-    assert "the schema at status.currentStatus" in message
-    assert "Fix:" in message
-    assert "preserveExpiryTime: {type: string, format: date-time, nullable: true}" in message
+    assert check_machine_crd(crd) is False
 
 
-def test_preserve_unknown_fields_on_current_status_is_enough() -> None:
+def test_preserve_unknown_fields_on_current_status_keeps_the_field() -> None:
     crd = machine_crd()
     current = status_schema(crd)["properties"]["currentStatus"]
     del current["properties"]["preserveExpiryTime"]
     current["x-kubernetes-preserve-unknown-fields"] = True
-    check_machine_crd(crd)
+    assert check_machine_crd(crd) is True
+
+
+def test_keeps_looks_at_the_served_version_only() -> None:
+    crd = machine_crd()
+    assert keeps(crd, EXPIRY_PATH)
+    crd["spec"]["versions"][0]["served"] = False
+    assert not keeps(crd, EXPIRY_PATH)
 
 
 def test_missing_version_and_missing_status_subresource_are_reported() -> None:

@@ -10,8 +10,11 @@ from prometheus_client import generate_latest
 from machine_preservation.controller.manager import preserved_counts
 from machine_preservation.controller.metrics import Metrics, request_verb_and_resource
 from machine_preservation.core import vocabulary as v
+from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.models import Machine
+from machine_preservation.core.preservation_record import PreservationRecord
 
+CONFIG = PreservationConfig()
 NOW = dt.datetime(2026, 11, 21, 12, tzinfo=dt.UTC)
 
 
@@ -42,12 +45,18 @@ def test_request_labels(method: str, path: str, query: str, expected: tuple[str,
     assert request_verb_and_resource(method, path, query) == expected
 
 
-def machine(name: str, *, phase: str, expiry: dt.datetime | None, value: str | None = None) -> Machine:
+def machine(
+    name: str, *, phase: str, expiry: dt.datetime | None, value: str | None = None, mirrored: bool = False
+) -> Machine:
+    """A machine with our record until `expiry` (or, `mirrored`, only MCM's own status expiry)."""
     annotations = {v.PRESERVE_ANNOTATION: value} if value is not None else {}
+    if expiry is not None and not mirrored:
+        record = PreservationRecord(since=expiry - dt.timedelta(hours=72), until=expiry, by=v.PreservedBy.USER)
+        annotations.update(record.annotations())
     return Machine.model_validate(
         {
             "metadata": {"name": name, "annotations": annotations},
-            "status": {"currentStatus": {"phase": phase, "preserveExpiryTime": expiry}},
+            "status": {"currentStatus": {"phase": phase, "preserveExpiryTime": expiry if mirrored else None}},
         }
     )
 
@@ -62,14 +71,33 @@ def test_preserved_counts_by_reason_and_phase_ignore_expired_and_unpreserved() -
         machine("e", phase="Failed", expiry=earlier, value="now"),  # expired
         machine("f", phase="Running", expiry=None, value="now"),  # not preserved (yet)
     ]
-    assert preserved_counts(machines, NOW) == {("auto", "Failed"): 2, ("manual", "Running"): 2}
+    assert preserved_counts(machines, NOW, CONFIG, native=False) == {("auto", "Failed"): 2, ("manual", "Running"): 2}
 
 
-def test_the_gauge_is_read_at_scrape_time() -> None:
-    metrics = Metrics()
-    current: list[Machine] = []
-    metrics.watch_preserved(lambda: preserved_counts(current, NOW))
-    assert b"machine_preservation_preserved_machines{" not in generate_latest(metrics.registry)
-    current.append(machine("a", phase="Failed", expiry=NOW + dt.timedelta(hours=1), value="now"))
-    scraped = generate_latest(metrics.registry).decode()
-    assert 'machine_preservation_preserved_machines{phase="Failed",reason="manual"} 1.0' in scraped
+def test_with_native_mcm_the_counts_come_from_mcms_expiry_and_ignore_our_records() -> None:
+    later = NOW + dt.timedelta(hours=1)
+    machines = [
+        machine("a", phase="Failed", expiry=later, value="auto-preserved", mirrored=True),
+        machine("b", phase="Running", expiry=later, value="now"),  # our record, not yet handed over
+        machine("c", phase="Running", expiry=NOW - dt.timedelta(seconds=1), value="now", mirrored=True),
+    ]
+    assert preserved_counts(machines, NOW, CONFIG, native=True) == {("auto", "Failed"): 1}
+    assert preserved_counts(machines, NOW, CONFIG, native=False) == {("manual", "Running"): 1}
+
+
+def test_an_expiry_beyond_the_cap_counts_until_the_cap_only() -> None:
+    record = PreservationRecord(
+        since=NOW - dt.timedelta(hours=2), until=NOW + dt.timedelta(days=3650), by=v.PreservedBy.USER
+    )
+    far = Machine.model_validate(
+        {
+            "metadata": {"name": "far", "annotations": record.annotations()},
+            "status": {"currentStatus": {"phase": "Running"}},
+        }
+    )
+    assert (
+        preserved_counts([far], NOW, PreservationConfig(max_preserve_timeout=dt.timedelta(hours=1)), native=False) == {}
+    )
+    assert preserved_counts(
+        [far], NOW, PreservationConfig(max_preserve_timeout=dt.timedelta(hours=3)), native=False
+    ) == {("manual", "Running"): 1}

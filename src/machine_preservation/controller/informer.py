@@ -49,6 +49,8 @@ class Source:
 
     list_function: ListFunction
     args: tuple[Any, ...] = ()
+    # Keyword arguments of both the list and the watch, e.g. a field selector.
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def raw_list_function(self) -> ListFunction:
         owner = self.list_function.__self__  # type: ignore[attr-defined]
@@ -175,7 +177,7 @@ class Informer(Generic[T]):
             kwargs: dict[str, Any] = {"limit": self.page_size}
             if token:
                 kwargs["_continue"] = token
-            response = await raw_list(*self.source.args, **kwargs)
+            response = await raw_list(*self.source.args, **self.source.kwargs, **kwargs)
             body = await response.read()
             if response.status != 200:
                 raise ApiException(status=response.status, reason=response.reason, body=body.decode(errors="replace"))
@@ -204,6 +206,7 @@ class Informer(Generic[T]):
             events = stream.stream(
                 self.source.list_function,
                 *self.source.args,
+                **self.source.kwargs,
                 resource_version=self.resource_version,
                 allow_watch_bookmarks=True,
                 timeout_seconds=timeout,

@@ -38,6 +38,7 @@ from machine_preservation.controller.events import EventRecorder
 from machine_preservation.controller.informer import Informer, Source
 from machine_preservation.controller.leader import LeaderElector
 from machine_preservation.controller.metrics import Metrics, Probes, metrics_app, start_metrics_server
+from machine_preservation.controller.pools import PoolSettingsReader
 from machine_preservation.controller.queue import WorkQueue
 from machine_preservation.controller.reconcile import (
     Caches,
@@ -54,6 +55,13 @@ from machine_preservation.core.decision import expiry_of
 from machine_preservation.core.mcm_generation import ClusterEvidence, NativePreservationMode, decide_native_preservation
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, Pod
 from machine_preservation.core.native import observed_expiry
+from machine_preservation.core.pool_settings import (
+    CLUSTER_API_GROUP,
+    CLUSTER_API_VERSION,
+    CLUSTER_PLURAL,
+    PoolDefaults,
+    read_cluster,
+)
 from machine_preservation.core.preserve_value import is_auto_value
 
 logger = logging.getLogger(__name__)
@@ -65,6 +73,7 @@ EXIT_OK = 0
 EXIT_LOST_LEADERSHIP = 1
 LEASE_NAME = "machine-preservation-controller"
 MCM_DEPLOYMENT = "machine-controller-manager"
+CLUSTER_CRD = f"{CLUSTER_PLURAL}.{CLUSTER_API_GROUP}"
 
 
 def default_identity() -> str:
@@ -132,6 +141,7 @@ class Controller:
                 target=target,
                 namespace=self.options.namespace,
                 resync_period=self.options.resync_period,
+                with_cluster=await has_crd(control, CLUSTER_CRD),
             )
             app = metrics_app(metrics=self.metrics, probes=Probes(ready=self.ready))
             runner = await start_metrics_server(app=app, host=options.metrics_host, port=options.metrics_port)
@@ -261,18 +271,26 @@ class Controller:
             max_drain_attempt=options.max_drain_attempt,
             max_concurrent_drains=max(options.workers // 2, 1),
         )
-        machine_sets = MachineSetReconciler(caches=caches, writer=writer, config=self.preservation)
+        pools = PoolSettingsReader(
+            caches=caches,
+            namespace=options.namespace,
+            defaults=PoolDefaults(preserve_timeout=self.preservation.default_preserve_timeout),
+        )
+        machines.pool_timeout = pools.preserve_timeout
+        machine_sets = MachineSetReconciler(
+            caches=caches, writer=writer, config=self.preservation, pool_limit=pools.auto_preserve_max
+        )
         deployments = MachineDeploymentReconciler(caches=caches, writer=writer)
         config, native = self.preservation, self.native
         self.metrics.watch_preserved(lambda: preserved_counts(caches.machines.values(), utc_now(), config, native))
-        pools = [(queues.machines, machines.reconcile, max(options.workers, 1))]
+        workers = [(queues.machines, machines.reconcile, max(options.workers, 1))]
         if not self.native:  # MCM runs auto-preservation and its counters itself
-            pools.append((queues.machine_sets, machine_sets.reconcile, 1))
+            workers.append((queues.machine_sets, machine_sets.reconcile, 1))
             if self.preservation.mirror_status:  # the counters are all a MachineDeployment plan writes
-                pools.append((queues.machine_deployments, deployments.reconcile, 1))
+                workers.append((queues.machine_deployments, deployments.reconcile, 1))
         return [
             asyncio.create_task(self._worker(queue, reconcile), name=f"{queue.name}-worker-{n}")
-            for queue, reconcile, count in pools
+            for queue, reconcile, count in workers
             for n in range(count)
         ]
 
@@ -310,9 +328,22 @@ class Controller:
             await asyncio.sleep(0)
 
 
-def new_caches(*, control: client.ApiClient, target: client.ApiClient, namespace: str, resync_period: float) -> Caches:
-    """The informers the controller reconciles from: MCM's objects in `namespace` of the control cluster,
-    Nodes and Pods of the target cluster."""
+async def has_crd(api_client: client.ApiClient, name: str) -> bool:
+    response = await client.ApiextensionsV1Api(api_client).read_custom_resource_definition_without_preload_content(name)
+    await response.read()
+    return bool(response.status == 200)
+
+
+def new_caches(
+    *,
+    control: client.ApiClient,
+    target: client.ApiClient,
+    namespace: str,
+    resync_period: float,
+    with_cluster: bool = False,
+) -> Caches:
+    """The informers the controller reconciles from: MCM's objects in `namespace` of the control cluster (and
+    Gardener's `Cluster` resource named after it, `with_cluster`), Nodes and Pods of the target cluster."""
     custom_objects, core = client.CustomObjectsApi(control), client.CoreV1Api(target)
     group, version = v.MACHINE_API_GROUP, v.MACHINE_API_VERSION
 
@@ -329,6 +360,18 @@ def new_caches(*, control: client.ApiClient, target: client.ApiClient, namespace
         machine_deployments=control_informer("machinedeployments", MachineDeployment.model_validate),
         nodes=target_informer("nodes", Source(core.list_node), Node.model_validate),
         pods=target_informer("pods", Source(core.list_pod_for_all_namespaces), Pod.model_validate),
+        clusters=Informer(
+            name="clusters",
+            source=Source(
+                custom_objects.list_cluster_custom_object,
+                (CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL),
+                {"field_selector": f"metadata.name={namespace}"},
+            ),
+            parse=read_cluster,
+            resync_period=resync_period,
+        )
+        if with_cluster
+        else None,
     )
 
 

@@ -11,7 +11,7 @@ import datetime as dt
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from machine_preservation.controller.apply import ObjectGone, Snapshot, Writer, execute_machine_plan
 from machine_preservation.controller.drain import POD_NODE_INDEX, Drainer, DrainResult
@@ -25,6 +25,7 @@ from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.lifecycle import plan_after_drain, plan_machine
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, ObjectMeta, Pod
 from machine_preservation.core.native import plan_native
+from machine_preservation.core.pool_settings import ClusterView
 from machine_preservation.core.priority import (
     UnpreservedPriorities,
     unpreserved_priorities,
@@ -61,6 +62,8 @@ class Caches:
     machine_deployments: Informer[MachineDeployment]
     nodes: Informer[Node]
     pods: Informer[Pod]
+    # Gardener's Cluster resource of the control namespace (None: not a Gardener seed, no such CRD).
+    clusters: Informer[ClusterView] | None = None
     # MachineSet name -> summary, valid for the machines cache's generation; see priority_ceiling.
     _priorities: dict[str, UnpreservedPriorities] = field(default_factory=dict)
     _priorities_generation: int = -1
@@ -72,10 +75,18 @@ class Caches:
         self.pods.add_indexer(POD_NODE_INDEX, lambda pod: [pod.node_name])
 
     @property
-    def all(
-        self,
-    ) -> tuple[Informer[Machine], Informer[MachineSet], Informer[MachineDeployment], Informer[Node], Informer[Pod]]:
-        return (self.machines, self.machine_sets, self.machine_deployments, self.nodes, self.pods)
+    def all(self) -> tuple[Informer[Any], ...]:
+        informers: tuple[Informer[Any], ...] = (
+            self.machines,
+            self.machine_sets,
+            self.machine_deployments,
+            self.nodes,
+            self.pods,
+        )
+        return (*informers, self.clusters) if self.clusters is not None else informers
+
+    def cluster(self, name: str) -> ClusterView | None:
+        return self.clusters.get(name) if self.clusters is not None else None
 
     def synced(self) -> bool:
         return all(informer.synced for informer in self.all)
@@ -382,7 +393,16 @@ def wire_handlers(*, caches: Caches, queues: Queues) -> None:
             key_of(current.metadata.namespace, current.metadata.name), background=is_resync(old, new)
         )
 
+    def on_cluster(old: ClusterView | None, new: ClusterView | None) -> None:
+        # The Shoot's pool settings may have changed: every MachineSet's auto-preservation max with them.
+        for machine_set in caches.machine_sets.values():
+            queues.machine_sets.add(
+                key_of(machine_set.metadata.namespace, machine_set.metadata.name), background=old is new
+            )
+
     caches.machines.add_handler(on_machine)
+    if caches.clusters is not None:
+        caches.clusters.add_handler(on_cluster)
     caches.nodes.add_handler(on_node)
     caches.pods.add_handler(on_pod)
     caches.machine_sets.add_handler(on_machine_set)
