@@ -101,3 +101,13 @@ def test_an_expiry_beyond_the_cap_counts_until_the_cap_only() -> None:
     assert preserved_counts(
         [far], NOW, PreservationConfig(max_preserve_timeout=dt.timedelta(hours=3)), native=False
     ) == {("manual", "Running"): 1}
+
+
+def test_the_gauge_is_read_at_scrape_time() -> None:
+    metrics = Metrics()
+    current: list[Machine] = []
+    metrics.watch_preserved(lambda: preserved_counts(current, NOW, CONFIG, native=False))
+    assert b"machine_preservation_preserved_machines{" not in generate_latest(metrics.registry)
+    current.append(machine("a", phase="Failed", expiry=NOW + dt.timedelta(hours=1), value="now"))
+    scraped = generate_latest(metrics.registry).decode()
+    assert 'machine_preservation_preserved_machines{phase="Failed",reason="manual"} 1.0' in scraped
