@@ -31,6 +31,7 @@ from machine_preservation.cluster.controlplane import ControlPlane
 from machine_preservation.cluster.toolchain import Toolchain
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.settings import AdmissionSettings
+from machine_preservation.core.preservation_record import PreservationRecord
 from machine_preservation.webhook import configuration as wc
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import WebhookServer
@@ -448,36 +449,173 @@ def test_machine_annotations_are_judged_too(env: Env) -> None:
     assert "reserved for the preservation controller" in created
 
 
-def test_mcm_cannot_delete_a_preserved_or_pending_failed_machine_but_users_can(env: Env) -> None:
-    ns, kind = env.namespace, "machines.machine.sapcloud.io"
-    machine_set = {
+def _record(hours: float = 1.0) -> tuple[dict[str, str], str]:
+    """Our preservation record (the annotations only the controller may write) and its expiry as written."""
+    since = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=1)
+    until = since + dt.timedelta(hours=hours)
+    record = PreservationRecord(since=since, until=until, by=v.PreservedBy.USER)
+    return record.annotations(), until.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _machine_set(env: Env, name: str, *, replicas: int, max_: int = 0) -> tuple[str, str]:
+    """A MachineSet (created by the controller identity), as (name, uid) for its machines' owner references."""
+    manifest = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "MachineSet",
-        "metadata": {"name": "ms"},
+        "metadata": {"name": name},
         "spec": {
-            "replicas": 3,
-            "autoPreserveFailedMachineMax": 1,
+            "replicas": replicas,
+            "autoPreserveFailedMachineMax": max_,
             "template": {"spec": {"class": {"kind": "AWSMachineClass", "name": "c"}}},
         },
     }
-    env.ok(CONTROLLER, "-n", ns, "create", "-f", "-", stdin=json.dumps(machine_set))
-    created_set = client.CustomObjectsApi(env.api).get_namespaced_custom_object(GROUP, VERSION, ns, "machinesets", "ms")
-    owner = ("ms", created_set["metadata"]["uid"])
-    expiry = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    for name in ("preserved", "pending", "healthy"):
-        env.ok(CONTROLLER, "-n", ns, "create", "-f", "-", stdin=json.dumps(_machine(name, owner=owner)))
-    _set_status(env, "preserved", {"phase": "Failed", "preserveExpiryTime": expiry})
-    _set_status(env, "pending", {"phase": "Failed"})
-    _set_status(env, "healthy", {"phase": "Running"})
+    env.ok(CONTROLLER, "-n", env.namespace, "create", "-f", "-", stdin=json.dumps(manifest))
+    created = client.CustomObjectsApi(env.api).get_namespaced_custom_object(
+        GROUP, VERSION, env.namespace, "machinesets", name
+    )
+    return name, created["metadata"]["uid"]
+
+
+def _failed_machine(
+    env: Env, name: str, owner: tuple[str, str], annotations: dict[str, str] | None = None, phase: str = "Failed"
+) -> None:
+    manifest = _machine(name, owner=owner, annotations=annotations)
+    env.ok(CONTROLLER, "-n", env.namespace, "create", "-f", "-", stdin=json.dumps(manifest))
+    _set_status(env, name, {"phase": phase})
+
+
+def test_mcm_cannot_delete_a_preserved_or_pending_failed_machine_but_users_can(env: Env) -> None:
+    ns, kind = env.namespace, "machines.machine.sapcloud.io"
+    owner = _machine_set(env, "ms", replicas=3, max_=1)
+    record, expiry = _record()
+    _failed_machine(env, "preserved", owner, record)
+    _failed_machine(env, "pending", owner)
+    _failed_machine(env, "healthy", owner, phase="Running")
+    # A forged status expiry is not a preservation: only the record counts. (Its own set, without a budget: in
+    # "ms" the newest failure would take the budget's one slot.)
+    _failed_machine(env, "forged", _machine_set(env, "forged", replicas=1))
+    _set_status(env, "forged", {"phase": "Failed", "preserveExpiryTime": "9999-12-31T23:59:59Z"})
 
     stderr = env.denied(MCM, "-n", ns, "delete", kind, "preserved")
-    denial = f'machine "preserved" is Failed and preserved until {expiry}'
+    denial = f'machine "preserved" is Failed and preserved until {expiry}; its MachineSet "ms" wants 3 machine(s)'
     assert f'admission webhook "{wc.MACHINE_DELETION_WEBHOOK}" denied the request: {denial}' in stderr
     # "pending": the webhook reads the MachineSet and its machines from the API server to see the free slot.
     stderr = env.denied(MCM, "-n", ns, "delete", kind, "pending")
     assert 'machine "pending" is Failed and about to be auto-preserved (MachineSet "ms" has room' in stderr
-    env.ok(MCM, "-n", ns, "delete", kind, "healthy")
+    env.ok(MCM, "-n", ns, "delete", kind, "healthy", "forged")
     env.ok(ALICE, "-n", ns, "delete", kind, "preserved", "pending")
+
+
+def test_scale_to_zero_lets_mcm_delete_the_preserved_machine(env: Env) -> None:
+    ns, kind = env.namespace, "machines.machine.sapcloud.io"
+    owner = _machine_set(env, "scaled", replicas=2)
+    record, _ = _record()
+    _failed_machine(env, "scaled-kept", owner, record)
+    _failed_machine(env, "scaled-other", owner, phase="Running")
+    # The set still wants both machines: deleting the kept one would only replace it.
+    stderr = env.denied(MCM, "-n", ns, "delete", kind, "scaled-kept")
+    assert 'its MachineSet "scaled" wants 2 machine(s) and keeps it among them' in stderr
+    # Down to one: the machine we do not keep is enough; MCM must take that one.
+    env.ok(ALICE, "-n", ns, "scale", "machinesets.machine.sapcloud.io", "scaled", "--replicas=1")
+    env.denied(MCM, "-n", ns, "delete", kind, "scaled-kept")
+    env.ok(ALICE, "-n", ns, "scale", "machinesets.machine.sapcloud.io", "scaled", "--replicas=0")
+    env.ok(MCM, "-n", ns, "delete", kind, "scaled-kept", "scaled-other")
+
+
+CLUSTER_CRD = "clusters.extensions.gardener.cloud"
+
+
+@pytest.fixture
+def gardener_cluster_crd(kube_client: client.ApiClient) -> Iterator[None]:
+    """Gardener's Cluster kind: the test control plane may not have it; then a minimal CRD of ours (cluster
+    scope, `spec.shoot` kept as raw JSON, as Gardener's is), removed again afterwards."""
+    api = client.ApiextensionsV1Api(kube_client)
+    try:
+        api.read_custom_resource_definition(CLUSTER_CRD)
+        created = False
+    except client.ApiException as error:
+        if error.status != 404:
+            raise
+        raw = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+        manifest = {
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": CLUSTER_CRD},
+            "spec": {
+                "group": "extensions.gardener.cloud",
+                "scope": "Cluster",
+                "names": {"kind": "Cluster", "listKind": "ClusterList", "plural": "clusters", "singular": "cluster"},
+                "versions": [
+                    {
+                        "name": "v1alpha1",
+                        "served": True,
+                        "storage": True,
+                        "schema": {
+                            "openAPIV3Schema": {
+                                "type": "object",
+                                "properties": {
+                                    "spec": {
+                                        "type": "object",
+                                        "properties": {"cloudProfile": raw, "seed": raw, "shoot": raw},
+                                    }
+                                },
+                            }
+                        },
+                    }
+                ],
+            },
+        }
+        api.create_custom_resource_definition(client.V1CustomResourceDefinition.model_validate(manifest))
+        created = True
+
+    def established() -> bool:
+        status = api.read_custom_resource_definition(CLUSTER_CRD).status
+        conditions = (status.conditions if status is not None else None) or []
+        return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+    eventually(established)
+    try:
+        yield
+    finally:
+        if created:
+            api.delete_custom_resource_definition(CLUSTER_CRD)
+
+
+@pytest.mark.usefixtures("gardener_cluster_crd")
+def test_hibernation_lets_mcm_delete_the_preserved_machine(env: Env) -> None:
+    ns, kind = env.namespace, "machines.machine.sapcloud.io"
+    owner = _machine_set(env, "sleepy", replicas=1)
+    record, _ = _record()
+    _failed_machine(env, "sleepy-kept", owner, record)
+    custom = client.CustomObjectsApi(env.api)
+
+    def shoot(hibernated: bool) -> dict[str, Any]:
+        return {
+            "apiVersion": "extensions.gardener.cloud/v1alpha1",
+            "kind": "Cluster",
+            "metadata": {"name": ns},  # Gardener names it after the Shoot's control namespace
+            "spec": {
+                "cloudProfile": {},
+                "shoot": {
+                    "apiVersion": "core.gardener.cloud/v1beta1",
+                    "kind": "Shoot",
+                    "metadata": {"name": "sleepy", "namespace": "garden-p"},
+                    "spec": {"hibernation": {"enabled": hibernated}},
+                },
+            },
+        }
+
+    custom.create_cluster_custom_object("extensions.gardener.cloud", "v1alpha1", "clusters", shoot(False))
+    try:
+        stderr = env.denied(MCM, "-n", ns, "delete", kind, "sleepy-kept")
+        assert 'machine "sleepy-kept" is Failed and preserved until' in stderr
+        # Gardener hibernates: its worker pools go to zero; whatever order MCM sees that in, it may delete.
+        custom.patch_cluster_custom_object(
+            "extensions.gardener.cloud", "v1alpha1", "clusters", ns, {"spec": {"shoot": shoot(True)["spec"]["shoot"]}}
+        )
+        env.ok(MCM, "-n", ns, "delete", kind, "sleepy-kept")
+    finally:
+        custom.delete_cluster_custom_object("extensions.gardener.cloud", "v1alpha1", "clusters", ns)
 
 
 # --- Shoots ------------------------------------------------------------------------------------------------

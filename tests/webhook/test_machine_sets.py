@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.webhook.machine_sets import SourceUnavailable, view_from_lists
+from machine_preservation.webhook import machine_sets
+from machine_preservation.webhook.machine_sets import (
+    BUSY_ATTEMPTS,
+    BUSY_WAIT_MAX_SECONDS,
+    SourceUnavailable,
+    _patiently,
+    view_from_lists,
+)
 from tests.webhook.reviews import machine, machine_set
 
 
@@ -36,3 +44,57 @@ def test_objects_that_do_not_fit_the_models_are_reported_not_raised() -> None:
         view_from_lists(
             name="ms", machine_sets=[machine_set("ms")], machines=[], machine_deployments=[{"spec": {"replicas": "x"}}]
         )
+
+
+def _busy(retry_after: str | None) -> ApiException:
+    error = ApiException(status=429, reason="Too Many Requests")
+    error.headers = {"Retry-After": retry_after} if retry_after is not None else {}
+    return error
+
+
+async def test_a_busy_api_server_is_asked_again_after_its_retry_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    monkeypatch.setattr(machine_sets.asyncio, "sleep", sleep)
+    answers: list[object] = [_busy("0.5"), _busy("30"), {"items": []}, _busy("zero"), {"items": [1]}]
+    calls = 0
+
+    async def call() -> object:
+        nonlocal calls
+        calls += 1
+        answer = answers.pop(0)
+        if isinstance(answer, ApiException):
+            raise answer
+        return answer
+
+    assert await _patiently(call) == {"items": []}
+    assert await _patiently(call) == {"items": [1]}
+    assert calls == 5
+    # As asked, but never longer than the maximum; an unreadable Retry-After as the maximum.
+    assert waits == [0.5, BUSY_WAIT_MAX_SECONDS, BUSY_WAIT_MAX_SECONDS]
+
+
+async def test_a_busy_api_server_is_not_asked_forever_and_other_errors_not_again() -> None:
+    calls = 0
+
+    async def busy() -> object:
+        nonlocal calls
+        calls += 1
+        raise _busy("0")
+
+    with pytest.raises(ApiException):
+        await _patiently(busy)
+    assert calls == BUSY_ATTEMPTS
+
+    async def forbidden() -> object:
+        nonlocal calls
+        calls += 1
+        raise ApiException(status=403, reason="Forbidden")
+
+    calls = 0
+    with pytest.raises(ApiException):
+        await _patiently(forbidden)
+    assert calls == 1

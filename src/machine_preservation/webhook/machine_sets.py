@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,6 +32,11 @@ from machine_preservation.core.models import Machine, MachineDeployment, Machine
 
 # The Machine webhook's timeoutSeconds is 10; leave room to answer.
 READ_TIMEOUT_SECONDS = 3.0
+# The API server answers 429 with a Retry-After of about a second while a resource's watch cache
+# (re)initializes, e.g. for the first list after a CRD is installed or the API server restarted: worth a short
+# wait, a few times, within the webhook's time.
+BUSY_ATTEMPTS = 3
+BUSY_WAIT_MAX_SECONDS = 1.0
 
 
 class SourceUnavailable(Exception):
@@ -84,6 +90,26 @@ async def new_api_client(*, kubeconfig: Path | None) -> client.ApiClient:
     return api_client
 
 
+async def _patiently(call: Callable[[], Awaitable[Any]]) -> Any:
+    """`call()`, again after the API server's Retry-After (at most a second) while it answers 429."""
+    for attempt in range(1, BUSY_ATTEMPTS + 1):
+        try:
+            return await call()
+        except ApiException as error:
+            if error.status != 429 or attempt == BUSY_ATTEMPTS:
+                raise
+            await asyncio.sleep(_retry_after(error))
+    raise AssertionError("unreachable")
+
+
+def _retry_after(error: ApiException) -> float:
+    try:
+        seconds = float((error.headers or {}).get("Retry-After", BUSY_WAIT_MAX_SECONDS))
+    except (TypeError, ValueError):
+        seconds = BUSY_WAIT_MAX_SECONDS
+    return min(max(seconds, 0.0), BUSY_WAIT_MAX_SECONDS)
+
+
 def _items(listing: object) -> list[dict[str, Any]]:
     items = listing.get("items") if isinstance(listing, dict) else None
     return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
@@ -105,8 +131,10 @@ class KubernetesMachineSets:
 
     async def read(self, *, namespace: str, name: str) -> MachineSetView | None:
         def listing(plural: str) -> Any:
-            return api.list_namespaced_custom_object(
-                v.MACHINE_API_GROUP, v.MACHINE_API_VERSION, namespace, plural, _request_timeout=READ_TIMEOUT_SECONDS
+            return _patiently(
+                lambda: api.list_namespaced_custom_object(
+                    v.MACHINE_API_GROUP, v.MACHINE_API_VERSION, namespace, plural, _request_timeout=READ_TIMEOUT_SECONDS
+                )
             )
 
         try:
@@ -128,12 +156,14 @@ class KubernetesMachineSets:
     async def read_shoot(self, *, namespace: str) -> ShootLifecycle | None:
         try:
             api = await self._api()
-            cluster = await api.get_cluster_custom_object(
-                CLUSTER_API_GROUP,
-                CLUSTER_API_VERSION,
-                CLUSTER_PLURAL,
-                namespace,
-                _request_timeout=READ_TIMEOUT_SECONDS,
+            cluster = await _patiently(
+                lambda: api.get_cluster_custom_object(
+                    CLUSTER_API_GROUP,
+                    CLUSTER_API_VERSION,
+                    CLUSTER_PLURAL,
+                    namespace,
+                    _request_timeout=READ_TIMEOUT_SECONDS,
+                )
             )
         except ApiException as error:
             if error.status == 404:  # no Cluster resource (or not even its CRD): not a Gardener seed
