@@ -71,6 +71,7 @@ DEFAULT_DRAIN_ATTEMPT_TIMEOUT = dt.timedelta(minutes=2)
 
 EXIT_OK = 0
 EXIT_LOST_LEADERSHIP = 1
+EXIT_INFORMER_FAILED = 3  # 2 is the CLI's bad setup
 LEASE_NAME = "machine-preservation-controller"
 MCM_DEPLOYMENT = "machine-controller-manager"
 CLUSTER_CRD = f"{CLUSTER_PLURAL}.{CLUSTER_API_GROUP}"
@@ -115,10 +116,13 @@ class Controller:
     metrics_port: int = 0  # the port actually bound (options.metrics_port may be 0)
     leading: bool = False
     native: bool = False  # MCM preserves natively (decided at start)
+    informer_failed: asyncio.Event = field(default_factory=asyncio.Event)
     preservation: PreservationConfig = field(default_factory=PreservationConfig)  # options' + what the CRDs keep
 
     def ready(self) -> bool:
         """A standby replica is ready (it must not block a rollout); the leader once its caches synced."""
+        if self.informer_failed.is_set():
+            return False  # a cache no longer follows the cluster
         if not self.leading:
             return self.options.leader_elect
         return self.caches is not None and self.caches.synced()
@@ -216,12 +220,15 @@ class Controller:
         # Handlers first: the initial lists enqueue every object; workers start once all caches synced.
         wire_handlers(caches=caches, queues=queues)
         informers = [asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in caches.all]
+        for task in informers:
+            task.add_done_callback(self._supervise)
         workers: list[asyncio.Task[None]] = []
         synced = asyncio.Event()
         waiting = asyncio.create_task(_set_when_synced(caches, synced))
+        failed = self.informer_failed
         try:
-            await _wait_any(stop, lost, synced)
-            if synced.is_set() and not stop.is_set() and not lost.is_set():
+            await _wait_any(stop, lost, synced, failed)
+            if synced.is_set() and not (stop.is_set() or lost.is_set() or failed.is_set()):
                 logger.info(
                     "caches synced: %d machines, %d machinesets, %d nodes, %d pods",
                     len(caches.machines),
@@ -230,7 +237,9 @@ class Controller:
                     len(caches.pods),
                 )
                 workers = self._start_workers(queues)
-                await _wait_any(stop, lost)
+                await _wait_any(stop, lost, failed)
+            if failed.is_set():
+                return EXIT_INFORMER_FAILED
             return EXIT_LOST_LEADERSHIP if lost.is_set() else EXIT_OK
         finally:
             for queue in queues.all:
@@ -247,6 +256,15 @@ class Controller:
             for task in informers:
                 task.cancel()
             await asyncio.gather(waiting, *informers, *workers, return_exceptions=True)
+
+    def _supervise(self, task: asyncio.Task[None]) -> None:
+        """An informer runs until cancelled; one that ended otherwise leaves its cache stale for good, so the
+        process stops (crash-only: its replacement lists everything afresh) and is not ready meanwhile."""
+        if task.cancelled():
+            return
+        error = task.exception()
+        logger.error("%s ended (%r): its cache no longer follows the cluster; stopping", task.get_name(), error)
+        self.informer_failed.set()
 
     def _start_workers(self, queues: Queues) -> list[asyncio.Task[None]]:
         assert self.caches is not None
