@@ -18,6 +18,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -216,18 +217,25 @@ func (d *fakeDriver) createReadyNode(name, providerID string) error {
 		corev1.ResourceMemory: resource.MustParse("8Gi"),
 		corev1.ResourcePods:   resource.MustParse("110"),
 	}
-	node.Status.Capacity = capacity
-	node.Status.Allocatable = capacity
-	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeHostName, Address: name}}
-	node.Status.Conditions = []corev1.NodeCondition{{
-		Type:               corev1.NodeReady,
-		Status:             corev1.ConditionTrue,
-		Reason:             "KubeletReady",
-		Message:            "fake kubelet is posting ready status",
-		LastHeartbeatTime:  now,
-		LastTransitionTime: now,
-	}}
-	_, err = nodes.UpdateStatus(ctx, node, metav1.UpdateOptions{})
+	status := corev1.NodeStatus{
+		Capacity:    capacity,
+		Allocatable: capacity,
+		Addresses:   []corev1.NodeAddress{{Type: corev1.NodeHostName, Address: name}},
+		Conditions: []corev1.NodeCondition{{
+			Type:               corev1.NodeReady,
+			Status:             corev1.ConditionTrue,
+			Reason:             "KubeletReady",
+			Message:            "fake kubelet is posting ready status",
+			LastHeartbeatTime:  now,
+			LastTransitionTime: now,
+		}},
+	}
+	// A patch, not an update: MCM adds its finalizer to the new Node at the same time.
+	patch, err := json.Marshal(map[string]any{"status": status})
+	if err != nil {
+		return err
+	}
+	_, err = nodes.Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status")
 	return err
 }
 
