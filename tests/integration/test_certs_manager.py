@@ -1,10 +1,12 @@
-"""The certificate manager's I/O shell against the real API server: Secret, cert dir, caBundle injection,
-optimistic concurrency between replicas, a full CA rotation driven by a controlled clock, and the CLI."""
+"""The certificate manager's I/O shell against the real API server: Secret, serving Secret, cert dir, caBundle
+injection, optimistic concurrency between replicas, a full CA rotation driven by a controlled clock, and the
+CLI."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import datetime as dt
 import os
 import subprocess
@@ -15,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
 from kubernetes import client as sync_client
 from kubernetes.aio import client, config
 from kubernetes.aio.client.exceptions import ApiException
@@ -87,31 +90,45 @@ class Clock:
         return self.now
 
 
+SERVING_SECRET = "webhook-tls"
+
+
 def manager(
     *,
     aio_client: client.ApiClient,
     namespace: str,
     configurations: tuple[WebhookConfigurationRef, ...],
-    cert_dir: Path,
+    cert_dir: Path | None,
     clock: Clock | None = None,
+    serving_secret: bool = False,
+    identity: ServingIdentity = IDENTITY,
 ) -> CertificateManager:
     settings = ManagerSettings(
         secret_namespace=namespace,
         secret_name="webhook-certs",
         cert_dir=cert_dir,
-        identity=IDENTITY,
+        identity=identity,
         policy=POLICY,
         configurations=configurations,
         ca_common_name="mp-test-ca",
+        serving_secret=(namespace, SERVING_SECRET) if serving_secret else None,
     )
     if clock is None:
         return CertificateManager(settings=settings, api_client=aio_client, remote_clients={})
     return CertificateManager(settings=settings, api_client=aio_client, remote_clients={}, clock=clock)
 
 
-def read_secret(kube_client: sync_client.ApiClient, namespace: str) -> dict[str, bytes]:
-    secret = sync_client.CoreV1Api(kube_client).read_namespaced_secret("webhook-certs", namespace)
-    return {key: base64.b64decode(value) for key, value in secret.data.items()}
+def read_secret(kube_client: sync_client.ApiClient, namespace: str, name: str = "webhook-certs") -> dict[str, bytes]:
+    secret = sync_client.CoreV1Api(kube_client).read_namespaced_secret(name, namespace)
+    return {key: base64.b64decode(value) for key, value in (secret.data or {}).items()}
+
+
+def assert_serving_secret_matches(kube_client: sync_client.ApiClient, namespace: str, data: dict[str, bytes]) -> None:
+    """Only the serving pair, nothing of the CA."""
+    assert read_secret(kube_client, namespace, SERVING_SECRET) == {
+        "tls.crt": data["tls.crt"],
+        "tls.key": data["tls.key"],
+    }
 
 
 def injected_bundles(kube_client: sync_client.ApiClient, name: str) -> list[bytes]:
@@ -336,3 +353,116 @@ async def test_an_unreachable_remote_cluster_does_not_stop_the_local_work(
     data = read_secret(kube_client, namespace)
     assert_cert_dir_matches(tmp_path / "certs", data)
     assert injected_bundles(kube_client, configurations[0].name) == [data["ca-bundle.crt"]] * 3
+
+
+async def test_the_serving_secret_gets_only_the_serving_pair_and_only_when_it_changes(
+    kube_client: sync_client.ApiClient,
+    aio_client: client.ApiClient,
+    namespace: str,
+    configurations: tuple[WebhookConfigurationRef, ...],
+) -> None:
+    # The chart renders both Secrets empty, so the manager only ever needs `get` and `patch` on them.
+    core = sync_client.CoreV1Api(kube_client)
+    for name in ("webhook-certs", SERVING_SECRET):
+        core.create_namespaced_secret(namespace, {"metadata": {"name": name}, "type": "Opaque"})
+    replica = manager(
+        aio_client=aio_client, namespace=namespace, configurations=configurations, cert_dir=None, serving_secret=True
+    )
+    first = await replica.sync_once()
+    assert first.published
+    data = read_secret(kube_client, namespace)
+    assert "ca.key" in data
+    assert_serving_secret_matches(kube_client, namespace, data)
+
+    version = core.read_namespaced_secret(SERVING_SECRET, namespace).metadata.resource_version
+    again = await replica.sync_once()
+    assert (again.rotated, again.injected, again.published) == ((), (), False)
+    assert core.read_namespaced_secret(SERVING_SECRET, namespace).metadata.resource_version == version
+
+    # Someone (or an older chart) put other content there: the next pass puts the pair back.
+    core.patch_namespaced_secret(SERVING_SECRET, namespace, {"data": {"tls.crt": base64.b64encode(b"x").decode()}})
+    assert (await replica.sync_once()).published
+    assert_serving_secret_matches(kube_client, namespace, data)
+
+
+async def test_the_serving_secret_follows_a_ca_rotation(
+    kube_client: sync_client.ApiClient,
+    aio_client: client.ApiClient,
+    namespace: str,
+    configurations: tuple[WebhookConfigurationRef, ...],
+) -> None:
+    clock = Clock()
+    replica = manager(
+        aio_client=aio_client,
+        namespace=namespace,
+        configurations=configurations,
+        cert_dir=None,
+        clock=clock,
+        serving_secret=True,
+    )
+    await replica.sync_once()
+    old_ca = load_certificates(read_secret(kube_client, namespace)["ca.crt"])[0]
+    rotate_at = old_ca.not_valid_after_utc - POLICY.ca_rotate_before
+    clock.now = rotate_at - dt.timedelta(minutes=30)
+    assert (await replica.sync_once()).published, "the serving certificate (expired in the jump) re-issued"
+    clock.now = rotate_at
+    step1 = await replica.sync_once()
+    assert not step1.published, "the serving certificate waits for the new CA to propagate"
+    waiting = await replica.sync_once()
+    clock.now = waiting.next_check
+    step2 = await replica.sync_once()
+    assert step2.rotated == ("moving the serving certificate to the new CA",)
+    assert step2.published
+    moved = read_secret(kube_client, namespace)
+    assert_serving_secret_matches(kube_client, namespace, moved)
+    new_ca = load_certificates(moved["ca.crt"])[0]
+    served = load_certificates(read_secret(kube_client, namespace, SERVING_SECRET)["tls.crt"])[0]
+    assert served.issuer == new_ca.subject
+
+
+class InterleavingManager(CertificateManager):
+    """Runs another manager's whole pass right after this one has read the Secret."""
+
+    def __init__(self, *, other: CertificateManager, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.other = other
+        self.other_result: Any = None
+
+    async def _read_secret(self, namespace: str, name: str) -> tuple[dict[str, bytes], str | None]:
+        result = await super()._read_secret(namespace, name)
+        if name == self.settings.secret_name and self.other_result is None:
+            self.other_result = await self.other.sync_once()
+        return result
+
+
+async def test_a_lagging_manager_never_puts_an_older_serving_pair_back(
+    kube_client: sync_client.ApiClient,
+    aio_client: client.ApiClient,
+    namespace: str,
+    configurations: tuple[WebhookConfigurationRef, ...],
+) -> None:
+    """Two managers during a rolling update: a newer one re-issues the serving certificate (it needs one more
+    name) between the older one's read of the Secret and its write of the serving Secret."""
+    base = manager(
+        aio_client=aio_client, namespace=namespace, configurations=configurations, cert_dir=None, serving_secret=True
+    )
+    await base.sync_once()
+    newer = manager(
+        aio_client=aio_client,
+        namespace=namespace,
+        configurations=configurations,
+        cert_dir=None,
+        serving_secret=True,
+        identity=ServingIdentity(dns_names=(*IDENTITY.dns_names, "new.mp.ns.svc"), ip_addresses=IDENTITY.ip_addresses),
+    )
+    lagging = InterleavingManager(other=newer, settings=base.settings, api_client=aio_client, remote_clients={})
+    # A 409 would be a fine answer too: what matters is what the serving Secret holds afterwards.
+    with contextlib.suppress(Conflict):
+        await lagging.sync_once()
+    assert lagging.other_result is not None
+    assert lagging.other_result.published, "the newer manager re-issued and published"
+    data = read_secret(kube_client, namespace)
+    assert "new.mp.ns.svc" in load_certificates(data["tls.crt"])[0].extensions.get_extension_for_class(
+        x509.SubjectAlternativeName
+    ).value.get_values_for_type(x509.DNSName)
+    assert_serving_secret_matches(kube_client, namespace, data)

@@ -64,3 +64,27 @@ def test_malformed_flags_are_usage_errors(flag: str, message: str, capsys: pytes
         build_parser().parse_args([*BASE, flag])
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_serving_secret_flag_and_the_cert_dir_is_optional() -> None:
+    args = build_parser().parse_args(
+        ["certs", "run", "--secret=ns/certs", "--serving-secret=ns/tls", "--service=svc", "--namespace=ns"]
+    )
+    settings = commands.settings_from(args)
+    assert settings.serving_secret == ("ns", "tls")
+    assert settings.cert_dir is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ([], "needs a destination: a cert dir or a serving Secret"),
+        (["--serving-secret=ns/certs"], "must not be the Secret holding the CA key"),
+    ],
+)
+def test_the_serving_certificate_needs_a_destination_other_than_the_ca_secret(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = build_parser().parse_args(["certs", "run", "--secret=ns/certs", "--service=svc", "--namespace=ns", *flags])
+    assert commands.run(args) == 2
+    assert message in capsys.readouterr().err

@@ -1,5 +1,6 @@
-"""`machine-preservation certs run`: the self-managed certificate loop (init container with `--once`,
-then a sidecar beside the webhook server, sharing the cert dir)."""
+"""`machine-preservation certs run`: the self-managed certificate loop. The chart runs it as a Deployment of its
+own, under its own ServiceAccount, publishing the serving pair to a Secret the webhook pods mount
+(`--serving-secret`); `--cert-dir` serves a webhook that shares a directory with it instead."""
 
 from __future__ import annotations
 
@@ -89,6 +90,7 @@ def settings_from(args: argparse.Namespace) -> ManagerSettings:
         configurations=tuple(args.webhook_configuration),
         ca_common_name=args.ca_common_name or f"{args.service}.{args.namespace}-ca",
         resync=dt.timedelta(seconds=args.resync),
+        serving_secret=args.serving_secret,
     )
 
 
@@ -120,8 +122,16 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
         help="keep the CA and serving certificate in a Secret, the cert dir current and the caBundle injected",
     )
     loop.add_argument("--kubeconfig", type=Path, help="cluster holding the Secret (default: in-cluster)")
-    loop.add_argument("--secret", type=_secret, required=True, metavar="NAMESPACE/NAME")
-    loop.add_argument("--cert-dir", type=Path, required=True, help="where tls.crt, tls.key, ca.crt are kept")
+    loop.add_argument(
+        "--secret", type=_secret, required=True, metavar="NAMESPACE/NAME", help="the state: CA (with its key) and more"
+    )
+    loop.add_argument(
+        "--serving-secret",
+        type=_secret,
+        metavar="NAMESPACE/NAME",
+        help="a Secret kept holding only the serving tls.crt and tls.key, for the webhook pods to mount",
+    )
+    loop.add_argument("--cert-dir", type=Path, help="a directory kept holding tls.crt, tls.key, ca.crt")
     loop.add_argument("--service", required=True, help="the webhook Service's name (for the certificate's names)")
     loop.add_argument("--namespace", required=True, help="the webhook Service's namespace")
     loop.add_argument("--cluster-domain", default="cluster.local")
@@ -148,5 +158,5 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
     loop.add_argument("--serving-validity", type=_duration, default=DEFAULTS.serving_validity, metavar="DURATION")
     loop.add_argument("--serving-renew-fraction", type=float, default=DEFAULTS.serving_renew_fraction)
     loop.add_argument("--resync", type=float, default=60.0, help="seconds between passes at most")
-    loop.add_argument("--once", action="store_true", help="exit after the first successful pass (init container)")
+    loop.add_argument("--once", action="store_true", help="exit after the first successful pass")
     loop.set_defaults(handler=run)

@@ -1,14 +1,19 @@
-"""The I/O shell around the rotation decision (kubernetes.aio): Secret, cert dir, caBundle injection.
+"""The I/O shell around the rotation decision (kubernetes.aio): Secret, serving Secret, cert dir, caBundle
+injection.
 
-Every webhook replica runs one manager. There is no leader: each pass reads the webhook
-configurations, then the Secret, decides, and writes with optimistic concurrency (the Secret and each
-configuration are written with the resourceVersion read). When two replicas rotate at once one write
-wins, the other gets 409 and its next pass adopts the winner's certificates. Reading the
-configurations *before* the Secret makes a lagging replica's caBundle patch fail with 409 instead of
-overwriting a newer bundle.
+Any number of managers may run at once (replicas, a rolling update). There is no leader: each pass reads the
+webhook configurations and the serving Secret, then the Secret, decides, and writes with optimistic
+concurrency (every object is written with the resourceVersion read). When two managers rotate at once one
+write wins, the other gets 409 and its next pass adopts the winner's certificates. Reading the dependent
+objects *before* the Secret makes a lagging manager's write fail with 409 instead of replacing a newer
+caBundle or serving pair with an older one.
 
-The cert dir contract with the webhook server: `tls.crt`, `tls.key` and `ca.crt` (the trust bundle)
-are kept current, each replaced atomically by rename; the server polls their content and reloads.
+The Secret holds the CA's private key, so only the certs manager's identity may read it. The webhook gets
+its serving certificate from one of two places, both polled by the server, which reloads on change:
+- the serving Secret: only `tls.crt` and `tls.key`, mounted into the webhook pods by the kubelet (the
+  chart's way: the identity serving admission requests holds no key material beyond its own pair);
+- a cert dir: `tls.crt`, `tls.key` and `ca.crt` (the trust bundle), each replaced atomically by rename
+  (for a manager running beside the webhook with a shared directory).
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ logger = logging.getLogger(__name__)
 FIELD_MANAGER = "machine-preservation-certs"
 # File names in the cert dir; the trust bundle is `ca.crt` there, as in Secrets of type kubernetes.io/tls.
 CERT_DIR_FILES = {TLS_CERT_KEY: TLS_CERT_KEY, TLS_KEY_KEY: TLS_KEY_KEY, CA_BUNDLE_KEY: "ca.crt"}
+# What the serving Secret holds: the webhook's own pair, nothing of the CA.
+SERVING_SECRET_KEYS = (TLS_CERT_KEY, TLS_KEY_KEY)
 
 
 class WebhookKind(StrEnum):
@@ -80,12 +87,20 @@ class WebhookConfigurationRef:
 class ManagerSettings:
     secret_namespace: str
     secret_name: str
-    cert_dir: Path
+    cert_dir: Path | None
     identity: ServingIdentity
     policy: RotationPolicy
     configurations: tuple[WebhookConfigurationRef, ...]
     ca_common_name: str
     resync: dt.timedelta = dt.timedelta(seconds=60)
+    # (namespace, name) of the Secret that receives only the serving pair; None: no such Secret.
+    serving_secret: tuple[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.cert_dir is None and self.serving_secret is None:
+            raise ValueError("the serving certificate needs a destination: a cert dir or a serving Secret")
+        if self.serving_secret == (self.secret_namespace, self.secret_name):
+            raise ValueError("the serving Secret must not be the Secret holding the CA key")
 
 
 class Conflict(RuntimeError):
@@ -98,6 +113,7 @@ class PassResult:
     next_check: dt.datetime
     rotated: tuple[str, ...]  # the decision's reasons when this pass changed the Secret
     injected: tuple[str, ...]  # configurations whose caBundle this pass patched
+    published: bool = False  # this pass wrote a new pair into the serving Secret
 
 
 def write_cert_dir(cert_dir: Path, data: Mapping[str, bytes]) -> bool:
@@ -188,10 +204,10 @@ class CertificateManager:
 
     # --- the Secret -----------------------------------------------------------------------------
 
-    async def _read_secret(self) -> tuple[dict[str, bytes], str | None]:
-        """The Secret's data and resourceVersion; ({}, None) when it does not exist."""
+    async def _read_secret(self, namespace: str, name: str) -> tuple[dict[str, bytes], str | None]:
+        """A Secret's data and resourceVersion; ({}, None) when it does not exist."""
         try:
-            secret = await self._core.read_namespaced_secret(self.settings.secret_name, self.settings.secret_namespace)
+            secret = await self._core.read_namespaced_secret(name, namespace)
         except ApiException as error:
             if error.status == 404:
                 return {}, None
@@ -199,25 +215,23 @@ class CertificateManager:
         data = {key: base64.b64decode(value) for key, value in (secret.data or {}).items()}
         return data, secret.metadata.resource_version if secret.metadata else None
 
-    async def _write_secret(self, data: Mapping[str, bytes], *, resource_version: str | None) -> None:
+    async def _write_secret(
+        self, namespace: str, name: str, data: Mapping[str, bytes], *, resource_version: str | None
+    ) -> None:
         encoded = {key: base64.b64encode(value).decode() for key, value in data.items()}
         try:
             if resource_version is None:
                 secret = client.V1Secret(
-                    metadata=client.V1ObjectMeta(
-                        name=self.settings.secret_name, labels={"app.kubernetes.io/managed-by": FIELD_MANAGER}
-                    ),
+                    metadata=client.V1ObjectMeta(name=name, labels={"app.kubernetes.io/managed-by": FIELD_MANAGER}),
                     type="Opaque",
                     data=encoded,
                 )
-                await self._core.create_namespaced_secret(
-                    self.settings.secret_namespace, secret, field_manager=FIELD_MANAGER
-                )
+                await self._core.create_namespaced_secret(namespace, secret, field_manager=FIELD_MANAGER)
             else:
                 # Re-stating the resourceVersion read makes the patch conditional (409 if it changed).
                 await self._core.patch_namespaced_secret(
-                    self.settings.secret_name,
-                    self.settings.secret_namespace,
+                    name,
+                    namespace,
                     [
                         {"op": "replace", "path": "/metadata/resourceVersion", "value": resource_version},
                         {"op": "add", "path": "/data", "value": encoded},
@@ -226,8 +240,7 @@ class CertificateManager:
                 )
         except ApiException as error:
             if error.status == 409:
-                secret_ref = f"{self.settings.secret_namespace}/{self.settings.secret_name}"
-                raise Conflict(f"Secret {secret_ref} changed meanwhile") from error
+                raise Conflict(f"Secret {namespace}/{name} changed meanwhile") from error
             raise
 
     # --- one pass -------------------------------------------------------------------------------
@@ -236,7 +249,8 @@ class CertificateManager:
         """Read, decide, write: raises `Conflict` when another writer got in between (just run again)."""
         settings = self.settings
         configurations = {ref: await self._read_configuration(ref) for ref in settings.configurations}
-        data, resource_version = await self._read_secret()
+        serving = await self._read_secret(*settings.serving_secret) if settings.serving_secret else None
+        data, resource_version = await self._read_secret(settings.secret_namespace, settings.secret_name)
         stored = StoredCertificates.from_secret_data(data)
         now = self._clock()
         injected = stored.ca is not None and all(
@@ -252,11 +266,22 @@ class CertificateManager:
             now=now,
             ca_common_name=settings.ca_common_name,
         )
+        stored_data = state.to_secret_data()
         if decision.changes:
-            await self._write_secret(state.to_secret_data(), resource_version=resource_version)
+            await self._write_secret(
+                settings.secret_namespace, settings.secret_name, stored_data, resource_version=resource_version
+            )
             logger.info("certificates rotated (%s): %s", "; ".join(decision.reasons), summary(state))
-        if write_cert_dir(settings.cert_dir, state.to_secret_data()):
+        if settings.cert_dir is not None and write_cert_dir(settings.cert_dir, stored_data):
             logger.info("cert dir %s updated", settings.cert_dir)
+        published = False
+        if serving is not None and settings.serving_secret is not None:
+            pair = {key: stored_data[key] for key in SERVING_SECRET_KEYS}
+            served, served_version = serving
+            if served != pair:
+                await self._write_secret(*settings.serving_secret, pair, resource_version=served_version)
+                published = True
+                logger.info("serving certificate published to Secret %s", "/".join(settings.serving_secret))
         patched = []
         for ref, configuration in configurations.items():
             if configuration is None:
@@ -274,6 +299,7 @@ class CertificateManager:
             next_check=next_check,
             rotated=decision.reasons if decision.changes else (),
             injected=tuple(patched),
+            published=published,
         )
 
     async def run(self, *, stop: asyncio.Event, once: bool = False) -> None:
