@@ -1,11 +1,13 @@
 """The chart against the real API server: server-side dry-run of every value set, then a real `helm install`
 whose webhook configurations point at a locally running webhook (the project's WebhookServer, certificates
-from the certs manager running as the chart's ServiceAccount), so the chart's own matchConditions decide
-which requests reach the webhook; then upgrade and uninstall."""
+from the certs manager running as the chart's certs ServiceAccount, the serving Secret's pair in its cert
+dir as the kubelet would mount it), so the chart's own matchConditions decide which requests reach the
+webhook; then upgrade and uninstall."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import subprocess
@@ -207,20 +209,26 @@ async def test_helm_install_upgrade_uninstall_with_the_charts_match_conditions(
     core = client.CoreV1Api(kube_client)
     uninstalled = False
     try:
-        # The certs sidecar exactly as the chart runs it, as the chart's webhook ServiceAccount.
+        # The certs manager exactly as the chart runs it, as the chart's certs ServiceAccount.
         rendered = template(toolchain.helm, values, namespace=namespace, release=release)
         pod = find(rendered, "Deployment", f"{fullname}-webhook")["spec"]["template"]["spec"]
-        sidecar_args = next(c for c in pod["containers"] if c["name"] == "certs")["args"]
+        certs_pod = find(rendered, "Deployment", f"{fullname}-certs")["spec"]["template"]["spec"]
         server_args = build_parser().parse_args(next(c for c in pod["containers"] if c["name"] == "webhook")["args"])
-        settings = certs_commands.settings_from(build_parser().parse_args(sidecar_args))
+        settings = certs_commands.settings_from(build_parser().parse_args(certs_pod["containers"][0]["args"]))
+        assert settings.cert_dir is None, "the certs manager shares no directory with the webhook"
+        assert settings.serving_secret == (namespace, f"{fullname}-webhook-tls")
         cert_dir = tmp_path / "certs"
-        settings = type(settings)(**{**settings.__dict__, "cert_dir": cert_dir})
+        certs_kubeconfig = kubeconfig_for(f"system:serviceaccount:{namespace}:{fullname}-certs")
+        certs_client = await aio_config.new_client_from_config(config_file=str(certs_kubeconfig))
         sa_kubeconfig = kubeconfig_for(f"system:serviceaccount:{namespace}:{fullname}-webhook")
-        sa_client = await aio_config.new_client_from_config(config_file=str(sa_kubeconfig))
-        async with sa_client:
-            manager = CertificateManager(settings=settings, api_client=sa_client, remote_clients={})
+        async with certs_client:
+            manager = CertificateManager(settings=settings, api_client=certs_client, remote_clients={})
             first = await manager.sync_once()
-            assert set(first.injected) == {f"validating/{fullname}", f"mutating/{fullname}"}
+            configuration = next(c for c in rendered if c["kind"] == "ValidatingWebhookConfiguration")
+            name = configuration["metadata"]["name"]
+            assert set(first.injected) == {f"validating/{name}", f"mutating/{name}"}
+            assert first.published
+            await call(mount_serving_secret, core, namespace, f"{fullname}-webhook-tls", cert_dir)
 
             admission = AdmissionSettings(
                 controller_username=server_args.controller_username,
@@ -245,8 +253,9 @@ async def test_helm_install_upgrade_uninstall_with_the_charts_match_conditions(
                     controller_username=server_args.controller_username,
                 )
 
-                # Upgrade: Helm never owned the caBundle or the Secret's data, so both survive.
+                # Upgrade: Helm never owned the caBundle or the Secrets' data, so all survive.
                 secret_before = await call(core.read_namespaced_secret, f"{fullname}-webhook-certs", namespace)
+                serving_before = await call(core.read_namespaced_secret, f"{fullname}-webhook-tls", namespace)
                 await call(
                     helm, toolchain.helm, "upgrade", release, str(CHART), *install, "--set", "webhook.replicas=3"
                 )
@@ -258,6 +267,8 @@ async def test_helm_install_upgrade_uninstall_with_the_charts_match_conditions(
                     assert all(w.client_config.ca_bundle for w in configuration.webhooks)
                 secret_after = await call(core.read_namespaced_secret, f"{fullname}-webhook-certs", namespace)
                 assert secret_after.data == secret_before.data
+                serving_after = await call(core.read_namespaced_secret, f"{fullname}-webhook-tls", namespace)
+                assert serving_after.data == serving_before.data
                 assert (await manager.sync_once()).injected == ()
 
                 uninstall = [
@@ -508,6 +519,14 @@ async def _exercise(
     )
     assert "autoPreserveFailedMachineMax" in denial
     assert calls("validate-shoot") == before + 2
+
+
+def mount_serving_secret(core: client.CoreV1Api, namespace: str, name: str, cert_dir: Path) -> None:
+    """What the kubelet does for the webhook pod's `certs` volume: the Secret's tls.crt and tls.key as files."""
+    data = core.read_namespaced_secret(name, namespace).data or {}
+    cert_dir.mkdir(parents=True, exist_ok=True)
+    for key in ("tls.crt", "tls.key"):
+        (cert_dir / key).write_bytes(base64.b64decode(data[key]))
 
 
 def assert_nothing_left(*, kube_client: client.ApiClient, release: str, fullname: str, namespace: str) -> None:

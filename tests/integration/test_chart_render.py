@@ -20,6 +20,7 @@ from tests.integration.chart import CHART, NAMESPACE, find, helm, kinds, set_arg
 
 WEBHOOK = "mp-machine-preservation-webhook"
 CONTROLLER = "mp-machine-preservation-controller"
+CERTS = "mp-machine-preservation-certs"
 CONTROLLER_USERNAME = f"system:serviceaccount:{NAMESPACE}:{CONTROLLER}"
 MCM = "system:serviceaccount:kube-system:machine-controller-manager"
 SEED_MCM = "system:serviceaccount:shoot--p--s:machine-controller-manager"
@@ -406,13 +407,26 @@ def test_default_install_shape(rendered: dict[str, list[dict[str, Any]]]) -> Non
     assert server["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
     assert server["ports"] == [{"name": "https", "containerPort": 10250, "protocol": "TCP"}]
     assert service["spec"]["ports"][0]["targetPort"] == "https"
-    # Self-managed certificates: init container, sidecar, shared in-memory dir, empty Secret.
-    assert [c["name"] for c in pod["initContainers"]] == ["certs-init"]
-    assert "--once" in pod["initContainers"][0]["args"]
-    assert [c["name"] for c in pod["containers"]] == ["webhook", "certs"]
-    assert {"name": "certs", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}} in pod["volumes"]
-    secret = find(documents, "Secret", f"{WEBHOOK}-certs")
-    assert "data" not in secret
+    # Self-managed certificates: the certs manager's own Deployment and ServiceAccount keep the Secret with
+    # the CA key and publish the serving pair; the webhook pods mount only that pair.
+    assert "initContainers" not in pod
+    assert [c["name"] for c in pod["containers"]] == ["webhook"]
+    assert {
+        "name": "certs",
+        "secret": {
+            "secretName": f"{WEBHOOK}-tls",
+            "items": [{"key": "tls.crt", "path": "tls.crt"}, {"key": "tls.key", "path": "tls.key"}],
+        },
+    } in pod["volumes"]
+    certs = find(documents, "Deployment", CERTS)
+    certs_pod = certs["spec"]["template"]["spec"]
+    assert certs_pod["serviceAccountName"] == CERTS != pod["serviceAccountName"]
+    assert [c["name"] for c in certs_pod["containers"]] == ["certs"]
+    assert certs_pod["containers"][0]["args"][1:3] == ["certs", "run"]
+    assert not [v for v in certs_pod.get("volumes", []) if "secret" in v], "it reads its Secrets through the API"
+    assert find(documents, "ServiceAccount", CERTS)
+    for name in (f"{WEBHOOK}-certs", f"{WEBHOOK}-tls"):
+        assert "data" not in find(documents, "Secret", name), "rendered empty: Helm never touches the certificates"
     controller = find(documents, "Deployment", CONTROLLER)
     args = controller["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:2] == ["--log-level=INFO", "controller"]
@@ -443,6 +457,22 @@ def test_every_container_is_locked_down(rendered: dict[str, list[dict[str, Any]]
             assert context["privileged"] is False
             assert context["capabilities"]["drop"] == ["ALL"]
             assert container["resources"]["requests"]["memory"], (name, container["name"])
+
+
+def test_the_webhook_identity_holds_no_key_material_in_any_install(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """Whatever the values: no rule bound to the webhook's ServiceAccount reaches Secrets or webhook
+    configurations (the API server's own verdict on these rules: test_chart_certs_identity.py)."""
+    for name, documents in rendered.items():
+        roles = {(d["kind"], d["metadata"]["name"]): d for d in documents if d["kind"] in ("Role", "ClusterRole")}
+        for binding in (d for d in documents if d["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+            if not any(s.get("name") == WEBHOOK for s in binding["subjects"]):
+                continue
+            role = roles[(binding["roleRef"]["kind"], binding["roleRef"]["name"])]
+            resources = {r for rule in role["rules"] for r in rule["resources"]}
+            forbidden = {"secrets", "validatingwebhookconfigurations", "mutatingwebhookconfigurations"}
+            assert not resources & forbidden, (name, role["metadata"]["name"])
 
 
 def _rules(documents: list[dict[str, Any]], kind: str, name: str) -> set[tuple[str, str, str, str]]:
@@ -506,8 +536,8 @@ def test_rbac_grants_exactly_the_verbs_used(rendered: dict[str, list[dict[str, A
         | _expand(machine, "machinedeployments", "get list")
         | _expand("apps", "deployments", "get", "machine-controller-manager")
     )
-    assert _rules(documents, "Role", f"{WEBHOOK}-certs") == _expand("", "secrets", "get patch", f"{WEBHOOK}-certs")
-    assert _rules(documents, "ClusterRole", _unique(f"{WEBHOOK}-cabundle")) == _expand(
+    assert _rules(documents, "Role", CERTS) == _expand("", "secrets", "get patch", f"{WEBHOOK}-certs,{WEBHOOK}-tls")
+    assert _rules(documents, "ClusterRole", _unique(f"{CERTS}-cabundle")) == _expand(
         "admissionregistration.k8s.io",
         "validatingwebhookconfigurations mutatingwebhookconfigurations",
         "get patch",
@@ -517,7 +547,10 @@ def test_rbac_grants_exactly_the_verbs_used(rendered: dict[str, list[dict[str, A
     roles = [d for d in documents if d["kind"] in ("Role", "ClusterRole")]
     assert sorted(b["roleRef"]["name"] for b in bindings) == sorted(r["metadata"]["name"] for r in roles)
     for binding in bindings:
-        component = "controller" if binding["roleRef"]["name"].startswith(CONTROLLER) else "webhook"
+        role = binding["roleRef"]["name"]
+        component = next(
+            c for c in ("controller", "webhook", "certs") if role.startswith(f"mp-machine-preservation-{c}")
+        )
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": f"mp-machine-preservation-{component}", "namespace": NAMESPACE}
         ]
@@ -559,7 +592,7 @@ def test_certs_manager_injects_exactly_the_configurations_it_may_patch(
     for container in certs:
         targets = {a.split("=", 1)[1] for a in container["args"] if a.startswith("--webhook-configuration=")}
         assert targets == {f"validating/{CONFIGURATION}", f"mutating/{CONFIGURATION}"}
-    granted = {rule[3] for rule in _rules(documents, "ClusterRole", _unique(f"{WEBHOOK}-cabundle"))}
+    granted = {rule[3] for rule in _rules(documents, "ClusterRole", _unique(f"{CERTS}-cabundle"))}
     assert granted == {CONFIGURATION}
 
 
@@ -687,8 +720,8 @@ def test_seed_setup(rendered: dict[str, list[dict[str, Any]]]) -> None:
         _unique(f"{WEBHOOK}-control"),
         _unique(f"{WEBHOOK}-crd"),
         _unique(f"{WEBHOOK}-gardener-cluster"),
-        f"{WEBHOOK}-certs",
-        _unique(f"{WEBHOOK}-cabundle"),
+        CERTS,
+        _unique(f"{CERTS}-cabundle"),
     }
 
 
@@ -750,24 +783,27 @@ def test_remote_clusters_use_kubeconfig_secrets(rendered: dict[str, list[dict[st
     assert "--control-kubeconfig=/etc/machine-preservation/control/kubeconfig" in args
     assert "--target-kubeconfig=/etc/machine-preservation/target/kubeconfig" in args
     assert "--namespace=shoot--p--s" in args
-    assert {v["secret"]["secretName"] for v in controller["volumes"]} == {"seed-kubeconfig", "shoot-kubeconfig"}
+    kubeconfigs = {v["secret"]["secretName"] for v in controller["volumes"] if "secret" in v}
+    assert kubeconfigs == {"seed-kubeconfig", "shoot-kubeconfig"}
     webhook = find(documents, "Deployment", WEBHOOK)["spec"]["template"]["spec"]
     server = next(c for c in webhook["containers"] if c["name"] == "webhook")
     assert "--kubeconfig=/etc/machine-preservation/control/kubeconfig" in server["args"]
-    sidecar = next(c for c in webhook["containers"] if c["name"] == "certs")
+    # The webhook pods get the control cluster's kubeconfig only; the remote caBundle injection's kubeconfigs
+    # go to the certs manager.
+    assert {m["mountPath"] for m in server["volumeMounts"]} == {"/certs", "/etc/machine-preservation/control"}
+    certs = find(documents, "Deployment", CERTS)["spec"]["template"]["spec"]["containers"][0]
     assert (
         "--webhook-configuration=validating/mp-machine-preservation@/etc/machine-preservation/garden/kubeconfig"
-        in (sidecar["args"])
+        in (certs["args"])
     )
-    assert "--extra-name=mp.seed.example.com" in sidecar["args"]
-    assert {m["mountPath"] for m in sidecar["volumeMounts"]} == {
-        "/certs",
+    assert "--extra-name=mp.seed.example.com" in certs["args"]
+    assert {m["mountPath"] for m in certs["volumeMounts"]} == {
         "/etc/machine-preservation/target",
         "/etc/machine-preservation/garden",
     }
     # Nothing is granted in the cluster the chart is installed in for clusters reached by kubeconfig.
     role_names = {d["metadata"]["name"] for d in documents if d["kind"] in ("Role", "ClusterRole")}
-    assert role_names == {f"{WEBHOOK}-certs", _unique(f"{WEBHOOK}-cabundle")}
+    assert role_names == {CERTS, _unique(f"{CERTS}-cabundle")}
     hooks = webhooks_by_name(documents)
     assert sorted(hooks) == [builder.MACHINE_DELETION_WEBHOOK, builder.MACHINE_PRESERVE_WEBHOOK]
     assert hooks[builder.MACHINE_DELETION_WEBHOOK]["clientConfig"] == {
@@ -845,8 +881,9 @@ def test_chart_commands_are_accepted_by_the_cli(rendered: dict[str, list[dict[st
             assert args.port == 10250
             assert args.control_namespace == ("shoot--p--s" if name == "remote-clusters" else NAMESPACE)
         elif args.command == "certs":
-            assert args.cert_dir == Path("/certs")
+            assert args.cert_dir is None, "shares no directory with the webhook"
             assert args.secret == (NAMESPACE, f"{WEBHOOK}-certs")
+            assert args.serving_secret == (NAMESPACE, f"{WEBHOOK}-tls")
         else:
             assert args.command == "controller"
             assert args.leader_elect is True

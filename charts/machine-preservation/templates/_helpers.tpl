@@ -17,6 +17,11 @@
 {{- define "mp.webhook.name" -}}{{ include "mp.fullname" . | trunc 55 | trimSuffix "-" }}-webhook{{- end -}}
 {{- define "mp.controller.name" -}}{{ include "mp.fullname" . | trunc 52 | trimSuffix "-" }}-controller{{- end -}}
 {{- define "mp.certsSecret.name" -}}{{ include "mp.webhook.name" . }}-certs{{- end -}}
+{{/* The certs manager (selfManaged mode): its Deployment and ServiceAccount. */}}
+{{- define "mp.certs.name" -}}{{ include "mp.fullname" . | trunc 57 | trimSuffix "-" }}-certs{{- end -}}
+{{/* The Secret the webhook pods mount: only tls.crt and tls.key (the certs manager's or cert-manager's). */}}
+{{- define "mp.servingSecret.name" -}}{{ include "mp.webhook.name" . }}-tls{{- end -}}
+
 {{/* The name of an object outside the release namespace (cluster-scoped, or in `default` or the control
      namespace), unique per release AND namespace: "<name>.<release namespace>". Namespace names cannot contain
      a dot, so the part after the last dot tells the namespace and two releases never share a name (with
@@ -220,14 +225,14 @@ annotations:
 {{- end }}
 {{- end -}}
 
-{{/* Arguments of `machine-preservation certs run` (init container with --once, then sidecar). */}}
+{{/* Arguments of `machine-preservation certs run` (the certs manager's Deployment). */}}
 {{- define "mp.certsArgs" -}}
 {{- $root := . -}}
 {{- $self := .Values.certificates.selfManaged -}}
 - certs
 - run
 - --secret={{ .Release.Namespace }}/{{ include "mp.certsSecret.name" . }}
-- --cert-dir=/certs
+- --serving-secret={{ .Release.Namespace }}/{{ include "mp.servingSecret.name" . }}
 - --service={{ include "mp.webhook.name" . }}
 - --namespace={{ .Release.Namespace }}
 {{- with .Values.webhooks.clientConfig.url }}

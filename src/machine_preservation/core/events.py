@@ -85,6 +85,24 @@ def stopped(
     )
 
 
+def node_of_another_machine(*, machine: Machine, node: Node) -> tuple[RecordEvent, ...]:
+    """The machine's `node` label names a Node with another providerID: reported once, on the Machine only."""
+    message = (
+        f'Label node="{node.metadata.name}" names a Node whose providerID "{node.spec.provider_id}" is not the '
+        f'machine\'s ("{machine.spec.provider_id}"): that node is left alone.'
+    )
+    return (
+        RecordEvent(
+            kind="Machine",
+            name=machine.metadata.name,
+            type=v.EventType.WARNING,
+            reason=v.EventReason.NODE_OF_ANOTHER_MACHINE,
+            message=message,
+            once=True,
+        ),
+    )
+
+
 def recovered(*, machine: Machine, node: Node) -> tuple[RecordEvent, ...]:
     message = f'Node "{node.metadata.name}" is healthy again: machine phase set from Failed to Running.'
     return on_machine_and_node(

@@ -68,7 +68,14 @@ from machine_preservation.core.preserve_value import (
 )
 from machine_preservation.core.priority import priority_patch
 
-__all__ = ["condition_after_drain", "drain_timeout", "node_is_healthy", "plan_after_drain", "plan_machine"]
+__all__ = [
+    "condition_after_drain",
+    "drain_timeout",
+    "is_machines_node",
+    "node_is_healthy",
+    "plan_after_drain",
+    "plan_machine",
+]
 
 
 def plan_machine(
@@ -96,8 +103,13 @@ def plan_machine(
     if machine.metadata.deletion_timestamp is not None or machine.phase == v.MachinePhase.TERMINATING:
         return MachinePlan()  # MCM's deletion flow owns it now
 
-    effective = effective_preserve_value(machine=machine, node=node)
     steps: list[MachineStep] = []
+    if node is not None and not is_machines_node(machine=machine, node=node):
+        # The label names another machine's node (a mistake, or an attempt to have us taint and drain it):
+        # that node is left alone, and the machine is planned as one without a node.
+        steps += events.node_of_another_machine(machine=machine, node=node)
+        node = None
+    effective = effective_preserve_value(machine=machine, node=node)
     phase = machine.phase
 
     def decide() -> PreservationDecision:
@@ -196,6 +208,14 @@ def plan_after_drain(
     return MachinePlan(steps=tuple(steps))
 
 
+def is_machines_node(*, machine: Machine, node: Node) -> bool:
+    """Whether `node` backs `machine`: their providerIDs agree. Where either is not set yet, nothing tells them
+    apart and the label is taken at its word."""
+    return (
+        not machine.spec.provider_id or not node.spec.provider_id or machine.spec.provider_id == node.spec.provider_id
+    )
+
+
 def node_is_healthy(*, node: Node, config: PreservationConfig) -> bool:
     """Ready, and none of the conditions that make MCM call a node unhealthy."""
     ready = node.condition(v.NODE_READY_CONDITION_TYPE)
@@ -290,6 +310,12 @@ def _preserve(
     failed = phase == v.MachinePhase.FAILED
     if not failed and record.drain is not None:
         record = dataclasses.replace(record, drain=None)  # the drain belongs to one failure
+    adds_ca = (
+        node is not None
+        and node.metadata.annotations.get(v.CA_SCALE_DOWN_DISABLED_ANNOTATION) != v.CA_SCALE_DOWN_DISABLED_VALUE
+    )
+    if adds_ca:
+        record = dataclasses.replace(record, added_ca_annotation=True)  # recorded before the node write
     to_set, to_remove = record_patch(current=machine.metadata.annotations, record=record)
     steps: list[MachineStep] = []
     machine_patch = _merge([PatchMachineAnnotations(set=to_set, remove=to_remove), machine_patch])
@@ -305,7 +331,7 @@ def _preserve(
     if node is None:
         return steps, None
 
-    if node.metadata.annotations.get(v.CA_SCALE_DOWN_DISABLED_ANNOTATION) != v.CA_SCALE_DOWN_DISABLED_VALUE:
+    if adds_ca:
         steps.append(
             PatchNodeAnnotations(
                 set={
@@ -380,7 +406,12 @@ def _stop_or_idle(
     steps += invalid_events
     if node is not None:
         if stopping:
-            node_patch = _node_annotations_on_stop(node=node, effective=effective, decision=decision)
+            node_patch = _node_annotations_on_stop(
+                node=node,
+                effective=effective,
+                decision=decision,
+                added_ca=record is not None and record.added_ca_annotation,
+            )
             if not _is_empty(node_patch):
                 steps.append(node_patch)
             stopped = conditions.condition_step(
@@ -414,12 +445,13 @@ def _stop_or_idle(
 
 
 def _node_annotations_on_stop(
-    *, node: Node, effective: EffectivePreserveValue, decision: PreservationDecision
+    *, node: Node, effective: EffectivePreserveValue, decision: PreservationDecision, added_ca: bool
 ) -> PatchNodeAnnotations:
     annotations = node.metadata.annotations
     remove: list[str] = []
-    if annotations.get(v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION) == v.CA_SCALE_DOWN_DISABLED_VALUE:
-        # Ours: we (or MCM's rollout, which uses the same marker) added it. Without the marker it is not ours.
+    if added_ca and annotations.get(v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION) == v.CA_SCALE_DOWN_DISABLED_VALUE:
+        # Ours: this preservation added it (its record says so), and the marker is still there (without it,
+        # someone took the annotation over since).
         remove += [
             key
             for key in (v.CA_SCALE_DOWN_DISABLED_ANNOTATION, v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION)

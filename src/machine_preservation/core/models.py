@@ -63,6 +63,7 @@ class NodeCondition(KubeModel):
 
 
 class NodeSpec(KubeModel):
+    provider_id: str = Field(default="", alias="providerID")
     taints: list[Taint] = Field(default_factory=list)
     unschedulable: bool = False
 

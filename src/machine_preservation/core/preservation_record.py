@@ -67,6 +67,7 @@ class PreservationRecord:
     by: v.PreservedBy
     drain: DrainRecord | None = None
     damaged: bool = False
+    added_ca_annotation: bool = False  # this preservation put the CA annotation on the node
 
     def expiry(self, *, max_timeout: dt.timedelta) -> dt.datetime:
         """When the preservation ends: `until`, but never later than `since + max_timeout`."""
@@ -82,6 +83,8 @@ class PreservationRecord:
             v.PRESERVED_UNTIL_ANNOTATION: format_timestamp(self.until),
             v.PRESERVED_BY_ANNOTATION: self.by.value,
         }
+        if self.added_ca_annotation:
+            written[v.PRESERVED_ADDED_CA_ANNOTATION] = "true"
         if self.drain is not None:
             written.update(self.drain.annotations())
         return written
@@ -105,7 +108,13 @@ def read_record(annotations: Mapping[str, str]) -> PreservationRecord | None:
     by = v.PreservedBy(by_raw) if by_raw in v.PreservedBy._value2member_map_ else v.PreservedBy.USER
     if since is None or until is None:
         return PreservationRecord(since=_EPOCH, until=_EPOCH, by=by, damaged=True)
-    return PreservationRecord(since=since, until=until, by=by, drain=_read_drain(annotations))
+    return PreservationRecord(
+        since=since,
+        until=until,
+        by=by,
+        drain=_read_drain(annotations),
+        added_ca_annotation=annotations.get(v.PRESERVED_ADDED_CA_ANNOTATION) == "true",
+    )
 
 
 def _read_drain(annotations: Mapping[str, str]) -> DrainRecord | None:

@@ -6,7 +6,8 @@ Rules (shared/reference/mcm-preservation-behaviour.md §5, with DESIGN.md §3 ov
   (then a removed node annotation means "stop": effective value `""`);
 - otherwise the machine's own annotation counts;
 - a missing node object leaves the machine's value in force;
-- an invalid value (anything outside the allowed set) is treated as absent and reported;
+- an invalid value (anything outside the allowed set) is treated as absent and reported; so is the auto value
+  on a Node (the controller writes it on Machines only, so on a Node someone else wrote it);
 - the auto value on the machine survives a node in control that expresses no preference (`""`, or a
   removed annotation): "no preference" is what lets auto-preservation apply (DESIGN.md §3), and the
   auto value is the controller's decision, not a user's value the node overrides. Without this the
@@ -90,7 +91,8 @@ def effective_preserve_value(*, machine: Machine, node: Node | None) -> Effectiv
 
     node_raw = node.metadata.annotations.get(v.PRESERVE_ANNOTATION)
     node_value = parse_preference(node_raw)
-    if node_value is None:
+    # The auto value is the controller's, written on Machines only: on a Node someone else wrote it.
+    if node_value is None or node_value == Preference.AUTO:
         invalid.append(InvalidValue("Node", node.metadata.name, node_raw or ""))
         node_raw, node_value = None, Preference.NONE
     last_applied = machine.metadata.annotations.get(v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION, "")

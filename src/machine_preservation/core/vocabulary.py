@@ -65,6 +65,9 @@ REPORTED_INVALID_PRESERVE_VALUES_ANNOTATION: Final = "node.machine.sapcloud.io/r
 PRESERVED_SINCE_ANNOTATION: Final = "node.machine.sapcloud.io/preserved-since"  # RFC 3339
 PRESERVED_UNTIL_ANNOTATION: Final = "node.machine.sapcloud.io/preserved-until"  # RFC 3339, as written
 PRESERVED_BY_ANNOTATION: Final = "node.machine.sapcloud.io/preserved-by"  # PreservedBy
+# "true" once this preservation added the CA annotation (and its marker) to the node: only then does the stop
+# remove them. The node-side marker alone proves nothing, anyone able to update nodes can write it.
+PRESERVED_ADDED_CA_ANNOTATION: Final = "node.machine.sapcloud.io/preserved-added-scale-down-disabled"
 # The drain of the current failure (present only while the machine is Failed and preserved).
 PRESERVED_DRAIN_ANNOTATION: Final = "node.machine.sapcloud.io/preserved-drain"  # DrainOutcome
 PRESERVED_DRAIN_FAILING_SINCE_ANNOTATION: Final = "node.machine.sapcloud.io/preserved-drain-failing-since"
@@ -74,6 +77,7 @@ PRESERVATION_RECORD_ANNOTATIONS: Final = (
     PRESERVED_SINCE_ANNOTATION,
     PRESERVED_UNTIL_ANNOTATION,
     PRESERVED_BY_ANNOTATION,
+    PRESERVED_ADDED_CA_ANNOTATION,
     PRESERVED_DRAIN_ANNOTATION,
     PRESERVED_DRAIN_FAILING_SINCE_ANNOTATION,
     PRESERVED_DRAIN_LAST_ATTEMPT_ANNOTATION,
@@ -134,6 +138,7 @@ class EventReason(StrEnum):
     AUTO_PRESERVATION_GRANTED = "AutoPreservationGranted"
     AUTO_PRESERVATION_RELEASED = "AutoPreservationReleased"
     PRESERVATION_HANDED_OVER = "PreservationHandedOver"
+    NODE_OF_ANOTHER_MACHINE = "NodeOfAnotherMachine"
 
 
 class EventType(StrEnum):
