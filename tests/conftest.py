@@ -16,7 +16,7 @@ from machine_preservation.cluster.toolchain import Toolchain, ensure_toolchain
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "tests/integration/" in item.nodeid or item.nodeid.startswith("integration/"):
+        if any(f"tests/{d}/" in item.nodeid or item.nodeid.startswith(f"{d}/") for d in ("integration", "e2e")):
             item.add_marker(pytest.mark.integration)
 
 

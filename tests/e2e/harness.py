@@ -1,0 +1,226 @@
+"""The end-to-end harness: real MCM (both processes, as MCM's own identity) for one test's namespace, with
+the node side played by the test (`FakeKubelets`) and helpers to build and watch worker pools."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
+
+from machine_preservation.cluster import mcm_pool
+from machine_preservation.cluster.controlplane import ControlPlane
+from machine_preservation.cluster.mcm import mcm_versions
+from machine_preservation.cluster.mcm_pool import GROUP, VERSION, ConditionStatus, FakeKubelets
+from machine_preservation.cluster.mcm_runner import McmRunner
+
+logger = logging.getLogger(__name__)
+
+# For `@pytest.mark.parametrize("mcm_version", ALL_MCM_VERSIONS, indirect=True)`.
+ALL_MCM_VERSIONS = mcm_versions()
+MACHINE_KINDS = ("machines", "machinesets", "machinedeployments", "machineclasses")
+
+
+@dataclass(frozen=True)
+class MachineEvent:
+    """One observed state of a Machine: when (monotonic seconds), the watch event, phase, node, deleting."""
+
+    at: float
+    type: str
+    name: str
+    phase: str
+    node: str
+    deleting: bool
+
+
+@dataclass
+class MachineRecorder:
+    """Watches the namespace's Machines and records every state it sees, so a test can tell what happened
+    (a phase that lasted milliseconds included) rather than only where things ended."""
+
+    api: client.ApiClient
+    namespace: str
+    events: list[MachineEvent] = field(default_factory=list)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[MachineRecorder]:
+        listed = asyncio.Event()
+        task = asyncio.create_task(self._loop(listed), name=f"machine-recorder-{self.namespace}")
+        try:
+            await asyncio.wait_for(listed.wait(), 30)
+            yield self
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def history(self, name: str) -> list[str]:
+        """The machine's phases in order, repeats folded, `deleted` at the end once it is gone."""
+        phases: list[str] = []
+        for event in self.events:
+            if event.name != name:
+                continue
+            phase = "deleted" if event.type == "DELETED" else event.phase or "-"
+            if not phases or phases[-1] != phase:
+                phases.append(phase)
+        return phases
+
+    def first(self, name: str, *, phase: str | None = None, event_type: str | None = None) -> MachineEvent | None:
+        return next(
+            (
+                e
+                for e in self.events
+                if e.name == name
+                and (phase is None or e.phase == phase)
+                and (event_type is None or e.type == event_type)
+            ),
+            None,
+        )
+
+    def _record(self, kind: str, machine: dict[str, Any]) -> None:
+        self.events.append(
+            MachineEvent(
+                at=time.monotonic(),
+                type=kind,
+                name=machine["metadata"]["name"],
+                phase=mcm_pool.machine_phase(machine),
+                node=mcm_pool.machine_node(machine),
+                deleting=bool(machine["metadata"].get("deletionTimestamp")),
+            )
+        )
+
+    async def _loop(self, listed: asyncio.Event) -> None:
+        custom = client.CustomObjectsApi(self.api)
+        resource_version = ""
+        while True:
+            try:
+                if not resource_version:
+                    page = await custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "machines")
+                    for machine in page["items"]:
+                        self._record("LISTED", machine)
+                    resource_version = page["metadata"]["resourceVersion"]
+                    listed.set()
+                response = await custom.list_namespaced_custom_object_without_preload_content(
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    "machines",
+                    watch=True,
+                    resource_version=resource_version,
+                    allow_watch_bookmarks=True,
+                    timeout_seconds=300,
+                )
+                try:
+                    async for line in response.content:
+                        event = json.loads(line)
+                        if event["type"] == "ERROR":
+                            resource_version = ""  # expired: list again
+                            break
+                        resource_version = event["object"]["metadata"]["resourceVersion"]
+                        if event["type"] != "BOOKMARK":
+                            self._record(event["type"], event["object"])
+                finally:
+                    response.release()
+            except (ApiException, OSError, ValueError) as error:
+                logger.warning("machine recorder of %s: %s", self.namespace, error)
+                await asyncio.sleep(0.5)
+
+
+@dataclass
+class RealMcm:
+    """What a test gets from the `real_mcm` fixture. `api` is an administrator's client."""
+
+    version: str
+    namespace: str
+    plane: ControlPlane
+    api: client.ApiClient
+    runner: McmRunner
+    kubelets: FakeKubelets
+    recorder: MachineRecorder
+
+    async def create_pool(self, name: str, *, replicas: int, **options: Any) -> None:
+        await mcm_pool.create_pool(self.api, self.namespace, name, replicas=replicas, **options)
+
+    async def scale(self, pool: str, replicas: int) -> None:
+        await mcm_pool.scale_pool(self.api, self.namespace, pool, replicas)
+
+    async def wait_for_pool(self, pool: str, replicas: int, *, limit: float = 120.0) -> list[dict[str, Any]]:
+        """Exactly `replicas` Machines of the pool, each Running with a Ready Node."""
+        try:
+            return await mcm_pool.wait_for_pool(self.api, self.namespace, pool, replicas, limit=limit)
+        except TimeoutError as error:
+            raise AssertionError(f"{error}\n{self.runner.log_tail()}") from None
+
+    async def machines(self, pool: str | None = None) -> list[dict[str, Any]]:
+        return await mcm_pool.list_machines(self.api, self.namespace, pool=pool)
+
+    async def machine(self, name: str) -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = await client.CustomObjectsApi(self.api).get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, "machines", name
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return found
+
+    async def node(self, name: str) -> dict[str, Any] | None:
+        return await mcm_pool.read_node(self.api, name)
+
+    async def set_node_ready(self, node: str, ready: bool | ConditionStatus) -> None:
+        """Set the Node's Ready condition and keep it so (True/False, or "Unknown")."""
+        await self.kubelets.set_ready(node, ready)
+
+    async def restart(self, *, keep_vms: bool = True) -> None:
+        await asyncio.to_thread(self.runner.restart, keep_vms=keep_vms)
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self.runner.stop)
+
+    def log_tail(self, lines: int = 40) -> str:
+        return self.runner.log_tail(lines)
+
+    def logs(self) -> str:
+        """Both processes' whole logs (for assertions on what MCM said)."""
+        return "\n".join(
+            self.runner.log(b).read_text(errors="replace") for b in ("machine-controller-manager", "machine-controller")
+        )
+
+    async def tear_down(self) -> None:
+        """Stop MCM, then remove what it leaves behind: finalizers on its objects and the pool's Nodes (which
+        are cluster-scoped and would outlive the namespace)."""
+        await self.stop()
+        custom = client.CustomObjectsApi(self.api)
+        core = client.CoreV1Api(self.api)
+        nodes: set[str] = set()
+        for kind in MACHINE_KINDS:
+            listed = await custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, kind)
+            for item in listed["items"]:
+                if kind == "machines":
+                    nodes.add(mcm_pool.machine_node(item))
+                if item["metadata"].get("finalizers"):
+                    with contextlib.suppress(ApiException):
+                        await custom.patch_namespaced_custom_object(
+                            GROUP,
+                            VERSION,
+                            self.namespace,
+                            kind,
+                            item["metadata"]["name"],
+                            {"metadata": {"finalizers": None}},
+                            _content_type=mcm_pool.MERGE_PATCH,
+                        )
+        if self.runner.vm_state.exists():
+            nodes.update(json.loads(self.runner.vm_state.read_text()))
+        for name in sorted(nodes - {""}):
+            with contextlib.suppress(ApiException):
+                await core.patch_node(name, {"metadata": {"finalizers": None}}, _content_type=mcm_pool.MERGE_PATCH)
+            with contextlib.suppress(ApiException):
+                await core.delete_node(name)
