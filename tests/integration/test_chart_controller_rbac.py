@@ -1,6 +1,7 @@
 """The chart's controller command and RBAC, for real: `helm install` the controller part, then run the
 controller process with exactly the chart's arguments, as the chart's ServiceAccount, and see it pass its
-start-up check, take the Lease, sync every cache and preserve a machine (writes to Machines, Nodes, Events)."""
+start-up check, take the Lease, sync every cache and preserve a machine (writes to Machines, Nodes, Events),
+answering the chart's in-container probes. Rights granted by name cover exactly the named objects."""
 
 from __future__ import annotations
 
@@ -12,10 +13,13 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
-from kubernetes import client
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 
 from machine_preservation.cli import build_parser
 from machine_preservation.cluster.controlplane import ControlPlane, free_port
@@ -40,22 +44,35 @@ def _get(port: int, path: str) -> tuple[int, str]:
         connection.close()
 
 
+@dataclass(frozen=True)
+class Installed:
+    fullname: str
+    container: dict[str, Any]  # the controller container as the chart renders it
+    metrics_port: int
+
+
 @pytest.fixture
-def installed(toolchain: Toolchain, control_plane: ControlPlane, namespace: str) -> Iterator[tuple[str, list[str]]]:
-    """The controller part of the chart installed into `namespace`; yields its fullname and container args."""
+def installed(toolchain: Toolchain, control_plane: ControlPlane, namespace: str) -> Iterator[Installed]:
+    """The controller part of the chart installed into `namespace`, its metrics on localhost (a free port)."""
     fullname = f"c{uuid.uuid4().hex[:6]}"
+    port = free_port()
     values = {
         "fullnameOverride": json.dumps(fullname),
         "webhook.enabled": "false",
         "webhooks.nodes.register": "false",
         "webhooks.machines.register": "false",
+        "controller.metricsLocalhostOnly": "true",
+        "controller.metricsPort": str(port),
+        # The CRDs installed here carry MCM v0.62's preservation fields: without this the controller would
+        # leave the lifecycle to (an absent) MCM and write nothing.
+        "mcmNativePreservation": json.dumps("false"),
     }
     flags = ["--namespace", namespace, "--kubeconfig", str(control_plane.kubeconfig), *set_args(values)]
     helm(toolchain.helm, "install", namespace, str(CHART), *flags)
     try:
         documents = template(toolchain.helm, values, namespace=namespace, release=namespace)
-        args = find(documents, "Deployment", f"{fullname}-controller")["spec"]["template"]["spec"]["containers"][0]
-        yield fullname, args["args"]
+        container = find(documents, "Deployment", f"{fullname}-controller")["spec"]["template"]["spec"]["containers"][0]
+        yield Installed(fullname=fullname, container=container, metrics_port=port)
     finally:
         helm(
             toolchain.helm,
@@ -68,26 +85,28 @@ def installed(toolchain: Toolchain, control_plane: ControlPlane, namespace: str)
         )
 
 
+def _probe(container: dict[str, Any], probe: str) -> int:
+    """Run one of the chart's exec probes here, with this interpreter in place of the image's `python`."""
+    command = container[probe]["exec"]["command"]
+    assert command[0] == "python"
+    return subprocess.run([sys.executable, *command[1:]], capture_output=True, timeout=30, check=False).returncode
+
+
 def test_controller_runs_with_the_charts_arguments_and_rbac(
-    installed: tuple[str, list[str]],
+    installed: Installed,
     kube_client: client.ApiClient,
     namespace: str,
     kubeconfig_for: Callable[..., Path],
     tmp_path: Path,
 ) -> None:
-    fullname, chart_args = installed
-    # In-cluster config does not exist here: the same identity through a kubeconfig, on a free local port.
+    fullname, port = installed.fullname, installed.metrics_port
+    # In-cluster config does not exist here: the same identity through a kubeconfig.
     identity = kubeconfig_for(f"system:serviceaccount:{namespace}:{fullname}-controller")
-    port = free_port()
-    args = [
-        *(a for a in chart_args if not a.startswith(("--metrics-port=", "--metrics-bind-address="))),
-        f"--control-kubeconfig={identity}",
-        f"--target-kubeconfig={identity}",
-        f"--metrics-port={port}",
-        "--metrics-bind-address=127.0.0.1",
-    ]
+    args = [*installed.container["args"], f"--control-kubeconfig={identity}", f"--target-kubeconfig={identity}"]
     parsed = build_parser().parse_args(args)
     assert (parsed.command, parsed.namespace, parsed.leader_elect) == ("controller", namespace, True)
+    assert (parsed.metrics_bind_address, parsed.metrics_port) == ("127.0.0.1", port)
+    assert _probe(installed.container, "readinessProbe") != 0, "nothing answers yet"
 
     core = client.CoreV1Api(kube_client)
     custom = client.CustomObjectsApi(kube_client)
@@ -109,6 +128,9 @@ def test_controller_runs_with_the_charts_arguments_and_rbac(
             return status == 200 and "machine_preservation_leader 1.0" in metrics and ready == 200
 
         eventually(leading_and_synced)
+        # The chart's probes reach the localhost-only endpoints from inside the container.
+        assert _probe(installed.container, "livenessProbe") == 0
+        assert _probe(installed.container, "readinessProbe") == 0
         lease_holders = [
             lease.spec.holder_identity
             for lease in client.CoordinationV1Api(kube_client).list_namespaced_lease(namespace).items
@@ -139,9 +161,12 @@ def test_controller_runs_with_the_charts_arguments_and_rbac(
                 and annotations.get(v.CA_SCALE_DOWN_DISABLED_ANNOTATION) == "true"
             )
 
-        eventually(preserved)
-        reasons = {event.reason for event in core.list_namespaced_event(namespace).items}
-        assert reasons, "an Event on the Machine"
+        try:
+            eventually(preserved)
+        except AssertionError as error:
+            raise AssertionError((tmp_path / "controller.log").read_text()[-6000:]) from error
+        # An Event on the Machine (recorded right after the writes).
+        eventually(lambda: core.list_namespaced_event(namespace).items)
         output = (tmp_path / "controller.log").read_text()
         assert "403" not in output, output
         assert "forbidden" not in output.lower(), output
@@ -150,3 +175,151 @@ def test_controller_runs_with_the_charts_arguments_and_rbac(
         process.wait(timeout=30)
         log.close()
         core.delete_node(node)
+
+
+# Gardener's Cluster kind, for the rights granted on it by name (any content accepted).
+CLUSTER_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "clusters.extensions.gardener.cloud"},
+    "spec": {
+        "group": "extensions.gardener.cloud",
+        "scope": "Cluster",
+        "names": {"kind": "Cluster", "plural": "clusters", "singular": "cluster", "listKind": "ClusterList"},
+        "versions": [
+            {
+                "name": "v1alpha1",
+                "served": True,
+                "storage": True,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+            }
+        ],
+    },
+}
+CLUSTERS = ("extensions.gardener.cloud", "v1alpha1", "clusters")
+
+
+@pytest.fixture
+def gardener_clusters(kube_client: client.ApiClient, namespace: str) -> Iterator[str]:
+    """The Cluster kind (unless installed already), a Cluster named after `namespace` and another one."""
+    extensions = client.ApiextensionsV1Api(kube_client)
+    custom = client.CustomObjectsApi(kube_client)
+    created = False
+    try:
+        extensions.read_custom_resource_definition(CLUSTER_CRD["metadata"]["name"])  # type: ignore[index]
+    except ApiException as error:
+        if error.status != 404:
+            raise
+        extensions.create_custom_resource_definition(CLUSTER_CRD)
+        created = True
+    other = f"other-{uuid.uuid4().hex[:6]}"
+    for name in (namespace, other):
+        body = {"apiVersion": "extensions.gardener.cloud/v1alpha1", "kind": "Cluster", "metadata": {"name": name}}
+        eventually(lambda body=body: custom.create_cluster_custom_object(*CLUSTERS, body))  # type: ignore[misc]
+    try:
+        yield other
+    finally:
+        for name in (namespace, other):
+            custom.delete_cluster_custom_object(*CLUSTERS, name)
+        if created:
+            extensions.delete_custom_resource_definition(CLUSTER_CRD["metadata"]["name"])  # type: ignore[index]
+
+
+def _status(action: Callable[[], object]) -> int:
+    try:
+        action()
+    except ApiException as error:
+        return int(error.status)
+    return 200
+
+
+def _granted(api_client: client.ApiClient, *, namespace: str, other_cluster: str) -> set[str]:
+    """What this identity may do among the rights granted by name; asserts everything else is forbidden."""
+    custom = client.CustomObjectsApi(api_client)
+    by_name, by_other_name = f"metadata.name={namespace}", f"metadata.name={other_cluster}"
+
+    def watch(selector: str | None) -> None:
+        response = custom.list_cluster_custom_object(
+            *CLUSTERS, field_selector=selector, watch=True, timeout_seconds=1, _preload_content=False
+        )
+        response.release_conn()
+
+    calls: dict[str, Callable[[], object]] = {
+        "get cluster": lambda: custom.get_cluster_custom_object(*CLUSTERS, namespace),
+        "list cluster": lambda: custom.list_cluster_custom_object(*CLUSTERS, field_selector=by_name),
+        "watch cluster": lambda: watch(by_name),
+        "get mcm deployment": lambda: client.AppsV1Api(api_client).read_namespaced_deployment(
+            "machine-controller-manager", namespace
+        ),
+        # Not there yet: 404 when allowed.
+        "get own lease": lambda: client.CoordinationV1Api(api_client).read_namespaced_lease(
+            "machine-preservation-controller", namespace
+        ),
+    }
+    statuses = {name: _status(call) for name, call in calls.items()}
+    assert set(statuses.values()) <= {200, 403, 404}, statuses
+    # Any other Cluster, a list or watch without the name, another Deployment, another Lease: forbidden.
+    forbidden: dict[str, Callable[[], object]] = {
+        "get other cluster": lambda: custom.get_cluster_custom_object(*CLUSTERS, other_cluster),
+        "list clusters": lambda: custom.list_cluster_custom_object(*CLUSTERS),
+        "list other cluster": lambda: custom.list_cluster_custom_object(*CLUSTERS, field_selector=by_other_name),
+        "watch clusters": lambda: watch(None),
+        "get other deployment": lambda: client.AppsV1Api(api_client).read_namespaced_deployment(
+            "something-else", namespace
+        ),
+        "get other lease": lambda: client.CoordinationV1Api(api_client).read_namespaced_lease(
+            "another-lease", namespace
+        ),
+    }
+    assert {name: _status(call) for name, call in forbidden.items()} == dict.fromkeys(forbidden, 403)
+    return {name for name, status in statuses.items() if status != 403}
+
+
+def test_rights_granted_by_name_cover_exactly_the_named_objects(
+    toolchain: Toolchain,
+    control_plane: ControlPlane,
+    kube_client: client.ApiClient,
+    namespace: str,
+    gardener_clusters: str,
+    kubeconfig_for: Callable[..., Path],
+) -> None:
+    """Gardener's Cluster of the control namespace (get; list and watch only with a metadata.name field
+    selector), MCM's Deployment, the controller's own Lease: by name, for the controller and the webhook."""
+    fullname = f"n{uuid.uuid4().hex[:6]}"
+    values = {
+        "fullnameOverride": json.dumps(fullname),
+        "webhooks.nodes.register": "false",
+        "webhooks.machines.register": "false",
+    }
+    flags = ["--namespace", namespace, "--kubeconfig", str(control_plane.kubeconfig)]
+    helm(toolchain.helm, "install", namespace, str(CHART), *flags, *set_args(values))
+    apps = client.AppsV1Api(kube_client)
+    for name in ("machine-controller-manager", "something-else"):
+        apps.create_namespaced_deployment(
+            namespace,
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "selector": {"matchLabels": {"app": name}},
+                    "replicas": 0,
+                    "template": {
+                        "metadata": {"labels": {"app": name}},
+                        "spec": {"containers": [{"name": name, "image": "example.invalid/mcm:v0.61.3"}]},
+                    },
+                },
+            },
+        )
+    try:
+        granted = {}
+        for component in ("controller", "webhook"):
+            user = f"system:serviceaccount:{namespace}:{fullname}-{component}"
+            with config.new_client_from_config(config_file=str(kubeconfig_for(user))) as api_client:
+                granted[component] = _granted(api_client, namespace=namespace, other_cluster=gardener_clusters)
+        assert granted == {
+            "controller": {"get cluster", "list cluster", "watch cluster", "get mcm deployment", "get own lease"},
+            "webhook": {"get cluster", "get mcm deployment"},
+        }
+    finally:
+        for name in ("machine-controller-manager", "something-else"):
+            apps.delete_namespaced_deployment(name, namespace)
+        helm(toolchain.helm, "uninstall", namespace, *flags)
