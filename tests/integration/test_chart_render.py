@@ -459,6 +459,20 @@ def test_every_container_is_locked_down(rendered: dict[str, list[dict[str, Any]]
             assert container["resources"]["requests"]["memory"], (name, container["name"])
 
 
+def test_every_container_has_a_writable_temporary_directory(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """The root filesystem is read-only, but the kubernetes client writes a kubeconfig's embedded certificates to
+    temporary files: TMPDIR names an emptyDir (in memory, small) every container mounts."""
+    for name, documents in rendered.items():
+        for pod, container in _containers(documents):
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            volumes = {v["name"]: v for v in pod["volumes"]}
+            mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+            assert env.get("TMPDIR") in mounts, (name, container["name"])
+            volume = volumes[mounts[env["TMPDIR"]]]
+            assert volume["emptyDir"]["medium"] == "Memory", "keys in temporary files stay off the node's disk"
+            assert volume["emptyDir"]["sizeLimit"], (name, container["name"])
+
+
 def test_the_webhook_identity_holds_no_key_material_in_any_install(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
@@ -790,7 +804,7 @@ def test_remote_clusters_use_kubeconfig_secrets(rendered: dict[str, list[dict[st
     assert "--kubeconfig=/etc/machine-preservation/control/kubeconfig" in server["args"]
     # The webhook pods get the control cluster's kubeconfig only; the remote caBundle injection's kubeconfigs
     # go to the certs manager.
-    assert {m["mountPath"] for m in server["volumeMounts"]} == {"/certs", "/etc/machine-preservation/control"}
+    assert {m["mountPath"] for m in server["volumeMounts"]} == {"/certs", "/tmp", "/etc/machine-preservation/control"}
     certs = find(documents, "Deployment", CERTS)["spec"]["template"]["spec"]["containers"][0]
     assert (
         "--webhook-configuration=validating/mp-machine-preservation@/etc/machine-preservation/garden/kubeconfig"
@@ -798,6 +812,7 @@ def test_remote_clusters_use_kubeconfig_secrets(rendered: dict[str, list[dict[st
     )
     assert "--extra-name=mp.seed.example.com" in certs["args"]
     assert {m["mountPath"] for m in certs["volumeMounts"]} == {
+        "/tmp",
         "/etc/machine-preservation/target",
         "/etc/machine-preservation/garden",
     }

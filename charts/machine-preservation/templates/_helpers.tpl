@@ -22,6 +22,25 @@
 {{/* The Secret the webhook pods mount: only tls.crt and tls.key (the certs manager's or cert-manager's). */}}
 {{- define "mp.servingSecret.name" -}}{{ include "mp.webhook.name" . }}-tls{{- end -}}
 
+{{/* Every container's writable directory for temporary files: the root filesystem is read-only, and the
+     kubernetes client writes a kubeconfig's embedded certificates and keys to temporary files (in memory,
+     as they include keys). TMPDIR names it for every library that asks. */}}
+{{- define "mp.tmpDir" -}}/tmp{{- end -}}
+{{- define "mp.tmpVolume" -}}
+- name: tmp
+  emptyDir:
+    medium: Memory
+    sizeLimit: 8Mi
+{{- end -}}
+{{- define "mp.tmpMount" -}}
+- name: tmp
+  mountPath: {{ include "mp.tmpDir" . }}
+{{- end -}}
+{{- define "mp.tmpEnv" -}}
+- name: TMPDIR
+  value: {{ include "mp.tmpDir" . }}
+{{- end -}}
+
 {{/* The name of an object outside the release namespace (cluster-scoped, or in `default` or the control
      namespace), unique per release AND namespace: "<name>.<release namespace>". Namespace names cannot contain
      a dot, so the part after the last dot tells the namespace and two releases never share a name (with
