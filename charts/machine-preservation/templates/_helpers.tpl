@@ -177,6 +177,7 @@ app.kubernetes.io/component: {{ .component }}
   "node.machine.sapcloud.io/preserved-since"
   "node.machine.sapcloud.io/preserved-until"
   "node.machine.sapcloud.io/preserved-by"
+  "node.machine.sapcloud.io/preserved-added-scale-down-disabled"
   "node.machine.sapcloud.io/preserved-drain"
   "node.machine.sapcloud.io/preserved-drain-failing-since"
   "node.machine.sapcloud.io/preserved-drain-last-attempt"
