@@ -525,10 +525,10 @@ def test_scale_to_zero_lets_mcm_delete_the_preserved_machine(env: Env) -> None:
 CLUSTER_CRD = "clusters.extensions.gardener.cloud"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def gardener_cluster_crd(kube_client: client.ApiClient) -> Iterator[None]:
     """Gardener's Cluster kind: the test control plane may not have it; then a minimal CRD of ours (cluster
-    scope, `spec.shoot` kept as raw JSON, as Gardener's is), removed again afterwards."""
+    scope, `spec.shoot` kept as raw JSON, as Gardener's is), removed again after the module."""
     api = client.ApiextensionsV1Api(kube_client)
     try:
         api.read_custom_resource_definition(CLUSTER_CRD)
@@ -573,7 +573,20 @@ def gardener_cluster_crd(kube_client: client.ApiClient) -> Iterator[None]:
         conditions = (status.conditions if status is not None else None) or []
         return any(c.type == "Established" and c.status == "True" for c in conditions)
 
+    def served() -> bool:
+        # Established comes a moment before the API server routes the new resource.
+        try:
+            client.CustomObjectsApi(kube_client).list_cluster_custom_object(
+                "extensions.gardener.cloud", "v1alpha1", "clusters"
+            )
+        except client.ApiException as error:
+            if error.status != 404:
+                raise
+            return False
+        return True
+
     eventually(established)
+    eventually(served)
     try:
         yield
     finally:
@@ -614,6 +627,70 @@ def test_hibernation_lets_mcm_delete_the_preserved_machine(env: Env) -> None:
             "extensions.gardener.cloud", "v1alpha1", "clusters", ns, {"spec": {"shoot": shoot(True)["spec"]["shoot"]}}
         )
         env.ok(MCM, "-n", ns, "delete", kind, "sleepy-kept")
+    finally:
+        custom.delete_cluster_custom_object("extensions.gardener.cloud", "v1alpha1", "clusters", ns)
+
+
+@pytest.mark.usefixtures("gardener_cluster_crd")
+def test_where_mcms_objects_lack_the_max_the_budget_comes_from_the_shoot(env: Env) -> None:
+    ns, kind = env.namespace, "machines.machine.sapcloud.io"
+    custom = client.CustomObjectsApi(env.api)
+    deployment = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "MachineDeployment",
+        "metadata": {"name": "pooled", "labels": {"worker.gardener.cloud/pool": "p"}},
+        "spec": {"replicas": 2, "template": {"spec": {"class": {"kind": "AWSMachineClass", "name": "c"}}}},
+    }
+    env.ok(CONTROLLER, "-n", ns, "create", "-f", "-", stdin=json.dumps(deployment))
+    md_uid = custom.get_namespaced_custom_object(GROUP, VERSION, ns, "machinedeployments", "pooled")["metadata"]["uid"]
+    # As MCM v0.61 leaves it: no autoPreserveFailedMachineMax on the MachineSet or the MachineDeployment.
+    machine_set = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "MachineSet",
+        "metadata": {
+            "name": "pooled-a",
+            "ownerReferences": [
+                {
+                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "kind": "MachineDeployment",
+                    "name": "pooled",
+                    "uid": md_uid,
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {"replicas": 2, "template": {"spec": {"class": {"kind": "AWSMachineClass", "name": "c"}}}},
+    }
+    env.ok(CONTROLLER, "-n", ns, "create", "-f", "-", stdin=json.dumps(machine_set))
+    ms_uid = custom.get_namespaced_custom_object(GROUP, VERSION, ns, "machinesets", "pooled-a")["metadata"]["uid"]
+    _failed_machine(env, "pooled-failed", ("pooled-a", ms_uid))
+    _failed_machine(env, "pooled-healthy", ("pooled-a", ms_uid), phase="Running")
+    # No Cluster: no budget, MCM replaces the machine (a dry run, so the machine stays for what follows).
+    env.ok(MCM, "-n", ns, "delete", kind, "pooled-failed", "--dry-run=server")
+    cluster = {
+        "apiVersion": "extensions.gardener.cloud/v1alpha1",
+        "kind": "Cluster",
+        "metadata": {"name": ns},
+        "spec": {
+            "cloudProfile": {},
+            "shoot": {
+                "apiVersion": "core.gardener.cloud/v1beta1",
+                "kind": "Shoot",
+                "metadata": {"name": "pooled", "namespace": "garden-p"},
+                "spec": {
+                    "provider": {
+                        "workers": [{"name": "p", "machineControllerManager": {"autoPreserveFailedMachineMax": 1}}]
+                    }
+                },
+            },
+        },
+    }
+    custom.create_cluster_custom_object("extensions.gardener.cloud", "v1alpha1", "clusters", cluster)
+    try:
+        stderr = env.denied(MCM, "-n", ns, "delete", kind, "pooled-failed")
+        assert 'machine "pooled-failed" is Failed and about to be auto-preserved (MachineSet "pooled-a" has room' in (
+            stderr
+        )
     finally:
         custom.delete_cluster_custom_object("extensions.gardener.cloud", "v1alpha1", "clusters", ns)
 

@@ -17,6 +17,7 @@ from machine_preservation.core.admission.deletion import (
     MachineSetView,
     Outcome,
     assess_machine_deletion,
+    cluster_to_read,
     judge_machine_deletion,
     last_known_node,
     machine_set_to_read,
@@ -80,11 +81,12 @@ def machine_set(
     name: str = "ms",
     *,
     replicas: int = 3,
-    max_: int = 0,
+    max_: int | None = 0,
     deployment: str | None = "md",
     created: dt.datetime = NOW - dt.timedelta(days=1),
     deleting: bool = False,
 ) -> MachineSet:
+    """`max_=None`: the spec does not carry autoPreserveFailedMachineMax (MCM v0.61's CRD prunes it)."""
     metadata: dict[str, Any] = {"name": name, "uid": f"uid-{name}", "creationTimestamp": created.isoformat()}
     if deployment:
         metadata["ownerReferences"] = [
@@ -92,13 +94,18 @@ def machine_set(
         ]
     if deleting:
         metadata["deletionTimestamp"] = NOW.isoformat()
-    return MachineSet.model_validate(
-        {"metadata": metadata, "spec": {"replicas": replicas, "autoPreserveFailedMachineMax": max_}}
-    )
+    spec: dict[str, Any] = {"replicas": replicas}
+    if max_ is not None:
+        spec["autoPreserveFailedMachineMax"] = max_
+    return MachineSet.model_validate({"metadata": metadata, "spec": spec})
 
 
-def deployment(name: str = "md", *, replicas: int = 3, deleting: bool = False) -> MachineDeployment:
+def deployment(
+    name: str = "md", *, replicas: int = 3, deleting: bool = False, pool: str | None = None
+) -> MachineDeployment:
     metadata: dict[str, Any] = {"name": name, "uid": f"uid-{name}"}
+    if pool is not None:
+        metadata["labels"] = {"worker.gardener.cloud/pool": pool}
     if deleting:
         metadata["deletionTimestamp"] = NOW.isoformat()
     return MachineDeployment.model_validate({"metadata": metadata, "spec": {"replicas": replicas}})
@@ -119,6 +126,32 @@ def view(
     )
 
 
+def gardener(
+    *,
+    hibernated: bool = False,
+    deleted: bool = False,
+    migrated: bool = False,
+    workers: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Gardener's Cluster for the namespace, as the API serves it: the Shoot as raw JSON in spec.shoot."""
+    metadata: dict[str, Any] = {"name": "s", "namespace": "garden-p"}
+    if deleted:
+        metadata["deletionTimestamp"] = NOW.isoformat()
+    shoot: dict[str, Any] = {
+        "apiVersion": "core.gardener.cloud/v1beta1",
+        "kind": "Shoot",
+        "metadata": metadata,
+        "spec": {"hibernation": {"enabled": hibernated}, "provider": {"type": "aws", "workers": workers or []}},
+        "status": {"lastOperation": {"type": "Migrate" if migrated else "Reconcile", "state": "Processing"}},
+    }
+    return {
+        "apiVersion": "extensions.gardener.cloud/v1alpha1",
+        "kind": "Cluster",
+        "metadata": {"name": "shoot--p--s"},
+        "spec": {"cloudProfile": {}, "shoot": shoot},
+    }
+
+
 def healthy(name: str, owner: str = "ms") -> Machine:
     return machine(name, phase="Running", owner=owner, node=f"node-{name}")
 
@@ -128,11 +161,11 @@ def assess(
     *,
     username: str = MCM,
     machine_set: MachineSetView | None = None,
-    shoot: ShootLifecycle | None = None,
+    cluster: dict[str, Any] | None = None,
     settings_: AdmissionSettings = SETTINGS,
 ) -> Assessment:
     return assess_machine_deletion(
-        machine=m, username=username, settings=settings_, now=NOW, machine_set=machine_set, shoot=shoot
+        machine=m, username=username, settings=settings_, now=NOW, machine_set=machine_set, cluster=cluster
     )
 
 
@@ -345,25 +378,25 @@ def _rows() -> list[Any]:
         # The Shoot.
         pytest.param(
             PRESERVED,
-            {"machine_set": PRESERVED_SET, "shoot": ShootLifecycle(hibernated=True)},
+            {"machine_set": PRESERVED_SET, "cluster": gardener(hibernated=True)},
             Outcome.SHOOT_GOING_AWAY,
             id="shoot-hibernated",
         ),
         pytest.param(
             PRESERVED,
-            {"machine_set": PRESERVED_SET, "shoot": ShootLifecycle(deleted=True)},
+            {"machine_set": PRESERVED_SET, "cluster": gardener(deleted=True)},
             Outcome.SHOOT_GOING_AWAY,
             id="shoot-deleted",
         ),
         pytest.param(
             machine(annotations={P: "now"}),
-            {"shoot": ShootLifecycle(migrated=True)},
+            {"cluster": gardener(migrated=True)},
             Outcome.SHOOT_GOING_AWAY,
             id="shoot-migrated",
         ),
         pytest.param(
             PRESERVED,
-            {"machine_set": PRESERVED_SET, "shoot": ShootLifecycle(name="s")},
+            {"machine_set": PRESERVED_SET, "cluster": gardener()},
             Outcome.PRESERVED,
             id="a-shoot-going-nowhere",
         ),
@@ -401,7 +434,7 @@ def test_a_denial_with_replica_counts_says_the_delete_would_only_replace_it() ->
     ("timeout", "shown"),
     [
         (None, "kept for the configured machinePreserveTimeout from the start"),
-        ("48h", "kept for 48h from the start of its preservation"),
+        ("48h", "kept for 48h0m0s from the start of its preservation"),
         ("1y", "kept for the configured machinePreserveTimeout from the start"),
         ("9000h", "kept for 720h0m0s (the maximum preserve timeout) from the start"),
     ],
@@ -417,10 +450,77 @@ def test_budget_denials_name_the_machine_set() -> None:
     assert 'is Failed and about to be auto-preserved (MachineSet "ms" has room in its autoPreserve' in message
 
 
+POOL = [{"name": "p", "zones": ["a"], "machineControllerManager": {"autoPreserveFailedMachineMax": 1}}]
+
+
+def v061(machines: list[Machine], *, replicas: int = 3) -> MachineSetView:
+    """A namespace as MCM v0.61 leaves it: neither the MachineSet nor the MachineDeployment carries the max."""
+    return view(
+        machine_set(replicas=replicas, max_=None), machines, deployments=[deployment(replicas=replicas, pool="p")]
+    )
+
+
+def test_the_budget_comes_from_the_shoot_where_mcms_objects_do_not_carry_it() -> None:
+    namespace = v061([machine(), healthy("h1")])
+    assert assess(machine(), machine_set=namespace).outcome == Outcome.NOT_KEPT
+    with_shoot = assess(machine(), machine_set=namespace, cluster=gardener(workers=POOL))
+    assert with_shoot.outcome == Outcome.PENDING_BY_BUDGET
+    # Spread over zones as Gardener does: 1 over 2 zones leaves the second zone none; an unknown zone gets the
+    # smallest share.
+    two_zones = [{**POOL[0], "zones": ["a", "b"]}]
+    assert assess(machine(), machine_set=namespace, cluster=gardener(workers=two_zones)).outcome == Outcome.NOT_KEPT
+    # A max the MachineSet carries wins over the Shoot's.
+    carried = view(machine_set(max_=0), [machine()], deployments=[deployment(pool="p")])
+    assert assess(machine(), machine_set=carried, cluster=gardener(workers=POOL)).outcome == Outcome.NOT_KEPT
+
+
+def test_a_denial_announces_the_pools_timeout() -> None:
+    pending = machine(annotations={P: "now"})
+    timed = [{"name": "p", "machineControllerManager": {"machinePreserveTimeout": "48h"}}]
+    message = assess(pending, machine_set=v061([pending]), cluster=gardener(workers=timed)).message
+    assert "kept for 48h0m0s from the start of its preservation" in message
+    own = machine(annotations={P: "now"}, timeout="2h")  # the machine's own timeout comes first
+    assert (
+        "kept for 2h0m0s from the start"
+        in assess(own, machine_set=v061([own]), cluster=gardener(workers=timed)).message
+    )
+
+
+@pytest.mark.parametrize(
+    ("candidate", "context", "read"),
+    [
+        pytest.param(PRESERVED, {"username": "alice"}, False, id="a-users-delete"),
+        pytest.param(PRESERVED, {"machine_set": PRESERVED_SET}, True, id="a-denial-the-shoot-may-lift"),
+        pytest.param(
+            PRESERVED, {"machine_set": view(machine_set(replicas=0), [PRESERVED])}, False, id="already-allowed"
+        ),
+        pytest.param(machine(annotations={P: "now"}), {}, True, id="a-pending-denial"),
+        pytest.param(machine(), {"machine_set": v061([machine()])}, True, id="a-budget-only-the-shoot-knows"),
+        pytest.param(
+            machine(), {"machine_set": view(machine_set(max_=0), [machine()])}, False, id="a-budget-the-set-carries"
+        ),
+        pytest.param(
+            machine(),
+            {"machine_set": view(machine_set(max_=None), [machine()], deployments=[deployment()])},
+            False,
+            id="no-pool-label-no-shoot-pool",
+        ),
+        pytest.param(machine(annotations={P: "false"}), {"machine_set": v061([machine()])}, False, id="opted-out"),
+        pytest.param(machine(), {}, False, id="no-machine-set-no-budget"),
+    ],
+)
+def test_the_cluster_is_read_only_when_it_can_change_the_answer(
+    candidate: Machine, context: dict[str, Any], read: bool
+) -> None:
+    username = context.pop("username", MCM)
+    found = cluster_to_read(machine=candidate, username=username, settings=SETTINGS, now=NOW, **context)
+    assert found is read
+
+
 def test_releases_of_kept_machines_say_why() -> None:
     scaled = assess(PRESERVED, machine_set=view(machine_set(replicas=0), [PRESERVED]))
     assert scaled.message == 'machine "m1": its MachineSet "ms" wants 0 machine(s), fewer than it keeps'
-    hibernated = assess(PRESERVED, shoot=ShootLifecycle(name="s", hibernated=True))
+    hibernated = assess(PRESERVED, cluster=gardener(hibernated=True))
     assert hibernated.message == 'machine "m1": Shoot "s" is being hibernated'
 
 
@@ -514,25 +614,40 @@ def machines(draw: st.DrawFn, name: str, *, phase: str | None = None) -> Machine
 def namespaces(draw: st.DrawFn) -> MachineSetView:
     count = draw(st.integers(1, 6))
     members = [draw(machines(f"m{i}")) for i in range(count)]
-    own = machine_set(replicas=draw(st.integers(0, count + 1)), max_=draw(st.integers(0, 2)))
-    return view(own, members, deployments=[deployment(replicas=draw(st.integers(0, count + 1)))])
+    own = machine_set(replicas=draw(st.integers(0, count + 1)), max_=draw(st.none() | st.integers(0, 2)))
+    pool = draw(st.sampled_from([None, "p", "q"]))
+    return view(own, members, deployments=[deployment(replicas=draw(st.integers(0, count + 1)), pool=pool)])
 
 
-_SHOOTS = st.none() | st.builds(ShootLifecycle, hibernated=st.booleans(), deleted=st.booleans(), migrated=st.booleans())
+_WORKERS = st.lists(
+    st.fixed_dictionaries(
+        {
+            "name": st.sampled_from(["p", "q"]),
+            "zones": st.lists(st.sampled_from(["a", "b", "c"]), max_size=3, unique=True),
+            "machineControllerManager": st.fixed_dictionaries(
+                {"autoPreserveFailedMachineMax": st.integers(0, 3), "machinePreserveTimeout": st.just("48h")}
+            ),
+        }
+    ),
+    max_size=2,
+)
+_CLUSTERS = st.none() | st.builds(
+    gardener, hibernated=st.booleans(), deleted=st.booleans(), migrated=st.booleans(), workers=_WORKERS
+)
 
 
-@given(namespace=namespaces(), shoot=_SHOOTS, username=st.sampled_from(["alice", CONTROLLER, "system:admin"]))
-def test_a_users_delete_always_passes(namespace: MachineSetView, shoot: ShootLifecycle | None, username: str) -> None:
+@given(namespace=namespaces(), cluster=_CLUSTERS, username=st.sampled_from(["alice", CONTROLLER, "system:admin"]))
+def test_a_users_delete_always_passes(namespace: MachineSetView, cluster: dict[str, Any] | None, username: str) -> None:
     for candidate in namespace.machines:
-        assert assess(candidate, username=username, machine_set=namespace, shoot=shoot).allowed
+        assert assess(candidate, username=username, machine_set=namespace, cluster=cluster).allowed
 
 
 @given(namespace=namespaces(), native=st.booleans())
 def test_mcm_may_delete_whatever_a_shoot_going_away_has(namespace: MachineSetView, native: bool) -> None:
-    going = ShootLifecycle(hibernated=True)
+    going = gardener(hibernated=True)
     for candidate in namespace.machines:
         chosen = NATIVE if native else SETTINGS
-        assert assess(candidate, machine_set=namespace, shoot=going, settings_=chosen).allowed
+        assert assess(candidate, machine_set=namespace, cluster=going, settings_=chosen).allowed
 
 
 @given(namespace=namespaces())
@@ -591,12 +706,25 @@ def test_without_our_record_native_mcm_is_never_stopped(namespace: MachineSetVie
             assert assess(candidate, machine_set=namespace, settings_=NATIVE).allowed
 
 
-@given(namespace=namespaces(), shoot=_SHOOTS)
+@given(namespace=namespaces(), cluster=_CLUSTERS)
 def test_every_denial_names_the_machine_and_how_to_release_it(
-    namespace: MachineSetView, shoot: ShootLifecycle | None
+    namespace: MachineSetView, cluster: dict[str, Any] | None
 ) -> None:
     for candidate in namespace.machines:
-        assessment = assess(candidate, machine_set=namespace, shoot=shoot)
+        assessment = assess(candidate, machine_set=namespace, cluster=cluster)
         if not assessment.allowed:
             assert assessment.message.startswith(f'machine "{candidate.metadata.name}" is Failed and ')
             assert assessment.message.endswith(f"{P}=false; a user's delete is not blocked")
+
+
+@given(namespace=namespaces(), cluster=_CLUSTERS, native=st.booleans())
+def test_the_cluster_is_left_unread_only_where_it_changes_nothing(
+    namespace: MachineSetView, cluster: dict[str, Any] | None, native: bool
+) -> None:
+    chosen = NATIVE if native else SETTINGS
+    for candidate in namespace.machines:
+        if not cluster_to_read(machine=candidate, username=MCM, settings=chosen, now=NOW, machine_set=namespace):
+            without = assess(candidate, machine_set=namespace, settings_=chosen)
+            assert (
+                assess(candidate, machine_set=namespace, cluster=cluster, settings_=chosen).allowed == without.allowed
+            )

@@ -13,7 +13,6 @@ from aiohttp.test_utils import TestClient
 
 from machine_preservation.core.admission.deletion import MachineSetView
 from machine_preservation.core.admission.settings import AdmissionSettings
-from machine_preservation.core.admission.shoot_lifecycle import ShootLifecycle, shoot_lifecycle
 from machine_preservation.webhook.app import WebhookConfig, build_app
 from machine_preservation.webhook.machine_sets import SourceUnavailable, view_from_lists
 from machine_preservation.webhook.metrics import WebhookMetrics
@@ -34,10 +33,10 @@ class StaticMachineSets:
     machine_deployments: list[dict[str, Any]] = field(default_factory=list)
     clusters: dict[str, dict[str, Any]] = field(default_factory=dict)  # Gardener Cluster objects by name
     failure: str = ""
-    shoot_failure: str = ""
+    cluster_failure: str = ""
     crash: bool = False
     reads: list[tuple[str, str]] = field(default_factory=list)
-    shoot_reads: list[str] = field(default_factory=list)
+    cluster_reads: list[str] = field(default_factory=list)
 
     async def read(self, *, namespace: str, name: str) -> MachineSetView | None:
         self.reads.append((namespace, name))
@@ -52,16 +51,15 @@ class StaticMachineSets:
             machine_deployments=self.machine_deployments,
         )
 
-    async def read_shoot(self, *, namespace: str) -> ShootLifecycle | None:
-        self.shoot_reads.append(namespace)
-        if self.shoot_failure:
-            raise SourceUnavailable(self.shoot_failure)
-        cluster = self.clusters.get(namespace)
-        return shoot_lifecycle(cluster) if cluster is not None else None
+    async def read_cluster(self, *, namespace: str) -> dict[str, Any] | None:
+        self.cluster_reads.append(namespace)
+        if self.cluster_failure:
+            raise SourceUnavailable(self.cluster_failure)
+        return self.clusters.get(namespace)
 
     async def close(self) -> None:
         self.reads.clear()
-        self.shoot_reads.clear()
+        self.cluster_reads.clear()
 
 
 @dataclass

@@ -62,7 +62,7 @@ async def test_mcm_is_denied_a_preserved_failed_machine_with_the_capped_expiry(w
     assert f"annotate the machine (or its node) with {v.PRESERVE_ANNOTATION}=false" in message
     # The denial was confirmed against the Shoot; there is no Cluster here (not Gardener).
     assert webhook.machine_sets.reads == [(NAMESPACE, "ms")]
-    assert webhook.machine_sets.shoot_reads == [NAMESPACE]
+    assert webhook.machine_sets.cluster_reads == [NAMESPACE]
     beyond_cap = preserved(since=NOW - dt.timedelta(days=29, hours=23), until=NOW + dt.timedelta(days=3650))
     capped = (await webhook.review(PATH, delete(beyond_cap)))["status"]["message"]
     assert "preserved until 2026-11-21T13:00:00Z" in capped  # since + the 30-day default maximum
@@ -77,14 +77,14 @@ async def test_users_and_the_controller_always_pass_without_a_read(webhook: Webh
     for username in (ADMIN, CONTROLLER):
         response = await webhook.review(PATH, delete(preserved(), username))
         assert response["allowed"] is True
-    assert (webhook.machine_sets.reads, webhook.machine_sets.shoot_reads) == ([], [])
+    assert (webhook.machine_sets.reads, webhook.machine_sets.cluster_reads) == ([], [])
 
 
 async def test_expired_or_healthy_machines_may_go_without_a_read(webhook: Webhook) -> None:
     expired = preserved(since=NOW - dt.timedelta(hours=3), until=NOW - dt.timedelta(minutes=1))
     assert (await webhook.review(PATH, delete(expired)))["allowed"]
     assert (await webhook.review(PATH, delete(preserved(phase="Running"))))["allowed"]
-    assert (webhook.machine_sets.reads, webhook.machine_sets.shoot_reads) == ([], [])
+    assert (webhook.machine_sets.reads, webhook.machine_sets.cluster_reads) == ([], [])
 
 
 async def test_a_pending_machine_is_denied(webhook: Webhook) -> None:
@@ -112,14 +112,31 @@ async def test_a_full_budget_or_no_machine_set_lets_mcm_delete_without_reading_t
     assert (await webhook.review(PATH, delete(failed)))["allowed"]
     webhook.machine_sets.machine_sets = []
     assert (await webhook.review(PATH, delete(failed)))["allowed"]
-    assert webhook.machine_sets.shoot_reads == []
+    assert webhook.machine_sets.cluster_reads == []
+
+
+async def test_where_mcms_objects_drop_the_max_the_budget_comes_from_the_shoot(webhook: Webhook) -> None:
+    failed = machine(phase="Failed")
+    pruned = sized(replicas=2, deployment="md")
+    del pruned["spec"]["autoPreserveFailedMachineMax"]  # MCM v0.61's CRDs prune it
+    webhook.machine_sets.machine_sets = [pruned]
+    webhook.machine_sets.machines = [failed, machine("m2")]
+    md = {"metadata": {"name": "md", "labels": {"worker.gardener.cloud/pool": "p"}}, "spec": {"replicas": 2}}
+    webhook.machine_sets.machine_deployments = [md]
+    assert (await webhook.review(PATH, delete(failed)))["allowed"] is True  # no Cluster: no budget
+    assert webhook.machine_sets.cluster_reads == [NAMESPACE]
+    pool = {"name": "p", "machineControllerManager": {"autoPreserveFailedMachineMax": 1}}
+    webhook.machine_sets.clusters = {NAMESPACE: cluster(spec={"provider": {"workers": [pool]}})}
+    response = await webhook.review(PATH, delete(failed))
+    assert response["allowed"] is False
+    assert 'about to be auto-preserved (MachineSet "ms" has room' in response["status"]["message"]
 
 
 async def test_scale_to_zero_lets_mcm_delete_the_preserved_machine(webhook: Webhook) -> None:
     webhook.machine_sets.machine_sets = [sized(replicas=0)]
     webhook.machine_sets.machines = [preserved(), machine("m2")]
     assert (await webhook.review(PATH, delete(preserved())))["allowed"] is True
-    assert webhook.machine_sets.shoot_reads == []
+    assert webhook.machine_sets.cluster_reads == []
 
 
 async def test_scale_down_beyond_the_unpreserved_machines_lets_the_surplus_go(webhook: Webhook) -> None:
@@ -162,7 +179,7 @@ async def test_a_force_deletion_marker_lets_it_go_without_a_read(webhook: Webhoo
     marked = preserved()
     marked["metadata"]["labels"]["force-deletion"] = "True"
     assert (await webhook.review(PATH, delete(marked)))["allowed"] is True
-    assert (webhook.machine_sets.reads, webhook.machine_sets.shoot_reads) == ([], [])
+    assert (webhook.machine_sets.reads, webhook.machine_sets.cluster_reads) == ([], [])
 
 
 async def test_an_unreadable_machine_set_denies_mcm_with_503_and_counts_an_error(webhook: Webhook) -> None:
@@ -183,7 +200,7 @@ async def test_an_unreadable_machine_set_denies_mcm_with_503_and_counts_an_error
 
 
 async def test_an_unreadable_shoot_denies_mcm_with_503(webhook: Webhook) -> None:
-    webhook.machine_sets.shoot_failure = "403 Forbidden"
+    webhook.machine_sets.cluster_failure = "403 Forbidden"
     response = await webhook.review(PATH, delete(preserved()))
     assert (response["allowed"], response["status"]["code"]) == (False, 503)
     assert "403 Forbidden; retry later" in response["status"]["message"]

@@ -31,6 +31,7 @@ from machine_preservation.core.admission.deletion import (
     RELEASES,
     MachineSetView,
     assess_machine_deletion,
+    cluster_to_read,
     machine_set_to_read,
 )
 from machine_preservation.core.admission.settings import AdmissionSettings
@@ -198,17 +199,16 @@ class Endpoints:
         view: MachineSetView | None = None
         try:
             # Reads only what the rule needs: the MachineSet (with its namespace's machines and
-            # MachineDeployments) when the machine alone does not decide, the Shoot only to confirm a denial.
+            # MachineDeployments) when the machine alone does not decide; Gardener's Cluster when a denial may be
+            # lifted by the Shoot going away, or the budget's max can only come from the Shoot.
             if owner := machine_set_to_read(machine=machine, username=username, settings=settings, now=now):
                 view = await source.read(namespace=namespace, name=owner)
+            cluster = None
+            if cluster_to_read(machine=machine, username=username, settings=settings, now=now, machine_set=view):
+                cluster = await source.read_cluster(namespace=namespace)
             assessment = assess_machine_deletion(
-                machine=machine, username=username, settings=settings, now=now, machine_set=view
+                machine=machine, username=username, settings=settings, now=now, machine_set=view, cluster=cluster
             )
-            if not assessment.allowed:
-                shoot = await source.read_shoot(namespace=namespace)
-                assessment = assess_machine_deletion(
-                    machine=machine, username=username, settings=settings, now=now, machine_set=view, shoot=shoot
-                )
         except SourceUnavailable as error:
             # Fail closed for MCM only (it retries): letting it delete could lose a machine that is
             # preserved or about to be.

@@ -21,13 +21,7 @@ from pydantic import ValidationError
 
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.deletion import MachineSetView
-from machine_preservation.core.admission.shoot_lifecycle import (
-    CLUSTER_API_GROUP,
-    CLUSTER_API_VERSION,
-    CLUSTER_PLURAL,
-    ShootLifecycle,
-    shoot_lifecycle,
-)
+from machine_preservation.core.admission.shoot_lifecycle import CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
 
 # The Machine webhook's timeoutSeconds is 10; leave room to answer.
@@ -49,8 +43,9 @@ class MachineSetSource(Protocol):
         does not exist."""
         ...
 
-    async def read_shoot(self, *, namespace: str) -> ShootLifecycle | None:
-        """What the `Cluster` named after the control namespace shows; None when there is none (not Gardener)."""
+    async def read_cluster(self, *, namespace: str) -> dict[str, Any] | None:
+        """Gardener's `Cluster` named after the control namespace, as served; None when there is none (not
+        Gardener)."""
         ...
 
     async def close(self) -> None: ...
@@ -153,7 +148,7 @@ class KubernetesMachineSets:
             machine_deployments=_items(deployments),
         )
 
-    async def read_shoot(self, *, namespace: str) -> ShootLifecycle | None:
+    async def read_cluster(self, *, namespace: str) -> dict[str, Any] | None:
         try:
             api = await self._api()
             cluster = await _patiently(
@@ -171,7 +166,7 @@ class KubernetesMachineSets:
             raise SourceUnavailable(f"reading the Cluster {namespace!r}: {error.status} {error.reason}") from None
         except (ConfigException, aiohttp.ClientError, TimeoutError, OSError) as error:
             raise SourceUnavailable(f"reading the Cluster {namespace!r}: {error}") from None
-        return shoot_lifecycle(cluster) if isinstance(cluster, dict) else None
+        return cluster if isinstance(cluster, dict) else None
 
     async def close(self) -> None:
         if self._api_client is not None:

@@ -12,6 +12,9 @@ Which machines we keep:
   machine's annotation, or its node's value as last recorded on the machine: the webhook cannot see the
   shoot's nodes), or its MachineSet's auto-preservation budget has room for it. MCM deletes a Failed
   machine within milliseconds of seeing it; the controller needs a moment to start the preservation.
+  The budget's max and the timeout a denial announces come from the pool settings as the controller reads
+  them (`core.pool_settings`: the MachineSet, its MachineDeployment, the Shoot in the `Cluster`), so both
+  agree also where MCM's CRDs drop the max (v0.61).
 
 Replica counts always win: a kept machine's delete passes when
 - the Machine is marked for forced deletion (label `force-deletion=True`; Gardener sets it on every machine
@@ -31,25 +34,36 @@ guard is off, except for machines that still carry our record (a preservation ha
 running): those stay guarded until the record is gone.
 
 What it costs: the shell reads the machine's MachineSet, the namespace's machines and MachineDeployments
-only when a guarded delete is not decided by the machine alone (`machine_set_to_read`), and the Shoot's
-`Cluster` only when the answer would otherwise be a denial.
+only when a guarded delete is not decided by the machine alone (`machine_set_to_read`), and the Gardener
+`Cluster` only when the answer would otherwise be a denial, or when the budget's max can only come from the
+Shoot (`cluster_to_read`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final
+from typing import Any, Final
 
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.settings import AdmissionSettings
-from machine_preservation.core.admission.shoot_lifecycle import ShootLifecycle
+from machine_preservation.core.admission.shoot_lifecycle import shoot_lifecycle
 from machine_preservation.core.admission.verdict import Verdict, allow, deny
 from machine_preservation.core.auto_preservation import is_being_replaced, plan_auto_preservation
-from machine_preservation.core.durations import InvalidDuration, format_go_duration, parse_go_duration
+from machine_preservation.core.durations import format_go_duration
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, ObjectMeta
+from machine_preservation.core.pool_settings import (
+    ClusterView,
+    PoolDefaults,
+    Source,
+    carries_max,
+    pool_name,
+    read_cluster,
+    resolve_auto_preserve_max,
+    resolve_preserve_timeout,
+)
 from machine_preservation.core.preservation_record import PreservationRecord, format_timestamp, read_record
 from machine_preservation.core.preserve_value import Preference, effective_preserve_value
 
@@ -73,6 +87,9 @@ _PHASE_RANK: Final[dict[str, int]] = {
     v.MachinePhase.RUNNING: 6,
 }
 _EPOCH = dt.datetime.min.replace(tzinfo=dt.UTC)
+# The pool settings' last resort are the controller's flags, which the webhook does not know: the max's default
+# is the controller's (0, auto-preservation off); the timeout's is only named, never shown as a value.
+_POOL_DEFAULTS: Final = PoolDefaults(preserve_timeout=dt.timedelta(0))
 
 
 @dataclass(frozen=True)
@@ -185,12 +202,29 @@ def _owned_by(machine: Machine, machine_set: MachineSet) -> bool:
     return owner is not None and owner.kind == "MachineSet" and owner.name == machine_set.metadata.name
 
 
+def _deployment_of(view: MachineSetView, machine_set: MachineSet) -> MachineDeployment | None:
+    owner = machine_set.metadata.controller_owner()
+    if owner is None or owner.kind != "MachineDeployment":
+        return None
+    return next((d for d in view.machine_deployments if d.metadata.name == owner.name), None)
+
+
 def _auto_candidates(
-    view: MachineSetView, machine_set: MachineSet, now: dt.datetime, max_timeout: dt.timedelta
+    view: MachineSetView,
+    machine_set: MachineSet,
+    cluster: ClusterView | None,
+    now: dt.datetime,
+    max_timeout: dt.timedelta,
 ) -> set[str]:
     """The machines of `machine_set` its auto-preservation budget would grant the auto value now."""
     owned = [m for m in view.machines if _owned_by(m, machine_set)]
     nodes = {m.node_name: node for m in owned if (node := last_known_node(m)) is not None}
+    limit = resolve_auto_preserve_max(
+        machine_set=machine_set,
+        machine_deployment=_deployment_of(view, machine_set),
+        cluster=cluster,
+        defaults=_POOL_DEFAULTS,
+    )
     plan = plan_auto_preservation(
         machine_set=machine_set,
         machines=owned,
@@ -198,6 +232,7 @@ def _auto_candidates(
         being_replaced=is_being_replaced(machine_set, view.siblings),
         now=now,
         max_timeout=max_timeout,
+        limit=limit.value,
     )
     return set(plan.annotate)
 
@@ -205,15 +240,17 @@ def _auto_candidates(
 class _Keeping:
     """Which machines of the namespace we keep, with each MachineSet's budget worked out once."""
 
-    def __init__(self, *, view: MachineSetView, settings: AdmissionSettings, now: dt.datetime) -> None:
-        self._view, self._settings, self._now = view, settings, now
+    def __init__(
+        self, *, view: MachineSetView, cluster: ClusterView | None, settings: AdmissionSettings, now: dt.datetime
+    ) -> None:
+        self._view, self._cluster, self._settings, self._now = view, cluster, settings, now
         self._budgets: dict[str, set[str]] = {}
 
     def budget_has_room(self, machine: Machine, machine_set: MachineSet) -> bool:
         name = machine_set.metadata.name
         if name not in self._budgets:
             self._budgets[name] = _auto_candidates(
-                self._view, machine_set, self._now, self._settings.max_preserve_timeout
+                self._view, machine_set, self._cluster, self._now, self._settings.max_preserve_timeout
             )
         return machine.metadata.name in self._budgets[name]
 
@@ -277,13 +314,6 @@ def _members(machine: Machine, view: MachineSetView, sets: Sequence[MachineSet])
     return members
 
 
-def _machine_deployment(view: MachineSetView) -> MachineDeployment | None:
-    owner = view.machine_set.metadata.controller_owner()
-    if owner is None or owner.kind != "MachineDeployment":
-        return None
-    return next((d for d in view.machine_deployments if d.metadata.name == owner.name), None)
-
-
 def _deployment_sets(view: MachineSetView, deployment: MachineDeployment) -> list[MachineSet]:
     def owned(machine_set: MachineSet) -> bool:
         owner = machine_set.metadata.controller_owner()
@@ -297,7 +327,7 @@ def _replica_release(*, machine: Machine, view: MachineSetView, keeping: _Keepin
     set_name = f'MachineSet "{machine_set.metadata.name}"'
     if machine_set.metadata.deletion_timestamp is not None:
         return Assessment(Outcome.MACHINE_SET_DELETED, f"{subject}: its {set_name} is being deleted")
-    deployment = _machine_deployment(view)
+    deployment = _deployment_of(view, machine_set)
     deployment_name = f'MachineDeployment "{deployment.metadata.name}"' if deployment is not None else ""
     if deployment is not None and deployment.metadata.deletion_timestamp is not None:
         return Assessment(Outcome.MACHINE_DEPLOYMENT_DELETED, f"{subject}: its {deployment_name} is being deleted")
@@ -318,18 +348,22 @@ def _replica_release(*, machine: Machine, view: MachineSetView, keeping: _Keepin
     return None
 
 
-def _kept_for(machine: Machine, settings: AdmissionSettings) -> str:
-    """How long a machine about to be preserved will be kept, as far as the webhook knows."""
-    written = machine.spec.machine_preserve_timeout
-    if written is None:
+def _kept_for(
+    machine: Machine, view: MachineSetView | None, cluster: ClusterView | None, settings: AdmissionSettings
+) -> str:
+    """How long a machine about to be preserved will be kept: its pool's timeout, as the controller reads it."""
+    timeout = resolve_preserve_timeout(
+        machine=machine,
+        machine_set=view.machine_set if view is not None else None,
+        machine_deployment=_deployment_of(view, view.machine_set) if view is not None else None,
+        cluster=cluster,
+        defaults=_POOL_DEFAULTS,
+    )
+    if timeout.source == Source.FLAGS:
         return "the configured machinePreserveTimeout"
-    try:
-        timeout = parse_go_duration(written)
-    except InvalidDuration:
-        return "the configured machinePreserveTimeout"
-    if timeout > settings.max_preserve_timeout:
+    if timeout.value > settings.max_preserve_timeout:
         return f"{format_go_duration(settings.max_preserve_timeout)} (the maximum preserve timeout)"
-    return written
+    return format_go_duration(timeout.value)
 
 
 def _denial(
@@ -337,6 +371,7 @@ def _denial(
     machine: Machine,
     record: PreservationRecord | None,
     view: MachineSetView | None,
+    cluster: ClusterView | None,
     keeping: _Keeping | None,
     settings: AdmissionSettings,
 ) -> Assessment | None:
@@ -354,7 +389,7 @@ def _denial(
         return Assessment(
             Outcome.PRESERVED, f"{subject} is Failed and preserved until {until}{replacing}; {_RELEASE_HINT}"
         )
-    kept_for = _kept_for(machine, settings)
+    kept_for = _kept_for(machine, view, cluster, settings)
     asked = _asks_for_preservation(machine)
     if asked is not None:
         value, source = asked
@@ -381,19 +416,20 @@ def assess_machine_deletion(
     settings: AdmissionSettings,
     now: dt.datetime,
     machine_set: MachineSetView | None = None,
-    shoot: ShootLifecycle | None = None,
+    cluster: Mapping[str, Any] | None = None,
 ) -> Assessment:
     """Judge a DELETE of `machine` (the request's oldObject) by `username`.
 
     `machine_set`: the view read for `machine_set_to_read(...)`; None when none was needed, the machine has
-    no MachineSet, or it is gone. `shoot`: what the Shoot's `Cluster` shows, read only when the answer
-    without it is a denial; None when not read or there is none.
+    no MachineSet, or it is gone. `cluster`: the Gardener `Cluster` named after the namespace, as the API
+    serves it, read for `cluster_to_read(...)`; None when not read or there is none.
     """
     first = _first_look(machine=machine, username=username, settings=settings, now=now)
     if isinstance(first, Assessment):
         return first
-    keeping = _Keeping(view=machine_set, settings=settings, now=now) if machine_set is not None else None
-    denial = _denial(machine=machine, record=first, view=machine_set, keeping=keeping, settings=settings)
+    pools = read_cluster(cluster) if cluster is not None else None
+    keeping = _Keeping(view=machine_set, cluster=pools, settings=settings, now=now) if machine_set is not None else None
+    denial = _denial(machine=machine, record=first, view=machine_set, cluster=pools, keeping=keeping, settings=settings)
     if denial is None:
         return Assessment(Outcome.NOT_KEPT)
     subject = f'machine "{machine.metadata.name}"'
@@ -401,9 +437,37 @@ def assess_machine_deletion(
         release = _replica_release(machine=machine, view=machine_set, keeping=keeping, subject=subject)
         if release is not None:
             return release
-    if shoot is not None and (why := shoot.going_away()):
+    if cluster is not None and (why := shoot_lifecycle(cluster).going_away()):
         return Assessment(Outcome.SHOOT_GOING_AWAY, f"{subject}: {why}")
     return denial
+
+
+def cluster_to_read(
+    *,
+    machine: Machine,
+    username: str,
+    settings: AdmissionSettings,
+    now: dt.datetime,
+    machine_set: MachineSetView | None = None,
+) -> bool:
+    """Whether the Gardener `Cluster` may change the answer: the answer without it is a denial (the Shoot may be
+    going away), or the machine's budget has no max but what the Shoot may say (MCM's CRDs drop the field)."""
+    assessment = assess_machine_deletion(
+        machine=machine, username=username, settings=settings, now=now, machine_set=machine_set
+    )
+    if not assessment.allowed:
+        return True
+    if assessment.outcome != Outcome.NOT_KEPT or machine_set is None:
+        return False
+    if read_record(machine.metadata.annotations) is not None:
+        return False
+    if effective_preserve_value(machine=machine, node=last_known_node(machine)).value != Preference.NONE:
+        return False  # asks for preservation (then denied above) or opted out: no budget involved
+    own = machine_set.machine_set
+    deployment = _deployment_of(machine_set, own)
+    if carries_max(own) or carries_max(deployment):
+        return False
+    return pool_name(machine_set=own, machine_deployment=deployment) is not None
 
 
 def judge_machine_deletion(
@@ -413,9 +477,9 @@ def judge_machine_deletion(
     settings: AdmissionSettings,
     now: dt.datetime,
     machine_set: MachineSetView | None = None,
-    shoot: ShootLifecycle | None = None,
+    cluster: Mapping[str, Any] | None = None,
 ) -> Verdict:
     """`assess_machine_deletion` as an admission verdict."""
     return assess_machine_deletion(
-        machine=machine, username=username, settings=settings, now=now, machine_set=machine_set, shoot=shoot
+        machine=machine, username=username, settings=settings, now=now, machine_set=machine_set, cluster=cluster
     ).verdict()
