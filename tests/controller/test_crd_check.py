@@ -1,4 +1,5 @@
-"""The schema walk behind the startup check: where would status.currentStatus.preserveExpiryTime be pruned?"""
+"""The startup inspection of MCM's CRDs: does the served schema keep status.currentStatus.preserveExpiryTime, and
+is the Machine CRD usable at all?"""
 
 from __future__ import annotations
 
@@ -8,13 +9,8 @@ from typing import Any
 import pytest
 
 from machine_preservation.cluster.crds import crd_manifests
-from machine_preservation.controller.crd_check import (
-    EXPIRY_PATH,
-    CrdCheckFailed,
-    check_machine_crd,
-    keeps,
-    pruned_at,
-)
+from machine_preservation.controller.crd_check import CrdCheckFailed, check_machine_crd
+from machine_preservation.core.mcm_evidence import EXPIRY_PATH, keeps
 
 
 def machine_crd() -> dict[str, Any]:
@@ -31,29 +27,27 @@ def test_the_shipped_crd_keeps_the_field() -> None:
 
 
 @pytest.mark.parametrize(
-    ("schema", "where"),
+    ("schema", "kept"),
     [
-        ({"type": "object"}, "<root>"),
-        ({"type": "object", "properties": {"status": {"type": "object"}}}, "status"),
-        (
-            {"properties": {"status": {"properties": {"currentStatus": {"properties": {"phase": {}}}}}}},
-            "status.currentStatus",
-        ),
-        ({"properties": {"status": {"x-kubernetes-preserve-unknown-fields": True}}}, None),
-        ({"properties": {"status": {"properties": {"currentStatus": {"additionalProperties": True}}}}}, None),
+        ({"type": "object"}, False),
+        ({"type": "object", "properties": {"status": {"type": "object"}}}, False),
+        ({"properties": {"status": {"properties": {"currentStatus": {"properties": {"phase": {}}}}}}}, False),
+        ({"properties": {"status": {"x-kubernetes-preserve-unknown-fields": True}}}, True),
+        ({"properties": {"status": {"properties": {"currentStatus": {"additionalProperties": True}}}}}, True),
         (
             {"properties": {"status": {"properties": {"currentStatus": {"additionalProperties": {"type": "string"}}}}}},
-            None,
+            True,
         ),
-        ({"x-kubernetes-preserve-unknown-fields": True}, None),
+        ({"x-kubernetes-preserve-unknown-fields": True}, True),
         (
             {"properties": {"status": {"properties": {"currentStatus": {"properties": {"preserveExpiryTime": {}}}}}}},
-            None,
+            True,
         ),
     ],
 )
-def test_pruned_at(schema: dict[str, Any], where: str | None) -> None:
-    assert pruned_at(schema, EXPIRY_PATH) == where
+def test_keeps_the_expiry(schema: dict[str, Any], kept: bool) -> None:
+    crd = {"spec": {"versions": [{"name": "v1alpha1", "served": True, "schema": {"openAPIV3Schema": schema}}]}}
+    assert keeps(crd, EXPIRY_PATH) is kept
 
 
 def test_an_mcm_v061_crd_without_the_field_is_accepted_and_reported_as_pruning() -> None:

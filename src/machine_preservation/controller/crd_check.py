@@ -13,20 +13,16 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.aio import client
 
 from machine_preservation.core import vocabulary as v
+from machine_preservation.core.mcm_evidence import AUTO_MAX_PATH, EXPIRY_PATH, MACHINE_CRD, MACHINE_SET_CRD, keeps
 
 logger = logging.getLogger(__name__)
-
-MACHINE_CRD = f"machines.{v.MACHINE_API_GROUP}"
-MACHINE_SET_CRD = f"machinesets.{v.MACHINE_API_GROUP}"
-EXPIRY_PATH = ("status", "currentStatus", "preserveExpiryTime")
-AUTO_MAX_PATH = ("spec", "autoPreserveFailedMachineMax")
 
 
 class CrdCheckFailed(RuntimeError):
@@ -41,53 +37,20 @@ class CrdFacts:
     machine_set_keeps_auto_max: bool | None
 
 
-def pruned_at(schema: Mapping[str, Any], path: Sequence[str]) -> str | None:
-    """Where along `path` the schema prunes (e.g. "status.currentStatus"), or None when the field is kept."""
-    node: Mapping[str, Any] = schema
-    walked: list[str] = []
-    for key in path:
-        properties = node.get("properties") or {}
-        if key in properties:
-            node = properties[key]
-        elif isinstance(node.get("additionalProperties"), Mapping):
-            node = node["additionalProperties"]
-        elif node.get("x-kubernetes-preserve-unknown-fields") is True or node.get("additionalProperties") is True:
-            return None  # everything below is kept as it is
-        else:
-            return ".".join(walked) or "<root>"
-        walked.append(key)
-    return None
-
-
-def _served_schema(crd: Mapping[str, Any], *, version: str) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
-    """The served version's entry and its schema, or None when `version` is not served."""
-    versions = {entry.get("name"): entry for entry in (crd.get("spec") or {}).get("versions") or []}
-    entry = versions.get(version)
-    if entry is None or not entry.get("served", False):
-        return None
-    return entry, (entry.get("schema") or {}).get("openAPIV3Schema") or {}
-
-
-def keeps(crd: Mapping[str, Any], path: Sequence[str], *, version: str = v.MACHINE_API_VERSION) -> bool:
-    """Whether the CRD's served `version` keeps the field at `path`."""
-    served = _served_schema(crd, version=version)
-    return served is not None and pruned_at(served[1], path) is None
-
-
 def check_machine_crd(crd: Mapping[str, Any], *, version: str = v.MACHINE_API_VERSION) -> bool:
     """Raise CrdCheckFailed unless `version` is served with a status subresource; return whether the CRD keeps
     `status.currentStatus.preserveExpiryTime`."""
     name = (crd.get("metadata") or {}).get("name") or MACHINE_CRD
-    served = _served_schema(crd, version=version)
-    if served is None:
+    versions = {entry.get("name"): entry for entry in (crd.get("spec") or {}).get("versions") or []}
+    entry = versions.get(version)
+    if entry is None or not entry.get("served", False):
         raise CrdCheckFailed(f"The Machine CRD {name} does not serve version {version}; install MCM's CRDs.")
-    entry, schema = served
     if "status" not in (entry.get("subresources") or {}):
         raise CrdCheckFailed(
             f"The Machine CRD {name} ({version}) has no status subresource; the controller writes a recovered "
             "machine's phase through it. Fix: install MCM's own CRD, which has it."
         )
-    return pruned_at(schema, EXPIRY_PATH) is None
+    return keeps(crd, EXPIRY_PATH, version=version)
 
 
 async def _read_crd(api: client.ApiextensionsV1Api, name: str) -> tuple[int, bytes]:

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
+import json
 import logging
 import os
 import socket
@@ -52,6 +53,7 @@ from machine_preservation.controller.reconcile import (
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.decision import expiry_of
+from machine_preservation.core.mcm_evidence import MCM_DEPLOYMENT, mcm_image
 from machine_preservation.core.mcm_generation import ClusterEvidence, NativePreservationMode, decide_native_preservation
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, Pod
 from machine_preservation.core.native import observed_expiry
@@ -73,7 +75,6 @@ EXIT_OK = 0
 EXIT_LOST_LEADERSHIP = 1
 EXIT_INFORMER_FAILED = 3  # 2 is the CLI's bad setup
 LEASE_NAME = "machine-preservation-controller"
-MCM_DEPLOYMENT = "machine-controller-manager"
 CLUSTER_CRD = f"{CLUSTER_PLURAL}.{CLUSTER_API_GROUP}"
 
 
@@ -395,16 +396,15 @@ def new_caches(
 
 async def read_mcm_image(api_client: client.ApiClient, *, namespace: str) -> str | None:
     """The image of MCM's Deployment in the control namespace (as Gardener runs it), if it can be read."""
-    try:
-        deployment = await client.AppsV1Api(api_client).read_namespaced_deployment(MCM_DEPLOYMENT, namespace)
-    except ApiException as error:
-        if error.status in (403, 404):
-            return None  # not a Gardener-style install, or no right to look: the CRDs decide
-        raise
-    pod_spec = deployment.spec.template.spec if deployment.spec and deployment.spec.template else None
-    containers = (pod_spec.containers if pod_spec is not None else None) or []
-    chosen = next((c for c in containers if c.name == MCM_DEPLOYMENT), containers[0] if containers else None)
-    return chosen.image if chosen is not None else None
+    response = await client.AppsV1Api(api_client).read_namespaced_deployment_without_preload_content(
+        MCM_DEPLOYMENT, namespace
+    )
+    body = await response.read()
+    if response.status in (403, 404):
+        return None  # not a Gardener-style install, or no right to look: the CRDs decide
+    if response.status != 200:
+        raise ApiException(status=response.status, reason=response.reason, body=body.decode(errors="replace"))
+    return mcm_image(json.loads(body))
 
 
 def preserved_counts(
