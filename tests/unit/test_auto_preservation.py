@@ -16,6 +16,7 @@ from machine_preservation.core.auto_preservation import (
     plan_auto_preservation,
     plan_machine_deployment,
     plan_machine_set,
+    preserved_failed_replicas,
 )
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node
@@ -27,6 +28,8 @@ from .preservation_objects import ABSENT, HOUR, NOW, machine, machine_set, node
 FAILED, RUNNING = v.MachinePhase.FAILED, v.MachinePhase.RUNNING
 KEPT = NOW + 5 * HOUR
 CONFIG = PreservationConfig()
+# MCM's CRDs keep the MachineSet counters (v0.62's): only then are they written.
+MIRROR = PreservationConfig(mirror_status=True)
 
 
 def failed(name: str, *, failed_hours_ago: float = 1, created_hours_ago: float = 100, **kwargs: object) -> Machine:
@@ -204,7 +207,12 @@ def test_machine_set_plan_writes_the_auto_value_and_releases_with_events() -> No
         ("stale", v.EventReason.AUTO_PRESERVATION_RELEASED),
     ]
     assert result.events[1].message == 'Released by MachineSet "ms1": the machine is not Failed.'
-    assert result.status == PatchMachineSetStatus(auto_preserve_failed_machine_count=1, preserved_failed_replicas=0)
+    assert result.status is None  # v0.61's CRDs prune the counters: nothing to mirror them into
+    mirrored = plan_machine_set(
+        machine_set=ms, machines=machines, nodes={}, being_replaced=False, config=MIRROR, now=NOW
+    )
+    assert (mirrored.machine_annotations, mirrored.events) == (result.machine_annotations, result.events)
+    assert mirrored.status == PatchMachineSetStatus(auto_preserve_failed_machine_count=1, preserved_failed_replicas=0)
 
 
 def test_budget_release_event_says_why() -> None:
@@ -230,16 +238,17 @@ def test_machine_set_plan_writes_the_configured_auto_value() -> None:
     assert result.machine_annotations["f"].set == {v.PRESERVE_ANNOTATION: "auto-preserved"}
 
 
-def test_preserved_failed_replicas_counts_failed_with_expiry_including_expired() -> None:
+def test_preserved_failed_replicas_counts_failed_with_a_record_including_expired() -> None:
     machines = [
         failed("a", preserve="now", expiry=KEPT),
         failed("b", preserve="false", expiry=NOW - HOUR),
-        failed("c"),
+        failed("c", mirrored=KEPT),  # a mirrored expiry without a record is not a preservation
         machine(name="d", phase=RUNNING, preserve="now", expiry=KEPT),
         failed("e", preserve="now", expiry=KEPT, deleting=True),
     ]
+    assert preserved_failed_replicas(machines=machines) == 2
     ms = machine_set(max_auto=0, preserved_failed=2)
-    result = plan_machine_set(machine_set=ms, machines=machines, nodes={}, being_replaced=False, config=CONFIG, now=NOW)
+    result = plan_machine_set(machine_set=ms, machines=machines, nodes={}, being_replaced=False, config=MIRROR, now=NOW)
     assert result.status is None  # already 2: no write
 
 
@@ -247,13 +256,64 @@ def test_machine_set_status_is_written_only_when_it_changes() -> None:
     machines = [failed("a", preserve="auto-preserve", expiry=KEPT)]
     current = machine_set(max_auto=1, count=1, preserved_failed=1)
     steady = plan_machine_set(
-        machine_set=current, machines=machines, nodes={}, being_replaced=False, config=CONFIG, now=NOW
+        machine_set=current, machines=machines, nodes={}, being_replaced=False, config=MIRROR, now=NOW
     )
     assert (steady.machine_annotations, steady.status, steady.events) == ({}, None, ())
     stale = machine_set(max_auto=1, count=0, preserved_failed=1)
     assert plan_machine_set(
-        machine_set=stale, machines=machines, nodes={}, being_replaced=False, config=CONFIG, now=NOW
+        machine_set=stale, machines=machines, nodes={}, being_replaced=False, config=MIRROR, now=NOW
     ).status == PatchMachineSetStatus(auto_preserve_failed_machine_count=1, preserved_failed_replicas=1)
+    # without the mirror a stale counter is left alone: the CRD would prune the write anyway
+    assert (
+        plan_machine_set(
+            machine_set=stale, machines=machines, nodes={}, being_replaced=False, config=CONFIG, now=NOW
+        ).status
+        is None
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec_max", "limit", "granted"),
+    [
+        (0, 2, ("new", "mid")),  # the Shoot's value where the MachineSet's CRD has no field (v0.61)
+        (3, 1, ("new",)),  # a limit given wins over the spec
+        (2, None, ("new", "mid")),  # no limit given: the spec's
+        (2, 0, ()),
+    ],
+)
+def test_a_limit_from_elsewhere_replaces_the_machine_sets_own(
+    spec_max: int, limit: int | None, granted: tuple[str, ...]
+) -> None:
+    machines = [failed("old", failed_hours_ago=5), failed("new", failed_hours_ago=1), failed("mid", failed_hours_ago=3)]
+    result = plan_machine_set(
+        machine_set=machine_set(max_auto=spec_max),
+        machines=machines,
+        nodes={},
+        being_replaced=False,
+        config=MIRROR,
+        now=NOW,
+        limit=limit,
+    )
+    assert tuple(name for name, patch in result.machine_annotations.items() if patch.set) == granted
+    counters = PatchMachineSetStatus(auto_preserve_failed_machine_count=len(granted), preserved_failed_replicas=0)
+    assert result.status == (counters if granted else None)  # the counters start at 0
+
+
+def test_a_capped_expiry_ends_an_auto_claim_on_a_machine_that_is_not_failed() -> None:
+    # until is far ahead, but since + max has passed: not actively preserved, so the stale claim goes
+    capped = machine(
+        name="capped", phase=RUNNING, preserve="auto-preserve", expiry=NOW + 1000 * HOUR, since=NOW - 721 * HOUR
+    )
+    active = machine(name="active", phase=RUNNING, preserve="auto-preserve", expiry=NOW + 1000 * HOUR, since=NOW - HOUR)
+    result = plan_auto_preservation(
+        machine_set=machine_set(max_auto=5),
+        machines=[capped, active],
+        nodes={},
+        being_replaced=False,
+        now=NOW,
+        max_timeout=720 * HOUR,
+    )
+    assert result == AutoPreservationPlan(annotate=(), release=("capped",), count=1)
 
 
 def test_machine_deployment_sums_its_machine_sets() -> None:
@@ -300,11 +360,13 @@ def carries_auto(m: Machine) -> bool:
 
 
 @settings(max_examples=300, deadline=None)
-@given(machine_set_snapshots())
-def test_budget_order_and_convergence(snapshot: tuple[MachineSet, list[Machine], dict[str, Node], bool]) -> None:
+@given(machine_set_snapshots(), st.sampled_from([CONFIG, MIRROR]))
+def test_budget_order_and_convergence(
+    snapshot: tuple[MachineSet, list[Machine], dict[str, Node], bool], config: PreservationConfig
+) -> None:
     ms, machines, nodes, replaced = snapshot
     result = plan_machine_set(
-        machine_set=ms, machines=machines, nodes=nodes, being_replaced=replaced, config=CONFIG, now=NOW
+        machine_set=ms, machines=machines, nodes=nodes, being_replaced=replaced, config=config, now=NOW
     )
     by_name = {m.metadata.name: m for m in machines}
     applied_ms, applied = apply_machine_set_plan(machine_set=ms, machines=machines, plan=result)
@@ -312,9 +374,13 @@ def test_budget_order_and_convergence(snapshot: tuple[MachineSet, list[Machine],
     holders_after = [m for m in applied if carries_auto(m)]
     limit = max(ms.spec.auto_preserve_failed_machine_max, 0)
 
-    # the budget is never exceeded, and the counter says how many carry the value
+    # the budget is never exceeded, and the counter (where it is mirrored) says how many carry the value
     assert len(holders_after) <= limit
-    assert applied_ms.status.auto_preserve_failed_machine_count == len(holders_after)
+    if config.mirror_status:
+        assert applied_ms.status.auto_preserve_failed_machine_count == len(holders_after)
+        assert applied_ms.status.preserved_failed_replicas == preserved_failed_replicas(machines=applied)
+    else:
+        assert result.status is None
     # only the auto value is ever granted or released, and only where no one else decides
     for name, patch in result.machine_annotations.items():
         m = by_name[name]
@@ -337,7 +403,7 @@ def test_budget_order_and_convergence(snapshot: tuple[MachineSet, list[Machine],
         if m.metadata.name not in result.machine_annotations
         and m.metadata.deletion_timestamp is None
         and m.phase == FAILED
-        and m.preserve_expiry_time is None
+        and m.preservation is None
         and effective_preserve_value(machine=m, node=nodes.get(m.node_name)).value == Preference.NONE
     ]
     for g in granted:
@@ -347,6 +413,6 @@ def test_budget_order_and_convergence(snapshot: tuple[MachineSet, list[Machine],
         )
     # converged: planning again changes nothing
     again = plan_machine_set(
-        machine_set=applied_ms, machines=applied, nodes=nodes, being_replaced=replaced, config=CONFIG, now=NOW
+        machine_set=applied_ms, machines=applied, nodes=nodes, being_replaced=replaced, config=config, now=NOW
     )
     assert (again.machine_annotations, again.status) == ({}, None)

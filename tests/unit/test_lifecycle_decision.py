@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.config import PreservationConfig
@@ -14,6 +16,8 @@ from machine_preservation.core.decision import (
     decide_preservation,
     effective_preserve_timeout,
 )
+from machine_preservation.core.models import Machine
+from machine_preservation.core.preservation_record import PreservationRecord
 from machine_preservation.core.preserve_value import Preference
 
 from .preservation_objects import HOUR, NOW, machine
@@ -37,8 +41,11 @@ def decide(value: Preference, phase: str, expiry: dt.datetime | None) -> Preserv
     )
 
 
-def preserve(expiry: dt.datetime, *, starts: bool) -> PreservationDecision:
-    return PreservationDecision(preserve=True, expiry=expiry, starts=starts)
+def preserve(expiry: dt.datetime, *, starts: bool, by: v.PreservedBy = v.PreservedBy.USER) -> PreservationDecision:
+    """A started preservation runs from now; a kept one is the builder's record (a 72h one ending at `expiry`)."""
+    since = NOW if starts else expiry - 72 * HOUR
+    record = PreservationRecord(since=since, until=expiry, by=by)
+    return PreservationDecision(preserve=True, record=record, expiry=expiry, starts=starts)
 
 
 def stop(cause: StopCause, *, remove: bool = False) -> PreservationDecision:
@@ -73,7 +80,7 @@ def delete(cause: StopCause) -> PreservationDecision:
         (P.WHEN_FAILED, RUNNING, PAST, stop(StopCause.EXPIRED, remove=True)),
         (P.AUTO, RUNNING, None, stop(StopCause.NOT_FAILED, remove=True)),
         (P.AUTO, RUNNING, KEPT, stop(StopCause.NOT_FAILED, remove=True)),
-        (P.AUTO, FAILED, None, preserve(NEW, starts=True)),
+        (P.AUTO, FAILED, None, preserve(NEW, starts=True, by=v.PreservedBy.AUTO)),
         (P.AUTO, FAILED, KEPT, preserve(KEPT, starts=False)),
         (P.AUTO, FAILED, PAST, delete(StopCause.EXPIRED)),
         (P.AUTO, RUNNING, PAST, stop(StopCause.EXPIRED, remove=True)),
@@ -139,6 +146,7 @@ def test_the_phase_argument_wins_over_the_machine_phase() -> None:
     "kwargs",
     [
         {"default_preserve_timeout": -HOUR},
+        {"max_preserve_timeout": -HOUR},
         {"auto_value": "now"},
         {"drain_timeout": dt.timedelta(0)},
         {"drain_retry_interval": dt.timedelta(0)},
@@ -156,3 +164,132 @@ def test_config_defaults() -> None:
         2 * HOUR,
     )
     assert PreservationConfig(auto_value="auto-preserved").auto_value == "auto-preserved"
+    # 30 days at most, and no status mirror unless the CRDs are known to keep it (v0.61's prune it).
+    assert (CONFIG.max_preserve_timeout, CONFIG.mirror_status) == (720 * HOUR, False)
+
+
+MAX = 720 * HOUR
+
+
+@pytest.mark.parametrize(
+    ("spec", "pool", "max_timeout", "runs_for"),
+    [
+        (None, None, MAX, 72 * HOUR),  # neither: the configured default
+        (None, 5 * HOUR, MAX, 5 * HOUR),  # no spec timeout: the pool's
+        ("1h", 5 * HOUR, MAX, HOUR),  # the Machine's own wins over the pool's
+        ("3d", 5 * HOUR, MAX, 5 * HOUR),  # an invalid spec value falls back to the pool's, not the default
+        ("0s", 5 * HOUR, MAX, dt.timedelta(0)),  # zero is a valid spec value
+        (None, 1000 * HOUR, MAX, MAX),  # the pool's is capped by the maximum
+        ("2000h", None, MAX, MAX),  # and so is the Machine's
+        (None, 10 * HOUR, 4 * HOUR, 4 * HOUR),  # a lower configured maximum caps the pool's too
+        (None, None, HOUR, HOUR),  # and the default
+    ],
+)
+def test_a_start_runs_for_the_spec_else_the_pool_timeout_at_most_the_maximum(
+    spec: str | None, pool: dt.timedelta | None, max_timeout: dt.timedelta, runs_for: dt.timedelta
+) -> None:
+    config = PreservationConfig(max_preserve_timeout=max_timeout)
+    decision = decide_preservation(
+        machine=machine(phase=FAILED, timeout=spec),
+        value=P.WHEN_FAILED,
+        phase=FAILED,
+        config=config,
+        now=NOW,
+        pool_timeout=pool,
+    )
+    assert decision == PreservationDecision(
+        preserve=True,
+        record=PreservationRecord(since=NOW, until=NOW + runs_for, by=v.PreservedBy.USER),
+        expiry=NOW + runs_for,
+        starts=True,
+    )
+
+
+def test_the_pool_timeout_never_changes_a_running_preservation() -> None:
+    decision = decide_preservation(
+        machine=machine(phase=FAILED, expiry=KEPT), value=P.NOW, phase=FAILED, config=CONFIG, now=NOW, pool_timeout=HOUR
+    )
+    assert (decision.preserve, decision.starts, decision.expiry) == (True, False, KEPT)
+
+
+FAR = NOW + 10_000 * HOUR  # an expiry someone wrote by hand (or an older version without the cap)
+
+
+@pytest.mark.parametrize(
+    ("since", "value", "phase", "expected"),
+    [
+        # since + max is still ahead: preserved until then, not until the far expiry
+        (NOW - HOUR, P.NOW, RUNNING, NOW - HOUR + MAX),
+        (NOW - HOUR, P.WHEN_FAILED, FAILED, NOW - HOUR + MAX),
+        (NOW - 719 * HOUR, P.AUTO, FAILED, NOW + HOUR),
+        # since + max has passed: expired like any other preservation
+        (NOW - MAX, P.NOW, RUNNING, stop(StopCause.EXPIRED, remove=True)),
+        (NOW - MAX, P.WHEN_FAILED, FAILED, delete(StopCause.EXPIRED)),
+        (NOW - 1000 * HOUR, P.AUTO, FAILED, delete(StopCause.EXPIRED)),
+        (NOW - 1000 * HOUR, P.WHEN_FAILED, RUNNING, stop(StopCause.EXPIRED, remove=True)),
+    ],
+)
+def test_an_expiry_far_in_the_future_counts_as_since_plus_the_maximum(
+    since: dt.datetime, value: Preference, phase: str, expected: dt.datetime | PreservationDecision
+) -> None:
+    m = machine(phase=phase, expiry=FAR, since=since)
+    decision = decide_preservation(machine=m, value=value, phase=phase, config=CONFIG, now=NOW)
+    if isinstance(expected, PreservationDecision):
+        assert decision == expected
+    else:
+        assert decision == PreservationDecision(preserve=True, record=m.preservation, expiry=expected)
+
+
+def with_raw_annotations(m: Machine, annotations: dict[str, str]) -> Machine:
+    metadata = m.metadata.model_copy(update={"annotations": {**m.metadata.annotations, **annotations}})
+    return m.model_copy(update={"metadata": metadata})
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {v.PRESERVED_UNTIL_ANNOTATION: "tomorrow"},  # since missing, until unreadable
+        {v.PRESERVED_SINCE_ANNOTATION: "2026-08-20T09:00:00Z", v.PRESERVED_UNTIL_ANNOTATION: "2026-08-21T09:00:00"},
+        {v.PRESERVED_BY_ANNOTATION: "user"},  # only a stray key of the record
+        {v.PRESERVED_DRAIN_ANNOTATION: "drained"},
+    ],
+)
+@pytest.mark.parametrize(
+    ("value", "phase", "expected"),
+    [
+        (P.NOW, RUNNING, stop(StopCause.EXPIRED, remove=True)),
+        (P.NOW, FAILED, delete(StopCause.EXPIRED)),
+        (P.AUTO, FAILED, delete(StopCause.EXPIRED)),
+        (P.FALSE, FAILED, delete(StopCause.OPTED_OUT)),
+        (P.NONE, RUNNING, stop(StopCause.NO_PREFERENCE)),
+    ],
+)
+def test_a_damaged_record_ends_the_preservation_like_an_expired_one(
+    damage: dict[str, str], value: Preference, phase: str, expected: PreservationDecision
+) -> None:
+    m = with_raw_annotations(machine(phase=phase), damage)
+    assert m.preservation is not None
+    assert m.preservation.damaged
+    assert decide_preservation(machine=m, value=value, phase=phase, config=CONFIG, now=NOW) == expected
+
+
+@given(
+    since_ago=st.integers(0, 3000),
+    until_after_since=st.integers(-10, 30_000),
+    max_hours=st.integers(0, 3000),
+    value=st.sampled_from([P.NOW, P.WHEN_FAILED, P.AUTO]),
+)
+def test_a_kept_preservation_ends_at_until_capped_at_since_plus_the_maximum(
+    since_ago: int, until_after_since: int, max_hours: int, value: Preference
+) -> None:
+    since = NOW - since_ago * HOUR
+    until = since + until_after_since * HOUR
+    config = PreservationConfig(max_preserve_timeout=max_hours * HOUR)
+    decision = decide_preservation(
+        machine=machine(phase=FAILED, expiry=until, since=since), value=value, phase=FAILED, config=config, now=NOW
+    )
+    ends = min(until, since + max_hours * HOUR)
+    if ends > NOW:
+        assert (decision.preserve, decision.starts, decision.expiry) == (True, False, ends)
+    else:
+        assert decision == delete(StopCause.EXPIRED)

@@ -12,6 +12,7 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.core.apply import patched_annotations
 from machine_preservation.core.models import Machine
 from machine_preservation.core.plan import PatchMachineAnnotations
+from machine_preservation.core.preservation_record import parse_timestamp
 from machine_preservation.core.priority import (
     own_priority,
     parse_priority,
@@ -189,14 +190,44 @@ def test_a_sibling_expiring_exactly_now_counts_as_unpreserved() -> None:
     assert unpreserved_priority_ceiling(machine=machine(), machine_set_machines=[sibling], now=later) == 3
 
 
-def brute_force_ceiling(me: Machine, machines: list[Machine], now: dt.datetime) -> int:
+def preserved_at(m: Machine, now: dt.datetime, max_timeout: dt.timedelta) -> bool:
+    """Spelled out from the annotations: a readable record whose until, capped at since + max, is after now."""
+    since = parse_timestamp(m.metadata.annotations.get(v.PRESERVED_SINCE_ANNOTATION))
+    until = parse_timestamp(m.metadata.annotations.get(v.PRESERVED_UNTIL_ANNOTATION))
+    return since is not None and until is not None and min(until, since + max_timeout) > now
+
+
+@pytest.mark.parametrize(
+    ("since_ago", "max_timeout", "ceiling"),
+    [
+        (HOUR, 720 * HOUR, 3),  # since + max ahead: preserved, its priority does not count
+        (720 * HOUR, 720 * HOUR, 9),  # since + max is now: unpreserved, whatever `until` says
+        (3 * HOUR, 2 * HOUR, 9),  # a lower maximum ends it sooner
+    ],
+)
+def test_a_siblings_expiry_counts_capped_at_since_plus_the_maximum(
+    since_ago: dt.timedelta, max_timeout: dt.timedelta, ceiling: int
+) -> None:
+    sibling = machine(name="a", priority="9", expiry=NOW + 10_000 * HOUR, since=NOW - since_ago)
+    found = unpreserved_priority_ceiling(
+        machine=machine(), machine_set_machines=[sibling], now=NOW, max_timeout=max_timeout
+    )
+    assert found == ceiling
+
+
+def test_a_mirrored_expiry_without_a_record_is_not_a_preservation() -> None:
+    sibling = machine(name="a", priority="9", mirrored=NOW + HOUR)
+    assert unpreserved_priority_ceiling(machine=machine(), machine_set_machines=[sibling], now=NOW) == 9
+
+
+def brute_force_ceiling(me: Machine, machines: list[Machine], now: dt.datetime, max_timeout: dt.timedelta) -> int:
     """The definition, spelled out: the highest own priority of the other unpreserved, not deleted machines."""
     others = [
         own_priority(m)
         for m in machines
         if m.metadata.name != me.metadata.name
         and m.metadata.deletion_timestamp is None
-        and not (m.preserve_expiry_time is not None and m.preserve_expiry_time > now)
+        and not preserved_at(m, now, max_timeout)
     ]
     return max([v.DEFAULT_MACHINE_PRIORITY, *others])
 
@@ -209,6 +240,10 @@ def machines_with_expiries(draw: st.DrawFn) -> list[Machine]:
             priority=draw(st.sampled_from([ABSENT, "1", "2", "3", "4", "7", "9", "abc"])),
             last_priority=draw(st.sampled_from([ABSENT, "", "5", "8"])),
             expiry=draw(st.one_of(st.none(), st.integers(-3, 6).map(lambda h: NOW + h * HOUR))),
+            # a start long ago lets the cap end the preservation before its `until`
+            since=draw(st.one_of(st.none(), st.integers(0, 8).map(lambda h: NOW - 720 * HOUR + h * HOUR))),
+            # a mirrored expiry alone is not a preservation
+            mirrored=draw(st.sampled_from([None, NOW + 5 * HOUR])),
             deleting=draw(st.booleans()),
         )
         for index in range(draw(st.integers(0, 9)))
@@ -216,22 +251,22 @@ def machines_with_expiries(draw: st.DrawFn) -> list[Machine]:
 
 
 @settings(max_examples=500, deadline=None)
-@given(machines_with_expiries(), st.integers(0, 8 * 3600))
+@given(machines_with_expiries(), st.integers(0, 8 * 3600), st.sampled_from([720 * HOUR, 2 * HOUR]))
 def test_one_summary_per_machine_set_answers_every_machines_ceiling_until_it_expires(
-    machines: list[Machine], later_seconds: int
+    machines: list[Machine], later_seconds: int, max_timeout: dt.timedelta
 ) -> None:
     """The controller computes the summary once per MachineSet and reuses it while `holds_at` says so: every
     answer must equal the definition, at the moment of computing and at any later moment it still holds."""
-    summary = unpreserved_priorities(machine_set_machines=machines, now=NOW)
+    summary = unpreserved_priorities(machine_set_machines=machines, now=NOW, max_timeout=max_timeout)
     later = NOW + dt.timedelta(seconds=later_seconds)
     probes = [*machines, machine(name="outsider")]
     for me in probes:
-        assert summary.ceiling_for(me.metadata.name) == brute_force_ceiling(me, machines, NOW)
+        assert summary.ceiling_for(me.metadata.name) == brute_force_ceiling(me, machines, NOW, max_timeout)
     assert summary.holds_at(NOW)
     assert not summary.holds_at(NOW - dt.timedelta(seconds=1)), "a clock that went back recomputes"
     if summary.holds_at(later):
         for me in probes:
-            assert summary.ceiling_for(me.metadata.name) == brute_force_ceiling(me, machines, later)
+            assert summary.ceiling_for(me.metadata.name) == brute_force_ceiling(me, machines, later, max_timeout)
     else:
         assert summary.valid_until is not None
         assert later >= summary.valid_until
