@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from machine_preservation.controller.manager import Controller, ControllerOptions
+from machine_preservation.core.mcm_generation import NativePreservationMode
 from tests.controller.support import eventually
 
 
@@ -26,7 +27,14 @@ class Running:
 
 @contextlib.asynccontextmanager
 async def running_controller(*, kubeconfig: Path, namespace: str, **options: Any) -> AsyncIterator[Running]:
-    settings: dict[str, Any] = {"leader_elect": False, "metrics_port": 0, "resync_period": 600.0}
+    # Not native by default: the test control plane's CRDs carry v0.62's preservation fields, which `auto` would
+    # take for an MCM that preserves itself, and these tests exercise the controller's own lifecycle.
+    settings: dict[str, Any] = {
+        "leader_elect": False,
+        "metrics_port": 0,
+        "resync_period": 600.0,
+        "native_preservation": NativePreservationMode.FALSE,
+    }
     settings.update(options)
     controller = Controller(
         options=ControllerOptions(

@@ -22,6 +22,7 @@ from machine_preservation.cluster.controlplane import ControlPlane
 from machine_preservation.controller.clients import new_api_client
 from machine_preservation.controller.events import NODE_EVENT_NAMESPACE
 from machine_preservation.core import vocabulary as v
+from machine_preservation.core.config import DEFAULT_MAX_PRESERVE_TIMEOUT
 from machine_preservation.core.models import Machine, Node
 from machine_preservation.standin.mcm import MCM_USERNAME, McmStandIn
 
@@ -192,6 +193,27 @@ async def machine_model(api: client.ApiClient, namespace: str, name: str) -> Mac
         if error.status == 404:
             return None
         raise
+
+
+def preserved_until(
+    machine: Machine | None, *, max_timeout: dt.timedelta = DEFAULT_MAX_PRESERVE_TIMEOUT
+) -> dt.datetime | None:
+    """The expiry in force of the machine's preservation record (its annotations, capped at since + max);
+    None when it has no record (or is gone)."""
+    record = machine.preservation if machine is not None else None
+    return record.expiry(max_timeout=max_timeout) if record is not None else None
+
+
+def is_preserved(machine: Machine | None, *, max_timeout: dt.timedelta = DEFAULT_MAX_PRESERVE_TIMEOUT) -> bool:
+    """Preserved by the controller: the record is in the annotations, and its expiry is mirrored into
+    `status.currentStatus.preserveExpiryTime` (the test control plane's Machine CRD keeps that field)."""
+    until = preserved_until(machine, max_timeout=max_timeout)
+    return machine is not None and until is not None and machine.mirrored_expiry == until
+
+
+def is_unpreserved(machine: Machine | None) -> bool:
+    """Not preserved: neither a record nor a mirrored expiry."""
+    return machine is not None and machine.preservation is None and machine.mirrored_expiry is None
 
 
 async def machines_of(api: client.ApiClient, namespace: str) -> dict[str, Machine]:
