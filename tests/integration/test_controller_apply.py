@@ -21,7 +21,9 @@ from machine_preservation.controller.apply import (
 from machine_preservation.controller.events import EventRecorder, Regarding
 from machine_preservation.core import plan as p
 from machine_preservation.core import vocabulary as v
+from machine_preservation.core.lifecycle import plan_after_drain
 from machine_preservation.core.models import Machine, Node
+from machine_preservation.core.preservation_record import start_record
 from tests.controller.support import (
     GROUP,
     VERSION,
@@ -33,6 +35,7 @@ from tests.controller.support import (
 
 NOW = dt.datetime(2026, 11, 21, 12, 0, 0, tzinfo=dt.UTC)
 PRESERVED = {"key": v.PRESERVED_TAINT_KEY, "effect": v.PRESERVED_TAINT_EFFECT}
+USER = v.PreservedBy.USER
 
 
 @pytest.fixture
@@ -71,7 +74,6 @@ async def test_machine_annotations_are_set_and_removed_and_a_stale_snapshot_conf
         writer=writer,
         snap=snap,
         steps=[p.PatchMachineAnnotations(set={v.PRESERVE_ANNOTATION: "now"}, remove=("drop",))],
-        drain=_no_drain,
         now=NOW,
     )
     annotations = (await get_machine(custom, namespace, "m"))["metadata"]["annotations"]
@@ -83,8 +85,7 @@ async def test_machine_annotations_are_set_and_removed_and_a_stale_snapshot_conf
             writer=writer,
             snap=stale,
             steps=[p.PatchMachineAnnotations(remove=(v.PRESERVE_ANNOTATION,))],
-            drain=_no_drain,
-            now=NOW,
+                now=NOW,
         )
     assert failed.value.conflict
     assert (await get_machine(custom, namespace, "m"))["metadata"]["annotations"][v.PRESERVE_ANNOTATION] == "now"
@@ -97,14 +98,14 @@ async def test_expiry_and_phase_are_written_through_the_status_subresource(
     await create_machine(custom, namespace, "m", phase="Failed")
     snap = await machine_snapshot(api, namespace, "m")
     expiry = NOW + dt.timedelta(hours=72, microseconds=123)
-    written = await execute_machine_plan(
+    drain = await execute_machine_plan(
         writer=writer,
         snap=snap,
         steps=[p.SetPreserveExpiry(expiry=expiry), p.SetMachinePhase(phase="Running")],
-        drain=_no_drain,
         now=NOW,
     )
-    assert written == 2, "the second status write uses the resourceVersion returned by the first"
+    assert drain is None
+    # Both landed: the second status write used the resourceVersion returned by the first (else 409).
     status = (await get_machine(custom, namespace, "m"))["status"]["currentStatus"]
     assert status == {
         "phase": "Running",
@@ -113,7 +114,7 @@ async def test_expiry_and_phase_are_written_through_the_status_subresource(
     }
 
     await execute_machine_plan(
-        writer=writer, snap=snap, steps=[p.SetPreserveExpiry(expiry=None)], drain=_no_drain, now=NOW
+        writer=writer, snap=snap, steps=[p.SetPreserveExpiry(expiry=None)], now=NOW
     )
     status = (await get_machine(custom, namespace, "m"))["status"]["currentStatus"]
     assert "preserveExpiryTime" not in status
@@ -126,8 +127,8 @@ async def test_delete_machine_is_idempotent_and_checks_the_uid(
     custom = client.CustomObjectsApi(api)
     await create_machine(custom, namespace, "m")
     snap = await machine_snapshot(api, namespace, "m")
-    await execute_machine_plan(writer=writer, snap=snap, steps=[p.DeleteMachine()], drain=_no_drain, now=NOW)
-    await execute_machine_plan(writer=writer, snap=snap, steps=[p.DeleteMachine()], drain=_no_drain, now=NOW)
+    await execute_machine_plan(writer=writer, snap=snap, steps=[p.DeleteMachine()], now=NOW)
+    await execute_machine_plan(writer=writer, snap=snap, steps=[p.DeleteMachine()], now=NOW)
     listed = await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "machines")
     assert listed["items"] == []
 
@@ -144,14 +145,14 @@ async def test_delete_machine_is_idempotent_and_checks_the_uid(
         _content_type="application/merge-patch+json",
     )
     with pytest.raises(StepFailed) as stale:
-        await execute_machine_plan(writer=writer, snap=changed, steps=[p.DeleteMachine()], drain=_no_drain, now=NOW)
+        await execute_machine_plan(writer=writer, snap=changed, steps=[p.DeleteMachine()], now=NOW)
     assert stale.value.conflict
     await get_machine(custom, namespace, "changed")
 
     # A new machine with the same name is not deleted through the old snapshot.
     await create_machine(custom, namespace, "m")
     with pytest.raises(StepFailed) as failed:
-        await execute_machine_plan(writer=writer, snap=snap, steps=[p.DeleteMachine()], drain=_no_drain, now=NOW)
+        await execute_machine_plan(writer=writer, snap=snap, steps=[p.DeleteMachine()], now=NOW)
     assert failed.value.conflict
     assert (await get_machine(custom, namespace, "m"))["metadata"]["uid"] != snap.machine.metadata.uid
 
@@ -197,7 +198,7 @@ async def test_taint_add_and_remove_never_clobber_other_taints_or_unschedulable(
     await core.patch_node(node_name, [{"op": "add", "path": "/spec/taints/0", "value": user_taint}])
     with pytest.raises(StepFailed) as failed:
         await execute_machine_plan(
-            writer=writer, snap=stale, steps=[p.SetPreservedTaint(present=False)], drain=_no_drain, now=NOW
+            writer=writer, snap=stale, steps=[p.SetPreservedTaint(present=False)], now=NOW
         )
     assert failed.value.conflict
     node = await read_node(api, node_name)
@@ -272,7 +273,7 @@ async def test_a_plan_stops_at_the_first_failure(
         p.RecordEvent(kind="Machine", name="m", type="Normal", reason="PreservationStarted", message="x"),
     ]
     with pytest.raises(StepFailed) as failed:
-        await execute_machine_plan(writer=writer, snap=snap, steps=steps, drain=_no_drain, now=NOW)
+        await execute_machine_plan(writer=writer, snap=snap, steps=steps, now=NOW)
     assert isinstance(failed.value.step, p.PatchNodeAnnotations)
     machine = await get_machine(custom, namespace, "m")
     assert machine["status"]["currentStatus"]["preserveExpiryTime"] == "2026-11-21T13:00:00Z"
@@ -287,43 +288,69 @@ async def test_a_missing_machine_ends_the_plan_as_gone(api: client.ApiClient, wr
             writer=writer,
             snap=Snapshot(machine=machine, node=None),
             steps=[p.SetPreserveExpiry(expiry=NOW)],
-            drain=_no_drain,
-            now=NOW,
+                now=NOW,
         )
 
 
-async def test_drain_step_runs_the_drain_then_writes_its_outcome(
+async def test_a_drain_step_ends_the_plan_and_is_handed_back_to_the_caller(
     api: client.ApiClient, writer: Writer, namespace: str, node_name: str
 ) -> None:
     custom = client.CustomObjectsApi(api)
     await create_node(client.CoreV1Api(api), node_name, ready=False)
     await create_machine(custom, namespace, "m", node=node_name, phase="Failed")
     snap = await machine_snapshot(api, namespace, "m", node=node_name)
-    drains: list[p.DrainNode] = []
+    record = start_record(now=NOW, timeout=dt.timedelta(hours=1), max_timeout=dt.timedelta(hours=2), by=USER)
+    drain = p.DrainNode(
+        record=record, reason=v.ConditionReason.PRESERVED_BY_USER, expiry=record.until, timeout=dt.timedelta(minutes=1)
+    )
 
-    async def blocked_drain(_snap: Snapshot, step: p.DrainNode) -> list[p.MachineStep]:
-        drains.append(step)
-        return [
-            p.SetPreservedCondition(
-                status="False",
-                reason=v.ConditionReason.PRESERVED_BY_USER,
-                message="Preserved node could not be drained. Machine preserved until x.",
-                last_transition_time=NOW,
-                last_heartbeat_time=NOW,
-            ),
-            p.RecordEvent(kind="Machine", name="m", type="Warning", reason="PreservedNodeDrainFailed", message="x"),
-        ]
+    # A DrainNode anywhere but last is a broken plan: refused before anything after it runs.
+    event = p.RecordEvent(kind="Machine", name="m", type="Normal", reason="PreservationStarted", message="x")
+    with pytest.raises(ValueError, match="last step"):
+        await execute_machine_plan(writer=writer, snap=snap, steps=[drain, event], now=NOW)
+    assert (await client.CoreV1Api(api).list_namespaced_event(namespace)).items == []
 
-    drain = p.DrainNode(reason=v.ConditionReason.PRESERVED_BY_USER, expiry=NOW, timeout=dt.timedelta(minutes=1))
-    await execute_machine_plan(writer=writer, snap=snap, steps=[drain], drain=blocked_drain, now=NOW)
-    assert drains == [drain]
+    steps = [p.PatchMachineAnnotations(set=record.annotations()), p.SetPreservedTaint(present=True), drain]
+    assert await execute_machine_plan(writer=writer, snap=snap, steps=steps, now=NOW) == drain
+    machine = await get_machine(custom, namespace, "m")
+    assert machine["metadata"]["annotations"] == record.annotations(), "no drain outcome is recorded yet"
+    assert (await read_node(api, node_name)).has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT)
+
+
+async def test_a_failed_drains_outcome_goes_into_the_record_the_condition_and_events(
+    api: client.ApiClient, writer: Writer, namespace: str, node_name: str
+) -> None:
+    custom = client.CustomObjectsApi(api)
+    await create_node(client.CoreV1Api(api), node_name, ready=False)
+    record = start_record(now=NOW, timeout=dt.timedelta(hours=1), max_timeout=dt.timedelta(hours=2), by=USER)
+    await create_machine(custom, namespace, "m", node=node_name, phase="Failed", annotations=record.annotations())
+    snap = await machine_snapshot(api, namespace, "m", node=node_name)
+    drain = p.DrainNode(
+        record=record, reason=v.ConditionReason.PRESERVED_BY_USER, expiry=record.until, timeout=dt.timedelta(minutes=1)
+    )
+    blocking = [f"{namespace}/guarded"]
+    attempt = NOW + dt.timedelta(seconds=30)
+    assert snap.node is not None
+    after = plan_after_drain(
+        machine=snap.machine, node=snap.node, drain=drain, drained=False, blocking_pods=blocking, now=attempt
+    )
+    assert await execute_machine_plan(writer=writer, snap=snap, steps=after.steps, now=attempt) is None
+
+    annotations = (await get_machine(custom, namespace, "m"))["metadata"]["annotations"]
+    assert annotations == {
+        **record.annotations(),
+        v.PRESERVED_DRAIN_ANNOTATION: "failed",
+        v.PRESERVED_DRAIN_FAILING_SINCE_ANNOTATION: "2026-11-21T12:00:30Z",
+        v.PRESERVED_DRAIN_LAST_ATTEMPT_ANNOTATION: "2026-11-21T12:00:30Z",
+    }
+    read_back = Machine.model_validate(await get_machine(custom, namespace, "m")).preservation
+    assert read_back is not None
+    assert read_back.drain is not None
+    assert (read_back.drain.outcome, read_back.drain.last_attempt) == (v.DrainOutcome.FAILED, attempt)
     condition = (await read_node(api, node_name)).preserved_condition
     assert condition is not None
-    assert condition.message.startswith("Preserved node could not be drained.")
-    assert condition.last_heartbeat_time == NOW
+    assert condition.status == "False"
+    assert condition.message.startswith(v.DRAIN_FAILED_MESSAGE)
+    assert condition.message.endswith(f"Pods blocking the drain: {namespace}/guarded."), condition.message
     events = (await client.CoreV1Api(api).list_namespaced_event(namespace)).items
-    assert [e.reason for e in events] == ["PreservedNodeDrainFailed"]
-
-
-async def _no_drain(_snap: Snapshot, _step: p.DrainNode) -> list[p.MachineStep]:
-    raise AssertionError("no drain expected in this plan")
+    assert [(e.reason, e.type) for e in events] == [("PreservedNodeDrainFailed", "Warning")]

@@ -21,6 +21,8 @@ from tests.controller.support import (
     create_machine,
     eventually,
     get_machine,
+    is_preserved,
+    is_unpreserved,
     new_node,
     owner_reference,
     read_node_model,
@@ -39,8 +41,12 @@ async def snapshot(api: client.ApiClient, namespace: str, machine: str, node: st
 async def drained(api: client.ApiClient, namespace: str, node: str) -> bool:
     machine, n = await snapshot(api, namespace, "m", node)
     condition = n.preserved_condition
+    record = machine.preservation
     return (
-        machine.preserve_expiry_time is not None
+        is_preserved(machine)
+        and record is not None
+        and record.drain is not None
+        and record.drain.outcome == v.DrainOutcome.DRAINED
         and condition is not None
         and condition.message.startswith(v.DRAINED_SUCCESSFULLY_MESSAGE)
         and n.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT)
@@ -81,10 +87,14 @@ async def test_recovery_of_a_preserved_failed_machine(
             condition = n.preserved_condition
             assert condition is not None
             if still_preserved:
-                return machine.preserve_expiry_time is not None and condition.message.startswith(
-                    v.PRESERVED_UNTIL_MESSAGE_PREFIX
+                record = machine.preservation
+                return (
+                    is_preserved(machine)
+                    and record is not None
+                    and record.drain is None  # the drain record belongs to the failure that is over
+                    and condition.message.startswith(v.PRESERVED_UNTIL_MESSAGE_PREFIX)
                 )
-            return machine.preserve_expiry_time is None and condition.reason == "Preservation stopped."
+            return is_unpreserved(machine) and condition.reason == "Preservation stopped."
 
         await eventually(settled)
         machine, n = await snapshot(api, namespace, "m", node)
@@ -148,7 +158,7 @@ async def test_an_invalid_value_is_reported_once_with_a_warning(
         assert found[0].type == "Warning"
         assert "forever" in (found[0].message or "")
         machine = Machine.model_validate(await get_machine(client.CustomObjectsApi(api), namespace, "m"))
-        assert machine.preserve_expiry_time is None, "an invalid value is treated as absent"
+        assert is_unpreserved(machine), "an invalid value is treated as absent"
         assert machine.metadata.annotations[v.REPORTED_INVALID_PRESERVE_VALUES_ANNOTATION] == '[["Machine","forever"]]'
         caches = running.controller.caches
         assert caches is not None
@@ -163,8 +173,9 @@ async def _auto_preserved(custom: client.CustomObjectsApi, namespace: str, *, co
     assert isinstance(listed, dict)
     machines = [Machine.model_validate(m) for m in listed["items"]]
     auto = [m for m in machines if m.metadata.annotations.get(v.PRESERVE_ANNOTATION) == "auto-preserve"]
-    preserved = [m for m in machines if m.preserve_expiry_time is not None]
-    return len(auto) == count and len(preserved) == count
+    preserved = [m for m in machines if is_preserved(m)]
+    by_auto = [m for m in preserved if m.preservation is not None and m.preservation.by == v.PreservedBy.AUTO]
+    return len(auto) == count and len(preserved) == count and len(by_auto) == count
 
 
 async def _deployment_counter(custom: client.CustomObjectsApi, namespace: str, expected: int) -> bool:
