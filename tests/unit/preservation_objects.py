@@ -37,6 +37,7 @@ def machine(
     by: v.PreservedBy = v.PreservedBy.USER,
     drain: DrainRecord | None = None,
     mirrored: dt.datetime | None = None,
+    added_ca: bool = False,
     preserve: object = ABSENT,
     last_applied: object = ABSENT,
     priority: object = ABSENT,
@@ -74,7 +75,9 @@ def machine(
     }
     if expiry is not None:
         # The record of a preservation that started `since` (default: a 72h one that ends at `expiry`).
-        record = PreservationRecord(since=since or expiry - 72 * HOUR, until=expiry, by=by, drain=drain)
+        record = PreservationRecord(
+            since=since or expiry - 72 * HOUR, until=expiry, by=by, drain=drain, added_ca_annotation=added_ca
+        )
         body["metadata"]["annotations"].update(record.annotations())
     if deleting:
         body["metadata"]["deletionTimestamp"] = NOW.isoformat()

@@ -14,11 +14,13 @@ from machine_preservation.core.models import Machine
 from machine_preservation.core.plan import (
     DrainNode,
     MachinePlan,
+    PatchMachineAnnotations,
     PatchNodeAnnotations,
     RecordEvent,
     SetPreservedCondition,
     SetPreservedTaint,
 )
+from machine_preservation.core.preservation_record import DrainRecord, format_timestamp
 
 from .lifecycle_helpers import event_reasons, execute, of_type, only, plan, write_kinds, writes
 from .preservation_objects import ABSENT, HOUR, NOW, machine, node, preserved_condition, with_phase
@@ -30,6 +32,13 @@ DRAINED = f"Preserved node drained successfully. {UNTIL_KEPT}"
 NOT_DRAINED = f"Preserved node could not be drained. {UNTIL_KEPT}"
 CA, MARKER = v.CA_SCALE_DOWN_DISABLED_ANNOTATION, v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION
 STEADY = {"priority": "5", "last_priority": ""}
+MINUTE = dt.timedelta(minutes=1)
+# The drain record of the current failure: the one place the drain's outcome is read from.
+WAS_DRAINED = DrainRecord(outcome=v.DrainOutcome.DRAINED)
+
+
+def failing(since: dt.datetime, last_attempt: dt.datetime) -> DrainRecord:
+    return DrainRecord(outcome=v.DrainOutcome.FAILED, failing_since=since, last_attempt=last_attempt)
 
 
 def preserved_machine(phase: str = RUNNING, value: str = "now", **kwargs: object) -> Machine:
@@ -58,18 +67,19 @@ def test_ca_annotation_while_preserved(ca: object, marker: object, expected: Pat
 
 
 @pytest.mark.parametrize(
-    ("ca", "marker", "removed"),
+    ("added_ca", "ca", "marker", "removed"),
     [
-        ("true", "true", (CA, MARKER)),
-        ("true", ABSENT, ()),  # not ours: never removed
-        ("true", "false", ()),  # a marker that is not "true" does not make it ours
-        (ABSENT, "true", (MARKER,)),  # only what is there
+        (True, "true", "true", (CA, MARKER)),
+        (True, "true", ABSENT, ()),  # not ours: never removed
+        (True, "true", "false", ()),  # a marker that is not "true" does not make it ours
+        (True, ABSENT, "true", (MARKER,)),  # only what is there
+        (False, "true", "true", ()),  # the record does not say this preservation added it
     ],
 )
 def test_stop_removes_the_ca_annotation_only_with_our_marker(
-    ca: object, marker: object, removed: tuple[str, ...]
+    added_ca: bool, ca: object, marker: object, removed: tuple[str, ...]
 ) -> None:
-    m = machine(preserve="false", expiry=KEPT, **STEADY)
+    m = machine(preserve="false", expiry=KEPT, added_ca=added_ca, **STEADY)
     result = plan(m, node(ca=ca, ca_marker=marker, condition=preserved_condition(message=UNTIL_KEPT)))
     patches = of_type(result, PatchNodeAnnotations)
     assert patches == ([PatchNodeAnnotations(remove=removed)] if removed else [])
@@ -87,7 +97,7 @@ def test_unpreserved_machine_never_touches_a_rollout_ca_annotation() -> None:
 def test_reason_follows_the_value_without_a_new_drain() -> None:
     # Upstream keeps "Preserved by MCM." after a switch from auto to `now` (quirk Q4).
     n = node(ca="true", tainted=True, condition=preserved_condition(reason="Preserved by MCM.", message=DRAINED))
-    result = plan(preserved_machine(FAILED), n)
+    result = plan(preserved_machine(FAILED, drain=WAS_DRAINED), n)
     assert writes(result) == [
         SetPreservedCondition(
             status="True", reason="Preserved by user.", message=DRAINED, last_transition_time=NOW - 10 * HOUR
@@ -98,7 +108,7 @@ def test_reason_follows_the_value_without_a_new_drain() -> None:
 def test_an_edited_expiry_is_rendered_again_without_a_new_drain() -> None:
     later = KEPT + 24 * HOUR
     n = node(ca="true", tainted=True, condition=preserved_condition(message=DRAINED))
-    result = plan(machine(phase=FAILED, preserve="now", expiry=later, **STEADY), n)
+    result = plan(machine(phase=FAILED, preserve="now", expiry=later, drain=WAS_DRAINED, **STEADY), n)
     condition = only(result, SetPreservedCondition)
     assert (
         condition.message
@@ -116,7 +126,7 @@ def test_stop_sets_the_condition_to_stopped_and_never_creates_one() -> None:
 
 
 def test_condition_transition_time_changes_only_with_the_status() -> None:
-    n = node(condition=preserved_condition(status="False", message=NOT_DRAINED, heartbeat=NOW - HOUR))
+    n = node(condition=preserved_condition(status="False", message=NOT_DRAINED))
     result = plan(preserved_machine(), n)
     condition = only(result, SetPreservedCondition)
     assert (condition.status, condition.message, condition.last_transition_time) == ("True", UNTIL_KEPT, NOW)
@@ -149,7 +159,7 @@ def test_unschedulable_is_never_touched_through_preserve_recovery_and_stop() -> 
         assert after is not None
         assert after.spec.unschedulable
         n = after
-    assert m.preserve_expiry_time is None  # it did stop
+    assert m.preservation is None  # it did stop
 
 
 # --- drain ---------------------------------------------------------------------------------------------
@@ -157,57 +167,102 @@ def test_unschedulable_is_never_touched_through_preserve_recovery_and_stop() -> 
 
 def test_drained_failed_machine_is_steady() -> None:
     n = node(ca="true", tainted=True, condition=preserved_condition(message=DRAINED))
-    result = plan(preserved_machine(FAILED), n)
+    result = plan(preserved_machine(FAILED, drain=WAS_DRAINED), n)
     assert result == MachinePlan(requeue_after=5 * HOUR)
 
 
-def test_failed_drain_is_retried_after_the_interval() -> None:
-    config = PreservationConfig(drain_retry_interval=dt.timedelta(minutes=2))
-    failed = preserved_condition(status="False", message=NOT_DRAINED, heartbeat=NOW - dt.timedelta(minutes=1))
-    n = node(ca="true", tainted=True, condition=failed)
-    waiting = plan(preserved_machine(FAILED), n, config=config)
-    assert waiting == MachinePlan(requeue_after=dt.timedelta(minutes=1))
-    due = plan(preserved_machine(FAILED), n, config=config, now=NOW + dt.timedelta(minutes=1))
-    assert write_kinds(due) == ["DrainNode"]
+def test_a_drained_message_without_a_drain_record_is_not_believed() -> None:
+    # Messages are for people: only the record says the drain of this failure is done.
+    n = node(ca="true", tainted=True, condition=preserved_condition(message=DRAINED))
+    result = plan(preserved_machine(FAILED), n)
+    assert write_kinds(result) == ["SetPreservedCondition", "DrainNode"]
+    assert only(result, SetPreservedCondition).message.startswith(v.DRAINING_MESSAGE)
 
 
-def test_failed_drain_without_heartbeat_is_retried_at_once() -> None:
+def test_failed_drain_is_retried_after_the_interval_since_the_last_attempt() -> None:
+    config = PreservationConfig(drain_retry_interval=2 * MINUTE)
+    # The condition changed an hour ago: only the record's last attempt paces the retry.
     n = node(ca="true", tainted=True, condition=preserved_condition(status="False", message=NOT_DRAINED))
-    assert write_kinds(plan(preserved_machine(FAILED), n)) == ["DrainNode"]
+    m = preserved_machine(FAILED, drain=failing(NOW - HOUR, NOW - MINUTE))
+    waiting = plan(m, n, config=config)
+    assert waiting == MachinePlan(requeue_after=MINUTE)
+    due = plan(m, n, config=config, now=NOW + MINUTE)
+    assert write_kinds(due) == ["DrainNode"], "a retry keeps the condition: it still names the blockers"
+    assert only(due, DrainNode).evict
+
+
+def test_the_retry_wakes_at_the_expiry_when_that_comes_first() -> None:
+    config = PreservationConfig(drain_retry_interval=HOUR)
+    n = node(ca="true", tainted=True, condition=preserved_condition(status="False", message=NOT_DRAINED))
+    m = machine(phase=FAILED, preserve="now", expiry=NOW + 10 * MINUTE, drain=failing(NOW - HOUR, NOW), **STEADY)
+    assert plan(m, n, config=config).requeue_after == 10 * MINUTE
+
+
+def test_a_failed_drain_message_without_a_drain_record_drains_at_once() -> None:
+    # e.g. the record's drain keys were lost: the drain is simply done again, announced as a first attempt
+    n = node(ca="true", tainted=True, condition=preserved_condition(status="False", message=NOT_DRAINED))
+    result = plan(preserved_machine(FAILED), n, pods_to_evict=("ns/a",))
+    assert write_kinds(result) == ["SetPreservedCondition", "DrainNode"]
+    assert only(result, SetPreservedCondition).message == (
+        f"Preserved node is being drained. {UNTIL_KEPT} Waiting for pods: ns/a."
+    )
+    assert only(result, DrainNode).evict
 
 
 def test_waiting_drain_still_follows_the_value_reason() -> None:
-    failed = preserved_condition(status="False", message=NOT_DRAINED, heartbeat=NOW, reason="Preserved by MCM.")
-    result = plan(preserved_machine(FAILED), node(ca="true", tainted=True, condition=failed))
-    condition = only(result, SetPreservedCondition)
-    assert (condition.reason, condition.message, condition.last_heartbeat_time) == (
-        "Preserved by user.",
-        NOT_DRAINED,
-        NOW,
-    )
+    failed = preserved_condition(status="False", message=NOT_DRAINED, reason="Preserved by MCM.")
+    m = preserved_machine(FAILED, drain=failing(NOW - HOUR, NOW))
+    result = plan(m, node(ca="true", tainted=True, condition=failed))
+    assert writes(result) == [
+        SetPreservedCondition(
+            status="False", reason="Preserved by user.", message=NOT_DRAINED, last_transition_time=NOW - 10 * HOUR
+        )
+    ]
+    assert result.requeue_after == CONFIG_RETRY
+
+
+CONFIG_RETRY = PreservationConfig().drain_retry_interval
 
 
 @pytest.mark.parametrize(
     ("failing_for", "evict"),
-    [(dt.timedelta(minutes=29), True), (dt.timedelta(minutes=30), False), (dt.timedelta(hours=5), False)],
+    [(29 * MINUTE, True), (30 * MINUTE, False), (5 * HOUR, False)],
 )
 def test_evictions_stop_once_the_drain_has_failed_for_the_drain_timeout(failing_for: dt.timedelta, evict: bool) -> None:
-    failed = preserved_condition(
-        status="False", message=NOT_DRAINED, transition=NOW - failing_for, heartbeat=NOW - dt.timedelta(minutes=5)
-    )
+    # The condition's transition time says "just now": only the record's failing-since counts.
+    failed = preserved_condition(status="False", message=NOT_DRAINED, transition=NOW)
     n = node(ca="true", tainted=True, condition=failed)
-    drain = only(plan(preserved_machine(FAILED, drain_timeout="30m"), n), DrainNode)
-    assert (drain.evict, drain.timeout) == (evict, dt.timedelta(minutes=30))
+    m = preserved_machine(FAILED, drain_timeout="30m", drain=failing(NOW - failing_for, NOW - 5 * MINUTE))
+    drain = only(plan(m, n), DrainNode)
+    assert (drain.evict, drain.timeout) == (evict, 30 * MINUTE)
 
 
-@pytest.mark.parametrize("heartbeat", [NOW - HOUR, NOW], ids=["old-attempt", "attempt-just-now"])
-def test_a_failure_recorded_for_an_earlier_preservation_neither_paces_nor_ends_this_ones_drain(
-    heartbeat: dt.datetime,
+def test_the_configured_drain_timeout_applies_without_a_spec_value() -> None:
+    config = PreservationConfig(drain_timeout=HOUR)
+    n = node(ca="true", tainted=True, condition=preserved_condition(status="False", message=NOT_DRAINED))
+    at_the_limit = preserved_machine(FAILED, drain=failing(NOW - HOUR, NOW - 5 * MINUTE))
+    assert (
+        only(plan(at_the_limit, n, config=config), DrainNode).evict,
+        only(plan(at_the_limit, n), DrainNode).evict,
+    ) == (
+        False,
+        True,  # the default (2h) has not passed yet
+    )
+
+
+@pytest.mark.parametrize("transition", [NOW - 10 * HOUR, NOW], ids=["old-failure", "failure-just-now"])
+def test_a_failure_shown_for_an_earlier_preservation_neither_paces_nor_ends_this_ones_drain(
+    transition: dt.datetime,
 ) -> None:
+    # The earlier preservation's record (with its drain) went with its stop; the node still shows its failure.
     earlier = f"Preserved node could not be drained. Machine preserved until {go_time_string(KEPT - 5 * HOUR)}."
-    failed = preserved_condition(status="False", message=earlier, transition=NOW - 10 * HOUR, heartbeat=heartbeat)
-    drain = only(plan(preserved_machine(FAILED), node(ca="true", tainted=True, condition=failed)), DrainNode)
+    failed = preserved_condition(status="False", message=earlier, transition=transition)
+    result = plan(machine(phase=FAILED, preserve="now", **STEADY), node(ca="true", tainted=True, condition=failed))
+    drain = only(result, DrainNode)
     assert drain.evict, "a new preservation gets the full drain timeout, and its first attempt at once"
+    assert drain.record is not None
+    assert drain.record.drain is None
+    assert only(result, SetPreservedCondition).message.startswith(v.DRAINING_MESSAGE)
 
 
 def test_the_drain_timeout_counts_from_the_first_failure_not_from_a_success() -> None:
@@ -220,43 +275,52 @@ def test_the_drain_timeout_counts_from_the_first_failure_not_from_a_success() ->
 GAVE_UP = "Evictions stopped after the drain timeout (30m0s); the node counts as drained once these pods are gone."
 
 
+def given_up(**kwargs: object) -> tuple[Machine, DrainNode]:
+    """A Failed machine whose drain has failed for longer than its 30m timeout, and the look its plan makes."""
+    m = preserved_machine(FAILED, drain=failing(NOW - HOUR, NOW - 2 * HOUR), drain_timeout="30m", **kwargs)
+    assert m.preservation is not None
+    return m, DrainNode(
+        record=m.preservation, reason="Preserved by user.", expiry=KEPT, timeout=30 * MINUTE, evict=False
+    )
+
+
 def test_a_look_after_giving_up_says_so_once_and_then_writes_nothing() -> None:
-    drain = DrainNode(reason="Preserved by user.", expiry=KEPT, timeout=dt.timedelta(minutes=30), evict=False)
-    failing = preserved_condition(
-        status="False",
-        message=f"{NOT_DRAINED} Pods blocking the drain: ns/a.",
-        transition=NOW - HOUR,
-        heartbeat=NOW - 2 * HOUR,
+    m, drain = given_up()
+    failing_condition = preserved_condition(
+        status="False", message=f"{NOT_DRAINED} Pods blocking the drain: ns/a.", transition=NOW - HOUR
     )
     first = plan_after_drain(
-        machine=machine(), node=node(condition=failing), drain=drain, drained=False, blocking_pods=["ns/a"], now=NOW
+        machine=m, node=node(condition=failing_condition), drain=drain, drained=False, blocking_pods=["ns/a"], now=NOW
     )
+    assert of_type(first, PatchMachineAnnotations) == [], "a look is not an attempt: the record's last attempt stays"
     condition = only(first, SetPreservedCondition)
     assert condition.message == f"{NOT_DRAINED} Pods blocking the drain: ns/a. {GAVE_UP}"
-    assert (condition.status, condition.last_transition_time, condition.last_heartbeat_time) == (
-        "False",
-        NOW - HOUR,
-        NOW - 2 * HOUR,
-    ), "a look is not an attempt: the heartbeat that paces attempts is kept"
+    assert (condition.status, condition.last_transition_time) == ("False", NOW - HOUR)
     assert [e.message for e in of_type(first, RecordEvent)] == [
         f'Preserved node "n1" could not be drained; pods blocking: ns/a. {GAVE_UP}'
     ] * 2
     said = preserved_condition(status="False", message=condition.message, transition=NOW - HOUR)
     again = plan_after_drain(
-        machine=machine(), node=node(condition=said), drain=drain, drained=False, blocking_pods=["ns/a"], now=NOW
+        machine=m, node=node(condition=said), drain=drain, drained=False, blocking_pods=["ns/a"], now=NOW
     )
     assert again == MachinePlan(), "still blocked by the same pods: nothing to write, no event"
     fewer = plan_after_drain(
-        machine=machine(), node=node(condition=said), drain=drain, drained=False, blocking_pods=["ns/b"], now=NOW
+        machine=m, node=node(condition=said), drain=drain, drained=False, blocking_pods=["ns/b"], now=NOW
     )
+    assert write_kinds(fewer) == ["SetPreservedCondition"]
     assert only(fewer, SetPreservedCondition).message == f"{NOT_DRAINED} Pods blocking the drain: ns/b. {GAVE_UP}"
 
 
 def test_a_look_that_finds_the_node_empty_marks_it_drained() -> None:
-    drain = DrainNode(reason="Preserved by user.", expiry=KEPT, timeout=dt.timedelta(minutes=30), evict=False)
+    m, drain = given_up()
     said = preserved_condition(status="False", message=f"{NOT_DRAINED} {GAVE_UP}", transition=NOW - HOUR)
     result = plan_after_drain(
-        machine=machine(), node=node(condition=said), drain=drain, drained=True, blocking_pods=(), now=NOW
+        machine=m, node=node(condition=said), drain=drain, drained=True, blocking_pods=(), now=NOW
+    )
+    assert write_kinds(result) == ["PatchMachineAnnotations", "SetPreservedCondition"]
+    assert only(result, PatchMachineAnnotations) == PatchMachineAnnotations(
+        set={v.PRESERVED_DRAIN_ANNOTATION: "drained"},
+        remove=(v.PRESERVED_DRAIN_FAILING_SINCE_ANNOTATION, v.PRESERVED_DRAIN_LAST_ATTEMPT_ANNOTATION),
     )
     condition = only(result, SetPreservedCondition)
     assert (condition.status, condition.message, condition.last_transition_time) == ("True", DRAINED, NOW)
@@ -264,15 +328,17 @@ def test_a_look_that_finds_the_node_empty_marks_it_drained() -> None:
         ("Machine", v.EventReason.PRESERVED_NODE_DRAINED),
         ("Node", v.EventReason.PRESERVED_NODE_DRAINED),
     ]
-    steady = node(ca="true", tainted=True, condition=preserved_condition(message=DRAINED))
-    assert plan(preserved_machine(FAILED), steady) == MachinePlan(requeue_after=5 * HOUR)
+    drained, steady = execute(m, node(ca="true", tainted=True, condition=said), result)
+    assert drained.preservation is not None
+    assert drained.preservation.drain == WAS_DRAINED
+    assert plan(drained, steady) == MachinePlan(requeue_after=5 * HOUR)
 
 
 def test_condition_after_drain_success() -> None:
     drain = DrainNode(reason="Preserved by MCM.", expiry=KEPT)
     condition = condition_after_drain(node=node(), drain=drain, drained=True, blocking_pods=["a/b"], now=NOW)
     assert condition == SetPreservedCondition(
-        status="True", reason="Preserved by MCM.", message=DRAINED, last_transition_time=NOW, last_heartbeat_time=NOW
+        status="True", reason="Preserved by MCM.", message=DRAINED, last_transition_time=NOW
     )
 
 
@@ -300,19 +366,32 @@ def test_condition_after_drain_needs_the_expiry() -> None:
         condition_after_drain(node=node(), drain=DrainNode(), drained=True, blocking_pods=(), now=NOW)
 
 
-def test_plan_after_drain_writes_the_condition_then_events_on_machine_and_node() -> None:
-    drain = DrainNode(reason="Preserved by user.", expiry=KEPT)
-    result = plan_after_drain(
-        machine=machine(), node=node(), drain=drain, drained=False, blocking_pods=["ns/web-0"], now=NOW
-    )
-    assert isinstance(result.steps[0], SetPreservedCondition)
+def test_plan_after_drain_writes_the_record_then_the_condition_then_events_on_machine_and_node() -> None:
+    m = preserved_machine(FAILED)
+    assert m.preservation is not None
+    drain = DrainNode(record=m.preservation, reason="Preserved by user.", expiry=KEPT)
+    result = plan_after_drain(machine=m, node=node(), drain=drain, drained=False, blocking_pods=["ns/web-0"], now=NOW)
+    assert write_kinds(result) == ["PatchMachineAnnotations", "SetPreservedCondition"]
+    assert isinstance(result.steps[0], PatchMachineAnnotations)
+    assert result.steps[0].set == {
+        v.PRESERVED_DRAIN_ANNOTATION: "failed",
+        v.PRESERVED_DRAIN_FAILING_SINCE_ANNOTATION: format_timestamp(NOW),
+        v.PRESERVED_DRAIN_LAST_ATTEMPT_ANNOTATION: format_timestamp(NOW),
+    }
     assert event_reasons(result) == [
         ("Machine", v.EventReason.PRESERVED_NODE_DRAIN_FAILED),
         ("Node", v.EventReason.PRESERVED_NODE_DRAIN_FAILED),
     ]
     assert all(e.type == "Warning" and "ns/web-0" in e.message for e in of_type(result, RecordEvent))
-    success = plan_after_drain(machine=machine(), node=node(), drain=drain, drained=True, blocking_pods=(), now=NOW)
+    success = plan_after_drain(machine=m, node=node(), drain=drain, drained=True, blocking_pods=(), now=NOW)
     assert {e.type for e in of_type(success, RecordEvent)} == {"Normal"}
+
+
+def test_plan_after_drain_needs_the_record() -> None:
+    with pytest.raises(ValueError, match="record"):
+        plan_after_drain(
+            machine=machine(), node=node(), drain=DrainNode(expiry=KEPT), drained=True, blocking_pods=(), now=NOW
+        )
 
 
 def test_drain_outcome_converges() -> None:
@@ -324,12 +403,15 @@ def test_drain_outcome_converges() -> None:
 # --- orphans ---------------------------------------------------------------------------------------------
 
 
-def test_condition_still_preserved_without_expiry_is_cleaned_up() -> None:
-    # e.g. MCM's in-place update dropped the expiry without the stop clean-up (reference §2)
+def test_condition_still_preserved_without_a_record_is_cleaned_up() -> None:
+    # e.g. the record was removed by hand while the webhook was down: the node is cleaned up, but without a
+    # record nothing says this preservation added the CA annotation, so it stays; there is no preservation
+    # (no expiry, no cause) to report as stopped.
     n = node(ca="true", ca_marker="true", tainted=True, condition=preserved_condition(message=UNTIL_KEPT))
     result = plan(machine(phase=RUNNING, preserve="when-failed"), n)
-    assert write_kinds(result) == ["PatchNodeAnnotations", "SetPreservedCondition", "SetPreservedTaint"]
-    assert event_reasons(result)[0] == ("Machine", v.EventReason.PRESERVATION_STOPPED)
+    assert write_kinds(result) == ["SetPreservedCondition", "SetPreservedTaint"]
+    assert only(result, SetPreservedCondition).reason == v.ConditionReason.PRESERVATION_STOPPED
+    assert event_reasons(result) == []
 
 
 # --- Go time format --------------------------------------------------------------------------------------

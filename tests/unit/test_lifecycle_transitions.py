@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
 import pytest
 
 from machine_preservation.core import vocabulary as v
+from machine_preservation.core.models import Machine
 from machine_preservation.core.plan import (
     DeleteMachine,
     DrainNode,
@@ -19,6 +21,7 @@ from machine_preservation.core.plan import (
     SetPreservedTaint,
     SetPreserveExpiry,
 )
+from machine_preservation.core.preservation_record import DrainRecord, PreservationRecord
 
 from .lifecycle_helpers import CONFIG, event_reasons, execute, of_type, only, plan, write_kinds, writes
 from .preservation_objects import ABSENT, HOUR, NOW, machine, node, preserved_condition, with_phase
@@ -35,6 +38,13 @@ CA_SET = {v.CA_SCALE_DOWN_DISABLED_ANNOTATION: "true", v.CA_SCALE_DOWN_DISABLED_
 STARTED = [("Machine", v.EventReason.PRESERVATION_STARTED), ("Node", v.EventReason.PRESERVATION_STARTED)]
 STOPPED = [("Machine", v.EventReason.PRESERVATION_STOPPED), ("Node", v.EventReason.PRESERVATION_STOPPED)]
 EXPIRED = [("Machine", v.EventReason.PRESERVATION_EXPIRED), ("Node", v.EventReason.PRESERVATION_EXPIRED)]
+# MCM's CRDs keep status.currentStatus.preserveExpiryTime (v0.62's): the expiry is mirrored there too.
+MIRROR = dataclasses.replace(CONFIG, mirror_status=True)
+# The record a start writes (since now, until now + the default 72h; the CA annotation is ours when we add it).
+STARTED_RECORD = PreservationRecord(since=NOW, until=T, by=v.PreservedBy.USER, added_ca_annotation=True)
+RECORD_REMOVED = PatchMachineAnnotations(
+    remove=(v.PRESERVED_SINCE_ANNOTATION, v.PRESERVED_UNTIL_ANNOTATION, v.PRESERVED_BY_ANNOTATION)
+)
 
 
 PRESERVED_UNTIL_T = "Machine preserved until 2026-08-23 10:00:00 +0000 UTC."
@@ -51,17 +61,38 @@ def steady_priority() -> dict[str, object]:
     return {"priority": "5", "last_priority": ""}
 
 
+def ours() -> dict[str, object]:
+    """A preserved machine in steady state whose record says it added the node's CA annotation."""
+    return {**steady_priority(), "added_ca": True}
+
+
+def machine_patches(result: MachinePlan) -> list[PatchMachineAnnotations]:
+    return of_type(result, PatchMachineAnnotations)
+
+
+def record_written(result: MachinePlan) -> dict[str, str]:
+    """The record keys a plan writes (empty: it writes none)."""
+    keys = v.PRESERVATION_RECORD_ANNOTATIONS
+    return {k: val for patch in machine_patches(result) for k, val in patch.set.items() if k in keys}
+
+
+def removal_of(m: Machine) -> PatchMachineAnnotations:
+    """The last write of a stop: every record key the machine carries."""
+    return PatchMachineAnnotations(
+        remove=tuple(key for key in v.PRESERVATION_RECORD_ANNOTATIONS if key in m.metadata.annotations)
+    )
+
+
+def removes_the_record(result: MachinePlan) -> bool:
+    return any(v.PRESERVED_SINCE_ANNOTATION in patch.remove for patch in machine_patches(result))
+
+
 # 1, 2: effective `now` on a machine that is not Failed
 @pytest.mark.parametrize("phase", [RUNNING, UNKNOWN, PENDING, v.MachinePhase.CRASH_LOOP_BACK_OFF, ""])
 def test_1_2_now_preserves_any_phase_without_taint_or_drain(phase: str) -> None:
     result = plan(machine(phase=phase, preserve="now"), node(unschedulable=True))
-    assert write_kinds(result) == [
-        "SetPreserveExpiry",
-        "PatchMachineAnnotations",
-        "PatchNodeAnnotations",
-        "SetPreservedCondition",
-    ]
-    assert only(result, SetPreserveExpiry).expiry == T
+    assert write_kinds(result) == ["PatchMachineAnnotations", "PatchNodeAnnotations", "SetPreservedCondition"]
+    assert record_written(result) == STARTED_RECORD.annotations()
     assert only(result, PatchNodeAnnotations) == PatchNodeAnnotations(set=CA_SET)
     assert only(result, SetPreservedCondition) == SetPreservedCondition(
         status="True", reason="Preserved by user.", message=PRESERVED_UNTIL_T, last_transition_time=NOW
@@ -77,9 +108,22 @@ def test_1_now_on_the_node_syncs_the_machine_annotations() -> None:
     assert patch.set[v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION] == "now"
 
 
-def test_2_without_a_node_label_only_the_expiry_and_the_priority() -> None:
+def test_1_2_the_record_goes_first_and_the_mirror_only_where_the_crd_keeps_it() -> None:
+    result = plan(machine(preserve="now"), node(), config=MIRROR)
+    assert write_kinds(result) == [
+        "PatchMachineAnnotations",
+        "SetPreserveExpiry",
+        "PatchNodeAnnotations",
+        "SetPreservedCondition",
+    ]
+    assert record_written(result) == STARTED_RECORD.annotations()
+    assert only(result, SetPreserveExpiry).expiry == T
+
+
+def test_2_without_a_node_label_only_the_record_and_the_priority() -> None:
     result = plan(machine(node="", preserve="now"))
-    assert write_kinds(result) == ["SetPreserveExpiry", "PatchMachineAnnotations"]
+    assert write_kinds(result) == ["PatchMachineAnnotations"]
+    assert record_written(result) == dataclasses.replace(STARTED_RECORD, added_ca_annotation=False).annotations()
     assert event_reasons(result) == [("Machine", v.EventReason.PRESERVATION_STARTED)]
     assert "no node: only the expiry" in of_type(result, RecordEvent)[0].message
 
@@ -90,16 +134,27 @@ def test_2_without_a_node_label_only_the_expiry_and_the_priority() -> None:
     [("now", "Preserved by user."), ("when-failed", "Preserved by user."), ("auto-preserve", "Preserved by MCM.")],
 )
 def test_3_5_6_failed_machine_is_preserved_tainted_and_drained(value: str, reason: str) -> None:
-    result = plan(machine(phase=FAILED, preserve=value, drain_timeout="30m"), node())
+    result = plan(machine(phase=FAILED, preserve=value, drain_timeout="30m"), node(), pods_to_evict=("ns/web-0",))
     assert write_kinds(result) == [
-        "SetPreserveExpiry",
         "PatchMachineAnnotations",
         "PatchNodeAnnotations",
         "SetPreservedTaint",
+        "SetPreservedCondition",
         "DrainNode",
     ]
     assert only(result, SetPreservedTaint).present
-    assert only(result, DrainNode) == DrainNode(reason=reason, expiry=T, timeout=dt.timedelta(minutes=30))
+    assert only(result, SetPreservedCondition) == SetPreservedCondition(
+        status="False",
+        reason=reason,
+        message=f"Preserved node is being drained. {PRESERVED_UNTIL_T} Waiting for pods: ns/web-0.",
+        last_transition_time=NOW,
+    )
+    by = v.PreservedBy.AUTO if value == "auto-preserve" else v.PreservedBy.USER
+    record = dataclasses.replace(STARTED_RECORD, by=by)
+    assert record_written(result) == record.annotations()
+    assert only(result, DrainNode) == DrainNode(
+        record=record, reason=reason, expiry=T, timeout=dt.timedelta(minutes=30)
+    )
 
 
 def test_drain_timeout_falls_back_to_the_config_for_bad_values() -> None:
@@ -127,7 +182,8 @@ def test_8_preserved_machine_that_fails_is_drained_with_the_original_expiry() ->
     result = plan(
         machine(phase=FAILED, preserve="now", expiry=KEPT, **steady_priority()), node(**preserved_running_node())
     )
-    assert write_kinds(result) == ["SetPreservedTaint", "DrainNode"]
+    assert write_kinds(result) == ["SetPreservedTaint", "SetPreservedCondition", "DrainNode"]
+    assert only(result, SetPreservedCondition).message == f"Preserved node is being drained. {PRESERVED_UNTIL_KEPT}"
     assert only(result, DrainNode).expiry == KEPT
     assert result.requeue_after == 5 * HOUR
 
@@ -135,10 +191,18 @@ def test_8_preserved_machine_that_fails_is_drained_with_the_original_expiry() ->
 # 9 (and quirk Q3): a `now` machine recovers: taint removed, condition back to "Machine preserved until"
 def test_9_now_machine_recovered_stays_preserved_untainted_and_ready_to_drain_again() -> None:
     drained = preserved_condition(message=DRAINED_KEPT)
-    m = machine(phase=RUNNING, preserve="now", expiry=KEPT, **steady_priority())
+    m = machine(
+        phase=RUNNING,
+        preserve="now",
+        expiry=KEPT,
+        drain=DrainRecord(outcome=v.DrainOutcome.DRAINED),
+        **steady_priority(),
+    )
     n = node(ca="true", ca_marker="true", tainted=True, condition=drained)
     result = plan(m, n)
-    assert write_kinds(result) == ["SetPreservedTaint", "SetPreservedCondition"]
+    assert write_kinds(result) == ["PatchMachineAnnotations", "SetPreservedTaint", "SetPreservedCondition"]
+    # the drain record belongs to the failure that ended
+    assert only(result, PatchMachineAnnotations) == PatchMachineAnnotations(remove=(v.PRESERVED_DRAIN_ANNOTATION,))
     assert not only(result, SetPreservedTaint).present
     condition = only(result, SetPreservedCondition)
     assert (condition.status, condition.message) == ("True", PRESERVED_UNTIL_KEPT)
@@ -146,12 +210,12 @@ def test_9_now_machine_recovered_stays_preserved_untainted_and_ready_to_drain_ag
 
     # ... and fails again before expiry: tainted and drained again (upstream would not, Q3)
     m, n = execute(m, n, result)
-    assert write_kinds(plan(with_phase(m, FAILED), n)) == ["SetPreservedTaint", "DrainNode"]
+    assert write_kinds(plan(with_phase(m, FAILED), n)) == ["SetPreservedTaint", "SetPreservedCondition", "DrainNode"]
 
 
 # 10: `when-failed` machine recovers: stop, annotation kept
 def test_10_when_failed_machine_recovered_stops_and_keeps_its_annotation() -> None:
-    m = machine(phase=RUNNING, preserve="when-failed", expiry=KEPT, **steady_priority())
+    m = machine(phase=RUNNING, preserve="when-failed", expiry=KEPT, added_ca=True, **steady_priority())
     n = node(ca="true", ca_marker="true", tainted=True, condition=preserved_condition(message=DRAINED_KEPT))
     result = plan(m, n)
     assert write_kinds(result) == [
@@ -159,51 +223,62 @@ def test_10_when_failed_machine_recovered_stops_and_keeps_its_annotation() -> No
         "PatchNodeAnnotations",
         "SetPreservedCondition",
         "SetPreservedTaint",
-        "SetPreserveExpiry",
+        "PatchMachineAnnotations",
     ]
-    assert only(result, PatchMachineAnnotations) == PatchMachineAnnotations(
-        remove=(v.MACHINE_PRIORITY_ANNOTATION, v.LAST_MACHINE_PRIORITY_ANNOTATION)
-    )
+    first, last = machine_patches(result)
+    assert first == PatchMachineAnnotations(remove=(v.MACHINE_PRIORITY_ANNOTATION, v.LAST_MACHINE_PRIORITY_ANNOTATION))
+    # last: until the record goes, an interrupted stop is finished rather than taken for "not preserved"
+    assert last == PatchMachineAnnotations(remove=(*RECORD_REMOVED.remove, v.PRESERVED_ADDED_CA_ANNOTATION))
     assert only(result, PatchNodeAnnotations) == PatchNodeAnnotations(
         remove=(v.CA_SCALE_DOWN_DISABLED_ANNOTATION, v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION)
     )
     assert only(result, SetPreservedCondition) == SetPreservedCondition(
         status="False", reason="Preservation stopped.", message="", last_transition_time=NOW
     )
-    assert only(result, SetPreserveExpiry).expiry is None
     assert event_reasons(result) == STOPPED
     assert result.requeue_after is None
+
+
+def test_10_with_the_mirror_it_is_cleared_just_before_the_record_goes() -> None:
+    m = machine(phase=RUNNING, preserve="when-failed", expiry=KEPT, mirrored=KEPT, **steady_priority())
+    result = plan(m, node(**preserved_running_node()), config=MIRROR)
+    assert write_kinds(result)[-2:] == ["SetPreserveExpiry", "PatchMachineAnnotations"]
+    assert only(result, SetPreserveExpiry).expiry is None
+    assert writes(result)[-1] == RECORD_REMOVED
+    # nothing mirrored (a v0.61 CRD pruned it): nothing to clear
+    unmirrored = plan(machine(phase=RUNNING, preserve="when-failed", expiry=KEPT), node(), config=MIRROR)
+    assert of_type(unmirrored, SetPreserveExpiry) == []
 
 
 # 11: auto-preserved machine recovers: stop and the auto value goes
 def test_11_auto_preserved_machine_recovered_stops_and_loses_the_auto_value() -> None:
     m = machine(phase=RUNNING, preserve="auto-preserved", expiry=KEPT, **steady_priority())
     result = plan(m, node(**preserved_running_node()))
-    patch = only(result, PatchMachineAnnotations)
+    patch = machine_patches(result)[0]
     assert set(patch.remove) == {
         v.PRESERVE_ANNOTATION,
         v.MACHINE_PRIORITY_ANNOTATION,
         v.LAST_MACHINE_PRIORITY_ANNOTATION,
     }
-    assert write_kinds(result)[-1] == "SetPreserveExpiry"
+    assert writes(result)[-1] == RECORD_REMOVED
 
 
 # 12: the annotation in control is removed: stop, nothing removed; a Failed machine is left to the budget/MCM
 @pytest.mark.parametrize("phase", [RUNNING, FAILED])
 def test_12_removed_node_annotation_stops_without_deleting(phase: str) -> None:
-    m = machine(phase=phase, last_applied="now", expiry=KEPT, **steady_priority())
+    m = machine(phase=phase, last_applied="now", expiry=KEPT, **ours())
     result = plan(m, node(**preserved_running_node(tainted=phase == FAILED)))
-    patch = only(result, PatchMachineAnnotations)
+    patch = machine_patches(result)[0]
     assert patch.set == {v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION: ""}  # the node is no longer in control
     assert v.PRESERVE_ANNOTATION not in only(result, PatchNodeAnnotations).remove
-    assert only(result, SetPreserveExpiry).expiry is None
+    assert writes(result)[-1] == removal_of(m)
     assert of_type(result, DeleteMachine) == []
     assert event_reasons(result) == STOPPED
 
 
 # 13: `false`: stop, `false` stays; a Failed machine is deleted (the node cleaned up first)
 def test_13_false_stops_and_a_failed_machine_is_deleted() -> None:
-    m = machine(phase=FAILED, preserve="false", expiry=KEPT, **steady_priority())
+    m = machine(phase=FAILED, preserve="false", expiry=KEPT, **ours())
     n = node(**preserved_running_node(tainted=True))
     result = plan(m, n)
     assert write_kinds(result) == [
@@ -213,6 +288,8 @@ def test_13_false_stops_and_a_failed_machine_is_deleted() -> None:
         "DeleteMachine",
     ]
     assert "The Failed machine is deleted." in of_type(result, RecordEvent)[0].message
+    # deleted with its record: a delete that fails (409) is retried, never mistaken for "not preserved"
+    assert not removes_the_record(result)
     # Once deleting, nothing more to do (MCM's deletion flow owns it).
     m, n = execute(m, n, result)
     assert plan(m, n) == MachinePlan()
@@ -220,7 +297,7 @@ def test_13_false_stops_and_a_failed_machine_is_deleted() -> None:
 
 def test_13_false_on_a_running_machine_stops_without_deleting() -> None:
     result = plan(machine(preserve="false", expiry=KEPT, **steady_priority()), node(**preserved_running_node()))
-    assert write_kinds(result)[-1] == "SetPreserveExpiry"
+    assert writes(result)[-1] == RECORD_REMOVED
     assert event_reasons(result) == STOPPED
     assert 'preserve value is "false"' in of_type(result, RecordEvent)[0].message
 
@@ -229,7 +306,7 @@ def test_13_false_on_a_running_machine_stops_without_deleting() -> None:
 # a Failed machine is deleted instead, its annotations left in place until it is gone
 @pytest.mark.parametrize("value", ["now", "when-failed", "auto-preserve"])
 def test_14_expiry_on_failed_machine_cleans_the_node_and_deletes_it(value: str) -> None:
-    m = machine(phase=FAILED, preserve=value, expiry=NOW, **steady_priority())
+    m = machine(phase=FAILED, preserve=value, expiry=NOW, **ours())
     result = plan(m, node(**preserved_running_node(tainted=True)))
     assert write_kinds(result) == [
         "PatchNodeAnnotations",
@@ -240,30 +317,32 @@ def test_14_expiry_on_failed_machine_cleans_the_node_and_deletes_it(value: str) 
     assert event_reasons(result) == EXPIRED
 
 
-def test_14_a_crash_before_the_delete_leaves_the_same_decision() -> None:
-    m, n = machine(phase=FAILED, preserve="now", expiry=NOW, **steady_priority()), node(**preserved_running_node())
-    partial = MachinePlan(steps=plan(m, n).steps[:2])
-    m, n = execute(m, n, partial)
-    assert write_kinds(plan(m, n)) == ["DeleteMachine"]
+@pytest.mark.parametrize("done", [0, 1, 2, 3])
+def test_14_a_crash_or_conflict_before_the_delete_leaves_the_same_decision(done: int) -> None:
+    m = machine(phase=FAILED, preserve="now", expiry=NOW, added_ca=True, **steady_priority())
+    n = node(**preserved_running_node(tainted=True))
+    partial = MachinePlan(steps=plan(m, n).steps[:done])
+    m, after = execute(m, n, partial)
+    again = plan(m, after)
+    assert write_kinds(again)[-1] == "DeleteMachine"
+    assert record_written(again) == {}, "never a new preservation"
 
 
-def test_14_expiry_of_node_annotation_removes_it_on_node_and_machine_before_clearing_the_expiry() -> None:
+def test_14_expiry_of_node_annotation_removes_it_on_node_and_machine_before_removing_the_record() -> None:
     m = machine(preserve="now", last_applied="now", expiry=NOW - HOUR, **steady_priority())
     result = plan(m, node(preserve="now", **preserved_running_node()))
     steps = writes(result)
-    machine_patch, node_patch = only(result, PatchMachineAnnotations), only(result, PatchNodeAnnotations)
+    machine_patch, node_patch = machine_patches(result)[0], only(result, PatchNodeAnnotations)
     assert {v.PRESERVE_ANNOTATION, v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION} <= set(machine_patch.remove)
     assert v.PRESERVE_ANNOTATION in node_patch.remove
-    clear = only(result, SetPreserveExpiry)
-    assert steps.index(machine_patch) < steps.index(clear)
-    assert steps.index(node_patch) < steps.index(clear)
-    assert steps[-1] == clear
+    assert steps.index(machine_patch) < steps.index(node_patch)
+    assert steps[-1] == RECORD_REMOVED
 
 
 # 15: `false` or nothing when the expiry passes: stop without removing annotations
 def test_15_expired_false_stops_without_removing_annotations() -> None:
     result = plan(machine(preserve="false", expiry=NOW - HOUR, **steady_priority()), node(**preserved_running_node()))
-    assert v.PRESERVE_ANNOTATION not in only(result, PatchMachineAnnotations).remove
+    assert v.PRESERVE_ANNOTATION not in machine_patches(result)[0].remove
     assert event_reasons(result) == STOPPED
 
 
@@ -274,15 +353,16 @@ def test_16_deleted_machine_gets_no_plan(m: object) -> None:
 
 
 # 17, 19: the node label names a node that does not exist: the machine's value, expiry only
-def test_19_missing_node_uses_machine_value_and_sets_only_the_expiry() -> None:
+def test_19_missing_node_uses_machine_value_and_sets_only_the_record() -> None:
     result = plan(machine(phase=FAILED, preserve="now", last_applied="false"), None, node_missing=True)
-    assert write_kinds(result) == ["SetPreserveExpiry", "PatchMachineAnnotations"]
+    assert write_kinds(result) == ["PatchMachineAnnotations"]
+    assert record_written(result) == dataclasses.replace(STARTED_RECORD, added_ca_annotation=False).annotations()
     assert 'Node "n1" not found' in of_type(result, RecordEvent)[0].message
 
 
-def test_19_missing_node_stop_clears_expiry_and_removes_annotations_on_expiry() -> None:
+def test_19_missing_node_stop_removes_the_preserve_annotation_then_the_record() -> None:
     result = plan(machine(preserve="now", expiry=NOW - HOUR), None, node_missing=True)
-    assert writes(result) == [PatchMachineAnnotations(remove=(v.PRESERVE_ANNOTATION,)), SetPreserveExpiry(expiry=None)]
+    assert writes(result) == [PatchMachineAnnotations(remove=(v.PRESERVE_ANNOTATION,)), RECORD_REMOVED]
 
 
 def test_node_missing_must_describe_a_named_node_that_was_not_found() -> None:
@@ -292,25 +372,27 @@ def test_node_missing_must_describe_a_named_node_that_was_not_found() -> None:
         plan(machine(node="", preserve="now"), None, node_missing=True)
 
 
-# 20: no node label: only the expiry is set and cleared
-def test_20_no_node_stop_only_clears_the_expiry() -> None:
+# 20: no node label: only the record is written and removed
+def test_20_no_node_stop_only_removes_the_record() -> None:
     result = plan(machine(node="", preserve="false", expiry=KEPT))
-    assert writes(result) == [SetPreserveExpiry(expiry=None)]
+    assert writes(result) == [RECORD_REMOVED]
+    mirrored = plan(machine(node="", preserve="false", expiry=KEPT, mirrored=KEPT), config=MIRROR)
+    assert writes(mirrored) == [SetPreserveExpiry(expiry=None), RECORD_REMOVED]
 
 
 # 21 (DESIGN §3 instead of upstream's freeze): node `""` = no preference, invalid = absent + Warning
 def test_21_empty_node_value_overrides_the_machine_and_stops() -> None:
     m = machine(preserve="now", expiry=KEPT, **steady_priority())
     result = plan(m, node(preserve="", **preserved_running_node()))
-    assert only(result, SetPreserveExpiry).expiry is None
-    assert v.PRESERVE_ANNOTATION in only(result, PatchMachineAnnotations).remove  # the node decides
+    assert writes(result)[-1] == RECORD_REMOVED
+    assert v.PRESERVE_ANNOTATION in machine_patches(result)[0].remove  # the node decides
 
 
 def test_21_invalid_node_value_is_ignored_and_reported_once() -> None:
     m = machine(preserve="now", expiry=KEPT, **steady_priority())
     n = node(preserve="yes", **preserved_running_node())
     result = plan(m, n)
-    assert of_type(result, SetPreserveExpiry) == []  # the machine's `now` still counts
+    assert not removes_the_record(result)  # the machine's `now` still counts
     assert writes(result) == [
         PatchMachineAnnotations(set={v.REPORTED_INVALID_PRESERVE_VALUES_ANNOTATION: '[["Node","yes"]]'})
     ]
@@ -331,8 +413,8 @@ def test_21_invalid_node_value_is_ignored_and_reported_once() -> None:
 @pytest.mark.parametrize("value", ["", "yes"])
 def test_22_empty_or_invalid_machine_value_stops_preservation(value: str) -> None:
     result = plan(machine(preserve=value, expiry=KEPT, **steady_priority()), node(**preserved_running_node()))
-    assert only(result, SetPreserveExpiry).expiry is None
-    patch = only(result, PatchMachineAnnotations)
+    assert writes(result)[-1] == RECORD_REMOVED
+    patch = machine_patches(result)[0]
     assert v.PRESERVE_ANNOTATION not in patch.remove  # left in place (reported if invalid)
     assert (v.REPORTED_INVALID_PRESERVE_VALUES_ANNOTATION in patch.set) == (value == "yes")
 
@@ -349,7 +431,7 @@ def test_recovery_moves_the_phase_then_plans_for_running() -> None:
         ("Machine", v.EventReason.MACHINE_RECOVERED),
         ("Node", v.EventReason.MACHINE_RECOVERED),
     ]
-    assert only(result, SetPreserveExpiry).expiry is None  # when-failed stops on recovery
+    assert writes(result)[-1] == RECORD_REMOVED  # when-failed stops on recovery
     assert of_type(result, DeleteMachine) == []
 
 
@@ -375,18 +457,18 @@ def test_recovery_before_expiry_stop_keeps_a_healthy_machine() -> None:
     result = plan(machine(phase=FAILED, preserve="now", expiry=NOW - HOUR), node(ready="True"))
     assert writes(result)[0] == SetMachinePhase(phase=RUNNING)
     assert of_type(result, DeleteMachine) == []
-    assert only(result, SetPreserveExpiry).expiry is None
+    assert writes(result)[-1] == RECORD_REMOVED
 
 
 def test_failed_machine_about_to_be_preserved_whose_node_is_healthy_is_recovered_first() -> None:
     result = plan(machine(phase=FAILED, preserve="now"), node(ready="True"))
     assert write_kinds(result) == [
         "SetMachinePhase",
-        "SetPreserveExpiry",
         "PatchMachineAnnotations",
         "PatchNodeAnnotations",
         "SetPreservedCondition",
     ]  # preserved as Running: no taint, no drain
+    assert record_written(result) == STARTED_RECORD.annotations()
 
 
 def test_start_event_names_the_value_and_where_it_came_from() -> None:
@@ -398,12 +480,11 @@ def test_start_event_names_the_value_and_where_it_came_from() -> None:
 
 # §5.4 old × new, as a user observes it; the plan is memoryless, so "old" matters only through "preserved".
 def outcome(result: MachinePlan) -> str:
-    expiry_steps = of_type(result, SetPreserveExpiry)
     if of_type(result, DeleteMachine):
         return "stop+delete"
-    if expiry_steps and expiry_steps[0].expiry is not None:
+    if v.PRESERVED_SINCE_ANNOTATION in record_written(result):
         return "start"
-    if expiry_steps:
+    if removes_the_record(result):
         return "stop"
     return "keep-or-nothing"
 
