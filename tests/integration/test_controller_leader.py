@@ -29,7 +29,8 @@ from tests.controller.support import (
     create_machine,
     create_node,
     eventually,
-    get_machine,
+    is_preserved,
+    machine_model,
     read_node_model,
 )
 
@@ -46,10 +47,8 @@ async def holder(api: client.ApiClient, namespace: str, name: str = LEASE_NAME) 
     return lease.spec.holder_identity if lease.spec else None
 
 
-async def expiry_of(api: client.ApiClient, namespace: str, name: str) -> str | None:
-    machine = await get_machine(client.CustomObjectsApi(api), namespace, name)
-    value = ((machine.get("status") or {}).get("currentStatus") or {}).get("preserveExpiryTime")
-    return str(value) if value else None
+async def preserved(api: client.ApiClient, namespace: str, name: str) -> bool:
+    return is_preserved(await machine_model(api, namespace, name))
 
 
 async def test_two_electors_one_wins_and_release_hands_over(api: client.ApiClient, namespace: str) -> None:
@@ -131,7 +130,7 @@ async def test_a_follower_does_not_reconcile_until_the_leader_shuts_down(
             kubeconfig=control_plane.kubeconfig, namespace=namespace, identity="second", **options
         ) as second:
             await create_machine(custom, namespace, "a", annotations={v.PRESERVE_ANNOTATION: "now"})
-            await eventually(lambda: expiry_of(api, namespace, "a"))
+            await eventually(lambda: preserved(api, namespace, "a"))
             assert second.controller.caches is not None
             assert not second.controller.caches.machines.synced, "a follower does not even watch"
             assert second.controller.ready(), "a standby is ready: it must not block a rollout"
@@ -141,7 +140,7 @@ async def test_a_follower_does_not_reconcile_until_the_leader_shuts_down(
             assert await holder(api, namespace) in (None, "second"), "the leader released its lease"
             await eventually(lambda: _holds(api, namespace, "second"), limit=15)
             await create_machine(custom, namespace, "b", annotations={v.PRESERVE_ANNOTATION: "now"})
-            await eventually(lambda: expiry_of(api, namespace, "b"))
+            await eventually(lambda: preserved(api, namespace, "b"))
             assert await second.shutdown() == 0
     assert await holder(api, namespace) is None
 
@@ -177,8 +176,13 @@ async def test_shutdown_finishes_the_reconcile_in_flight(
             # The drain is under way (taint written, eviction refused by the PDB) when the stop comes.
             await eventually(lambda: _tainted(api, node))
             assert await running.shutdown() == 0
+        machine = await machine_model(api, namespace, "m")
+        record = machine.preservation if machine is not None else None
+        assert record is not None
+        assert record.drain is not None, "the in-flight drain finished and recorded its outcome before exit"
+        assert record.drain.outcome == v.DrainOutcome.FAILED
         condition = (await _node(api, node)).preserved_condition
-        assert condition is not None, "the in-flight drain finished and wrote its outcome before exit"
+        assert condition is not None
         assert condition.message.startswith(v.DRAIN_FAILED_MESSAGE)
         assert f"{namespace}/guarded" in condition.message
         assert await holder(api, namespace) is None
@@ -201,6 +205,7 @@ async def test_the_cli_runs_until_sigterm_and_exits_cleanly(
         f"--namespace={namespace}",
         f"--metrics-port={port}",
         "--machine-preserve-timeout=1h",
+        "--mcm-native-preservation=false",  # the test CRDs carry v0.62's fields, which `auto` reads as native
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, "POD_NAME": "cli-test"},
@@ -216,7 +221,7 @@ async def test_the_cli_runs_until_sigterm_and_exits_cleanly(
 
             await eventually(ready, limit=60)
         await create_machine(client.CustomObjectsApi(api), namespace, "m", annotations={v.PRESERVE_ANNOTATION: "now"})
-        await eventually(lambda: expiry_of(api, namespace, "m"))
+        await eventually(lambda: preserved(api, namespace, "m"))
         lease_holder = await holder(api, namespace)
         assert lease_holder is not None
         assert lease_holder.startswith("cli-test_")

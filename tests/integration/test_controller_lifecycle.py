@@ -29,6 +29,8 @@ from tests.controller.support import (
     events_about,
     eventually,
     guarded_pods,
+    is_preserved,
+    is_unpreserved,
     machine_model,
     machine_set_owner,
     new_node,
@@ -40,6 +42,7 @@ MERGE = "application/merge-patch+json"
 P = v.PRESERVE_ANNOTATION
 PRIORITY, LAST_PRIORITY = v.MACHINE_PRIORITY_ANNOTATION, v.LAST_MACHINE_PRIORITY_ANNOTATION
 STOPPED = ("False", "Preservation stopped.", "")
+DRAIN_FAILED = v.DRAIN_FAILED_MESSAGE
 
 
 async def machine(api: client.ApiClient, namespace: str, name: str) -> Machine:
@@ -62,7 +65,7 @@ async def preserved_on_node(api: client.ApiClient, namespace: str, name: str, no
     m, n = await machine(api, namespace, name), await node(api, node_name)
     condition = n.preserved_condition
     return (
-        m.preserve_expiry_time is not None
+        is_preserved(m)
         and condition is not None
         and condition.status == "True"
         and n.metadata.annotations.get(v.CA_SCALE_DOWN_DISABLED_ANNOTATION) == "true"
@@ -73,7 +76,7 @@ async def stopped_on_node(api: client.ApiClient, namespace: str, name: str, node
     m, n = await machine(api, namespace, name), await node(api, node_name)
     condition = n.preserved_condition
     return (
-        m.preserve_expiry_time is None
+        is_unpreserved(m)
         and condition is not None
         and (condition.status, condition.reason, condition.message) == STOPPED
         and not (
@@ -213,9 +216,9 @@ async def test_false_stops_a_preservation_and_opts_a_failed_machine_out_of_auto_
             plain, opted = await machine(api, namespace, "plain"), await machine(api, namespace, "opted-out")
             return (
                 plain.metadata.annotations.get(P) == "auto-preserve"
-                and plain.preserve_expiry_time is not None
+                and is_preserved(plain)
                 and await preserved_on_node(api, namespace, "running", running_node)
-                and opted.preserve_expiry_time is None
+                and is_unpreserved(opted)
             )
 
         await eventually(settled)
@@ -225,9 +228,11 @@ async def test_false_stops_a_preservation_and_opts_a_failed_machine_out_of_auto_
 
         # The budget (2) has room, yet the opted-out machine is never auto-preserved.
         opted = await machine(api, namespace, "opted-out")
-        assert (opted.metadata.annotations.get(P), opted.preserve_expiry_time) == ("false", None)
+        assert opted.metadata.annotations.get(P) == "false"
+        assert is_unpreserved(opted)
         stopped = await machine(api, namespace, "running")
-        assert (stopped.metadata.annotations.get(P), stopped.preserve_expiry_time) == ("false", None)
+        assert stopped.metadata.annotations.get(P) == "false"
+        assert is_unpreserved(stopped)
         assert await stopped_on_node(api, namespace, "running", running_node)
         status = (await custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "machinesets", "ms"))["status"]
         assert (status["autoPreserveFailedMachineCount"], status["preservedFailedReplicas"]) == (1, 1)
@@ -269,20 +274,20 @@ async def test_failed_machines_of_a_machine_set_being_replaced_are_not_auto_pres
 
         async def newer_auto_preserved() -> bool:
             m = await machine(api, namespace, "new-m")
-            return m.metadata.annotations.get(P) == "auto-preserve" and m.preserve_expiry_time is not None
+            return m.metadata.annotations.get(P) == "auto-preserve" and is_preserved(m)
 
         await eventually(newer_auto_preserved)
         await resyncs(running.controller)
         old = await machine(api, namespace, "old-m")
         assert P not in old.metadata.annotations, "the MachineSet being replaced grants no auto value"
-        assert old.preserve_expiry_time is None
+        assert is_unpreserved(old)
 
         # The rollout is undone (the newer MachineSet goes): the old one is no longer being replaced.
         await custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "machinesets", "new")
 
         async def older_auto_preserved() -> bool:
             m = await machine(api, namespace, "old-m")
-            return m.metadata.annotations.get(P) == "auto-preserve" and m.preserve_expiry_time is not None
+            return m.metadata.annotations.get(P) == "auto-preserve" and is_preserved(m)
 
         await eventually(older_auto_preserved)
 
@@ -327,7 +332,7 @@ async def test_scale_down_priority_is_raised_while_preserved_and_restored_after(
         }
         await eventually(lambda: priorities(preserved))
         for name in ("manual", "marked", "marked-later", "auto"):
-            assert (await machine(api, namespace, name)).preserve_expiry_time is not None, name
+            assert is_preserved(await machine(api, namespace, name)), name
 
         # The cluster-autoscaler marks a preserved machine for deletion: the mark is not overwritten.
         await annotate_machine(api, namespace, "marked-later", {PRIORITY: "1"})
@@ -398,16 +403,32 @@ async def test_a_blocked_drain_names_the_blocking_pod_and_is_reported(
         kubeconfig=control_plane.kubeconfig, namespace=namespace, max_drain_attempt=dt.timedelta(seconds=3)
     ):
 
-        async def drain_failed() -> str:
+        async def draining() -> str:
             condition = (await node(api, node_name)).preserved_condition
             return condition.message if condition is not None and condition.status == "False" else ""
 
+        # While the first attempt runs (up to 3 s), the node says so and names the pods it waits for.
+        message = await eventually(draining, limit=60, interval=0.05)
+        assert message.startswith(v.DRAINING_MESSAGE), message
+        assert message.endswith(f"Waiting for pods: {namespace}/guarded."), message
+        m = await machine(api, namespace, "m")
+        assert m.preservation is not None
+        assert m.preservation.drain is None, "no outcome before the attempt ends"
+
+        async def drain_failed() -> str:
+            condition = (await node(api, node_name)).preserved_condition
+            return condition.message if condition is not None and condition.message.startswith(DRAIN_FAILED) else ""
+
         message = await eventually(drain_failed, limit=60)
-        assert message.startswith(v.DRAIN_FAILED_MESSAGE)
+        record = (await machine(api, namespace, "m")).preservation
+        assert record is not None
+        assert record.drain is not None
+        assert record.drain.outcome == v.DrainOutcome.FAILED, "the outcome is in the record"
+        assert record.drain.failing_since == record.drain.last_attempt, "one attempt so far (the next in 1 min)"
         assert message.endswith(f"Pods blocking the drain: {namespace}/guarded."), message
         n = await node(api, node_name)
         assert n.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT)
-        assert (await machine(api, namespace, "m")).preserve_expiry_time is not None, "still preserved"
+        assert is_preserved(await machine(api, namespace, "m")), "still preserved"
         pod = await core.read_namespaced_pod("guarded", namespace)
         assert pod.metadata.deletion_timestamp is None, "the PDB kept the pod from being evicted"
         await eventually(lambda: reported(api, namespace, "PreservedNodeDrainFailed", "m", node_name))
@@ -439,11 +460,19 @@ async def test_evictions_stop_at_the_drain_timeout_and_an_emptied_node_still_cou
             f"Pods blocking the drain: {namespace}/guarded. Evictions stopped after the drain timeout (3s); "
             "the node counts as drained once these pods are gone."
         ), condition.message
-        # Attempts are over: with a 1 s retry interval, an attempt would have moved the heartbeat by now.
+        record = (await machine(api, namespace, "m")).preservation
+        assert record is not None
+        assert record.drain is not None
+        assert record.drain.outcome == v.DrainOutcome.FAILED
+        assert record.drain.failing_since is not None
+        assert record.drain.last_attempt is not None
+        assert record.drain.last_attempt >= record.drain.failing_since + dt.timedelta(seconds=1), "attempts repeated"
+        # Attempts are over: with a 1 s retry interval, an attempt would have moved the record's last one by now.
         await asyncio.sleep(3)
         later = (await node(api, node_name)).preserved_condition
         assert later is not None
-        assert (later.message, later.last_heartbeat_time) == (condition.message, condition.last_heartbeat_time)
+        assert later.message == condition.message
+        assert (await machine(api, namespace, "m")).preservation == record
         assert (await core.read_namespaced_pod("guarded", namespace)).metadata.deletion_timestamp is None
 
         # The user removes the blocking pod: the controller notices the empty node without evicting anything.
@@ -502,13 +531,13 @@ async def test_a_machine_without_a_node_gets_only_the_expiry(
         [message] = await eventually(started)
         assert says in message
         m = await machine(api, namespace, "m")
-        assert m.preserve_expiry_time is not None
+        assert is_preserved(m)
         assert v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION not in m.metadata.annotations
 
         await annotate_machine(api, namespace, "m", {P: None})
 
         async def stopped() -> bool:
-            return (await machine(api, namespace, "m")).preserve_expiry_time is None
+            return is_unpreserved(await machine(api, namespace, "m"))
 
         await eventually(stopped)
 

@@ -10,7 +10,7 @@ from machine_preservation.cluster.controlplane import ControlPlane
 from machine_preservation.core import vocabulary as v
 from machine_preservation.standin.mcm import McmStandIn, set_node_ready
 from tests.controller.running import running_controller
-from tests.controller.support import GROUP, VERSION, eventually, machines_of, read_node_model
+from tests.controller.support import GROUP, VERSION, eventually, is_preserved, machines_of, read_node_model
 
 
 async def create_machine_set(api: client.ApiClient, namespace: str, replicas: int) -> None:
@@ -36,15 +36,19 @@ async def test_a_preserved_machine_that_fails_is_kept_and_drained_then_replaced_
     kept = sorted(machines)[0]
     async with running_controller(kubeconfig=control_plane.kubeconfig, namespace=namespace):
         await client.CoreV1Api(api).patch_node(kept, {"metadata": {"annotations": {v.PRESERVE_ANNOTATION: "now"}}})
-        await eventually(lambda: _expiry_set(api, namespace, kept))
+        await eventually(lambda: _preserved(api, namespace, kept))
         await set_node_ready(api, name=kept, ready=False)
 
         async def failed_and_drained() -> bool:
             machine = (await machines_of(api, namespace)).get(kept)
             assert machine is not None, "MCM must not delete the preserved machine"
+            record = machine.preservation
             condition = (await read_node_model(client.CoreV1Api(api), kept)).preserved_condition
             return (
                 machine.phase == "Failed"
+                and record is not None
+                and record.drain is not None
+                and record.drain.outcome == v.DrainOutcome.DRAINED
                 and condition is not None
                 and condition.message.startswith(v.DRAINED_SUCCESSFULLY_MESSAGE)
             )
@@ -68,6 +72,5 @@ async def _running(api: client.ApiClient, namespace: str, count: int, without: s
     return running
 
 
-async def _expiry_set(api: client.ApiClient, namespace: str, name: str) -> bool:
-    machine = (await machines_of(api, namespace)).get(name)
-    return machine is not None and machine.preserve_expiry_time is not None
+async def _preserved(api: client.ApiClient, namespace: str, name: str) -> bool:
+    return is_preserved((await machines_of(api, namespace)).get(name))

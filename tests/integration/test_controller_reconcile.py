@@ -18,6 +18,8 @@ from tests.controller.support import (
     VERSION,
     create_machine,
     eventually,
+    is_preserved,
+    is_unpreserved,
     machine_model,
     machine_set_owner,
     new_node,
@@ -50,8 +52,7 @@ async def test_now_on_the_node_preserves_and_removing_it_stops(
             machine, n = await machine_model(api, namespace, "m"), await node_model(api, node)
             condition = n.preserved_condition
             return bool(
-                machine is not None
-                and machine.preserve_expiry_time is not None
+                is_preserved(machine)
                 and condition is not None
                 and condition.status == "True"
                 and n.metadata.annotations.get(v.CA_SCALE_DOWN_DISABLED_ANNOTATION) == "true"
@@ -60,9 +61,12 @@ async def test_now_on_the_node_preserves_and_removing_it_stops(
         await eventually(preserved)
         machine, n = await machine_model(api, namespace, "m"), await node_model(api, node)
         assert machine is not None
-        assert machine.preserve_expiry_time is not None
-        expected = started + dt.timedelta(hours=72)
-        assert abs(machine.preserve_expiry_time - expected) < dt.timedelta(seconds=30)
+        record = machine.preservation
+        assert record is not None
+        assert record.by == v.PreservedBy.USER
+        assert abs(record.since - started) < dt.timedelta(seconds=30)
+        assert record.until == record.since + dt.timedelta(hours=72), "the default timeout"
+        assert machine.mirrored_expiry == record.until
         assert machine.metadata.annotations[v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION] == "now"
         assert n.metadata.annotations[v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION] == "true"
         condition = n.preserved_condition
@@ -78,8 +82,7 @@ async def test_now_on_the_node_preserves_and_removing_it_stops(
             machine, n = await machine_model(api, namespace, "m"), await node_model(api, node)
             condition = n.preserved_condition
             return bool(
-                machine is not None
-                and machine.preserve_expiry_time is None
+                is_unpreserved(machine)
                 and condition is not None
                 and condition.status == "False"
                 and v.CA_SCALE_DOWN_DISABLED_ANNOTATION not in n.metadata.annotations
@@ -121,10 +124,14 @@ async def test_a_failed_preserved_machine_is_tainted_drained_and_deleted_at_expi
         )
 
         async def drained() -> bool:
-            n = await node_model(api, node)
+            machine, n = await machine_model(api, namespace, "m"), await node_model(api, node)
+            record = machine.preservation if machine is not None else None
             condition = n.preserved_condition
             return bool(
-                condition is not None
+                record is not None
+                and record.drain is not None
+                and record.drain.outcome == v.DrainOutcome.DRAINED
+                and condition is not None
                 and condition.status == "True"
                 and condition.message.startswith(v.DRAINED_SUCCESSFULLY_MESSAGE)
                 and n.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT)
@@ -165,10 +172,12 @@ async def test_machine_set_auto_preserves_up_to_its_max(
         async def one_auto_preserved() -> bool:
             machines = [await machine_model(api, namespace, n) for n in ("a", "b", "healthy")]
             values = [m.metadata.annotations.get(v.PRESERVE_ANNOTATION) if m else None for m in machines]
-            expiries = [m.preserve_expiry_time if m else None for m in machines]
+            records = [m.preservation if m else None for m in machines]
             return (
                 sorted(map(str, values)) == ["None", "None", "auto-preserve"]
-                and sum(e is not None for e in expiries) == 1
+                and sum(r is not None for r in records) == 1
+                and all(r.by == v.PreservedBy.AUTO for r in records if r is not None)
+                and sum(is_preserved(m) for m in machines) == 1
             )
 
         await eventually(one_auto_preserved)
@@ -218,8 +227,7 @@ async def _is_none(machine: Any) -> bool:
 
 
 async def _preserved(api: client.ApiClient, namespace: str, name: str) -> bool:
-    machine = await machine_model(api, namespace, name)
-    return machine is not None and machine.preserve_expiry_time is not None
+    return is_preserved(await machine_model(api, namespace, name))
 
 
 async def _status_counts(custom: client.CustomObjectsApi, namespace: str) -> bool:
@@ -286,7 +294,13 @@ async def test_blocked_drains_do_not_hold_up_other_machines(
         await eventually(lambda: _preserved(api, namespace, "c"))
         conditions = [(await node_model(api, node)).preserved_condition for node in blocked]
         # Without the drain limit both workers would sit in the drains and c would wait for one to end.
-        assert conditions == [None, None], "machine c was preserved while the drains were still under way"
+        messages = [c.message if c is not None else "" for c in conditions]
+        assert all(m.startswith(v.DRAINING_MESSAGE) for m in messages), "c was preserved while both still drained"
+        for index in range(2):
+            machine = await machine_model(api, namespace, f"f{index}")
+            record = machine.preservation if machine is not None else None
+            assert record is not None
+            assert record.drain is None, "no drain outcome is recorded yet"
 
         async def both_reported() -> bool:
             conditions = [(await node_model(api, node)).preserved_condition for node in blocked]

@@ -14,8 +14,13 @@ from kubernetes.aio import client
 from machine_preservation.controller.manager import new_caches
 from machine_preservation.controller.queue import WorkQueue
 from machine_preservation.controller.reconcile import Caches, Queues, wire_handlers
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.preservation_record import start_record
 from machine_preservation.core.priority import unpreserved_priority_ceiling
 from tests.controller.support import GROUP, VERSION, create_machine, eventually, machine_set_owner
+
+TEN_HOURS = dt.timedelta(hours=10)
+USER = v.PreservedBy.USER
 
 
 @contextlib.asynccontextmanager
@@ -69,32 +74,42 @@ async def test_a_change_overtakes_a_resync_of_every_machine(api: client.ApiClien
 async def test_the_priority_ceiling_follows_machine_changes(api: client.ApiClient, namespace: str) -> None:
     custom = client.CustomObjectsApi(api)
     owner = await machine_set_owner(api, namespace, "ms")
-    for name, priority in (("a", "4"), ("b", "6"), ("c", "3")):
-        await create_machine(
-            custom, namespace, name, owner=owner, annotations={"machinepriority.machine.sapcloud.io": priority}
-        )
+    max_timeout = dt.timedelta(hours=1)
+    started = dt.datetime.now(dt.UTC)
+    # "p"'s record asks for 10 h but started 2 h ago: capped at 1 h it has run out, so "p" counts as unpreserved.
+    # "q" is preserved (for its capped hour): its priority is not a ceiling for the others.
+    records = {
+        "p": start_record(now=started - dt.timedelta(hours=2), timeout=TEN_HOURS, max_timeout=TEN_HOURS, by=USER),
+        "q": start_record(now=started, timeout=TEN_HOURS, max_timeout=TEN_HOURS, by=USER),
+    }
+    for name, priority in (("a", "4"), ("b", "6"), ("c", "3"), ("p", "8"), ("q", "9")):
+        record = records[name].annotations() if name in records else {}
+        annotations = {v.MACHINE_PRIORITY_ANNOTATION: priority, **record}
+        await create_machine(custom, namespace, name, owner=owner, annotations=annotations)
     async with wired(api, namespace, resync_period=600) as (caches, _):
 
         def ceilings() -> dict[str, int]:
             now = dt.datetime.now(dt.UTC)
             machines = caches.machines.values()
-            computed = {m.metadata.name: caches.priority_ceiling(m, now=now) for m in machines}
+            computed = {m.metadata.name: caches.priority_ceiling(m, now=now, max_timeout=max_timeout) for m in machines}
             defined = {
-                m.metadata.name: unpreserved_priority_ceiling(machine=m, machine_set_machines=machines, now=now)
+                m.metadata.name: unpreserved_priority_ceiling(
+                    machine=m, machine_set_machines=machines, now=now, max_timeout=max_timeout
+                )
                 for m in machines
             }
             assert computed == defined
             return computed
 
-        assert ceilings() == {"a": 6, "b": 4, "c": 6}
+        assert ceilings() == {"a": 8, "b": 8, "c": 8, "p": 6, "q": 8}
         await custom.patch_namespaced_custom_object(
             GROUP,
             VERSION,
             namespace,
             "machines",
             "c",
-            {"metadata": {"annotations": {"machinepriority.machine.sapcloud.io": "9"}}},
+            {"metadata": {"annotations": {v.MACHINE_PRIORITY_ANNOTATION: "9"}}},
         )
-        await eventually(lambda: ceilings() == {"a": 9, "b": 9, "c": 6})
+        await eventually(lambda: ceilings() == {"a": 9, "b": 9, "c": 8, "p": 9, "q": 9})
         await custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "machines", "c")
-        await eventually(lambda: ceilings() == {"a": 6, "b": 4})
+        await eventually(lambda: ceilings() == {"a": 8, "b": 8, "p": 6, "q": 8})

@@ -10,10 +10,15 @@ from typing import Any
 import pytest
 from kubernetes import client as sync_client
 from kubernetes.aio import client, config
+from kubernetes.aio.client.exceptions import ApiException
 
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.preservation_record import start_record
 from machine_preservation.standin.mcm import MCM_USERNAME, McmStandIn, set_node_ready
+from tests.controller.support import eventually
 
 GROUP, VERSION = "machine.sapcloud.io", "v1alpha1"
+USER = v.PreservedBy.USER
 
 
 def grant_cluster_admin(kube_client: sync_client.ApiClient, user: str) -> None:
@@ -40,6 +45,9 @@ async def standin(
     await config.load_kube_config(config_file=str(kubeconfig_for(MCM_USERNAME)), client_configuration=configuration)
     api = client.ApiClient(configuration=configuration)
     stand_in = McmStandIn(api=api, namespace=namespace, health_timeout=dt.timedelta(seconds=30))
+    # Right after the CRDs are installed their watch caches may still be starting (lists get 429 meanwhile); the
+    # stand-in's single passes would fail on that, its loop retries.
+    await eventually(lambda: _listable(stand_in))
     try:
         yield stand_in
     finally:
@@ -47,6 +55,16 @@ async def standin(
         for machine in await machines(stand_in):
             core.delete_node(machine["metadata"]["name"])
         await api.close()
+
+
+async def _listable(stand_in: McmStandIn) -> bool:
+    try:
+        await machines(stand_in)
+    except ApiException as error:
+        if error.status != 429:
+            raise
+        return False
+    return True
 
 
 async def machines(stand_in: McmStandIn) -> list[dict[str, Any]]:
@@ -116,9 +134,13 @@ async def test_keeps_preserved_failed_machines_and_scales_down_unpreserved_first
     names = sorted(m["metadata"]["name"] for m in await machines(standin))
     preserved, _lowest_priority, other = names
     custom = sync_client.CustomObjectsApi(kube_client)
-    expiry = (now + dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    failed_and_preserved = {"status": {"currentStatus": {"phase": "Failed", "preserveExpiryTime": expiry}}}
-    custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, "machines", preserved, failed_and_preserved)
+    # Preserved for an hour: the controller's record in the Machine's annotations.
+    record = start_record(now=now, timeout=dt.timedelta(hours=1), max_timeout=dt.timedelta(hours=1), by=USER)
+    custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "machines", preserved, {"metadata": {"annotations": record.annotations()}}
+    )
+    failed = {"status": {"currentStatus": {"phase": "Failed"}}}
+    custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, "machines", preserved, failed)
     higher_priority = {"metadata": {"annotations": {"machinepriority.machine.sapcloud.io": "5"}}}
     custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, "machines", other, higher_priority)
     await set_node_ready(standin.api, name=preserved, ready=False)
