@@ -41,10 +41,9 @@ P = Preference
         # the node's false wins over the machine's now, and vice versa
         ("false", "now", ABSENT, P.FALSE, Source.NODE, True),
         ("now", "false", ABSENT, P.NOW, Source.NODE, True),
-        # both spellings of the auto value read as AUTO
+        # both spellings of the auto value read as AUTO (on the machine; on a node see below)
         (ABSENT, "auto-preserve", ABSENT, P.AUTO, Source.MACHINE, False),
         (ABSENT, "auto-preserved", ABSENT, P.AUTO, Source.MACHINE, False),
-        ("auto-preserved", ABSENT, ABSENT, P.AUTO, Source.NODE, True),
         # the machine's auto value survives a node in control that has no preference
         ("", "auto-preserve", ABSENT, P.AUTO, Source.MACHINE, True),
         (ABSENT, "auto-preserve", "now", P.AUTO, Source.MACHINE, True),
@@ -73,10 +72,21 @@ def test_missing_node_leaves_the_machine_value_in_force_whatever_last_applied_sa
     assert (effective.value, effective.source, effective.node_in_control) == (P.NOW, Source.MACHINE, False)
 
 
-def test_node_raw_is_the_valid_node_value_as_written() -> None:
-    assert effective_preserve_value(machine=machine(), node=node(preserve="auto-preserved")).node_raw == (
-        "auto-preserved"
+@pytest.mark.parametrize("auto", ["auto-preserve", "auto-preserved"])
+def test_the_auto_value_on_a_node_is_invalid_and_ignored(auto: str) -> None:
+    # The controller writes it on Machines only: on a Node someone else wrote it.
+    effective = effective_preserve_value(machine=machine(last_applied="now"), node=node(preserve=auto))
+    assert (effective.value, effective.source, effective.node_in_control, effective.node_raw) == (
+        P.NONE,
+        Source.NODE,
+        True,
+        None,
     )
+    assert effective.invalid == (InvalidValue("Node", "n1", auto),)
+
+
+def test_node_raw_is_the_valid_node_value_as_written() -> None:
+    assert effective_preserve_value(machine=machine(), node=node(preserve="when-failed")).node_raw == "when-failed"
     assert effective_preserve_value(machine=machine(), node=node(preserve="")).node_raw == ""
     assert effective_preserve_value(machine=machine(), node=node()).node_raw is None
     assert effective_preserve_value(machine=machine(), node=node(preserve="yes")).node_raw is None
