@@ -137,7 +137,8 @@ def test_controller_runs_with_the_charts_arguments_and_rbac(
         ]
         assert any(holder and holder.startswith("controller-0_") for holder in lease_holders), lease_holders
 
-        # A manual preservation exercises the writes: Machine status, Node annotations, Events.
+        # A manual preservation exercises the writes: the record in the Machine's annotations, its mirror in the
+        # Machine's status, Node annotations, Events.
         custom.create_namespaced_custom_object(
             *MACHINES,
             namespace,
@@ -155,9 +156,11 @@ def test_controller_runs_with_the_charts_arguments_and_rbac(
 
         def preserved() -> bool:
             machine = custom.get_namespaced_custom_object(*MACHINES, namespace, "machines", "m")
+            until = machine["metadata"].get("annotations", {}).get(v.PRESERVED_UNTIL_ANNOTATION)
             annotations = core.read_node(node).metadata.annotations or {}
             return bool(
-                machine.get("status", {}).get("currentStatus", {}).get("preserveExpiryTime")
+                until
+                and machine.get("status", {}).get("currentStatus", {}).get("preserveExpiryTime") == until
                 and annotations.get(v.CA_SCALE_DOWN_DISABLED_ANNOTATION) == "true"
             )
 

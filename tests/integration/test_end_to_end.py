@@ -30,6 +30,8 @@ from tests.controller.support import (
     create_machine,
     events_about,
     eventually,
+    is_preserved,
+    is_unpreserved,
     machines_of,
     read_node_model,
 )
@@ -136,7 +138,7 @@ async def test_mcm_is_denied_deleting_a_machine_pending_preservation_and_the_con
         machines = await machines_of(api, namespace)
         assert list(machines) == [name], "the machine was neither deleted nor replaced"
         assert machines[name].phase == "Failed"
-        assert machines[name].preserve_expiry_time is None, "not preserved yet: no controller runs"
+        assert is_unpreserved(machines[name]), "not preserved yet: no controller runs"
         denial = await mcm_may_delete(standin.api, namespace, name)
         assert f'machine "{name}" is Failed and about to be preserved (preserve value "when-failed"' in denial
 
@@ -147,9 +149,13 @@ async def test_mcm_is_denied_deleting_a_machine_pending_preservation_and_the_con
                 assert machine is not None, "MCM must not delete the machine"
                 node = await read_node_model(client.CoreV1Api(api), name)
                 condition = node.preserved_condition
+                record = machine.preservation
                 return (
                     machine.phase == "Failed"
-                    and machine.preserve_expiry_time is not None
+                    and is_preserved(machine)
+                    and record is not None
+                    and record.drain is not None
+                    and record.drain.outcome == v.DrainOutcome.DRAINED
                     and node.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT)
                     and condition is not None
                     and condition.message.startswith(v.DRAINED_SUCCESSFULLY_MESSAGE)
@@ -167,5 +173,6 @@ async def test_mcm_is_denied_deleting_a_machine_pending_preservation_and_the_con
             assert f'machine "{name}" is Failed and preserved until' in denial
             kept = await machines_of(api, namespace)
             assert list(kept) == [name], "still kept, nothing replaced"
-            # The controller's own annotation writes passed the Machine annotation guard.
+            # The controller's own annotation writes (its record too) passed the Machine annotation guard.
             assert kept[name].metadata.annotations[v.MACHINE_PRIORITY_ANNOTATION] == "5"
+            assert kept[name].metadata.annotations[v.PRESERVED_BY_ANNOTATION] == v.PreservedBy.USER
