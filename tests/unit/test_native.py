@@ -256,3 +256,23 @@ def test_native_plans_never_run_the_lifecycle_and_hand_over_once(snapshot: tuple
     assert handed.metadata.annotations.get(v.PRESERVE_ANNOTATION) != "auto-preserve"
     assert isinstance(writes(result)[-1], PatchMachineAnnotations), "the record goes last"
     assert writes(native(handed, n)) == [], "handed over once"
+
+
+@pytest.mark.parametrize(
+    ("priority", "last_priority", "after"),
+    [
+        ("5", "", None),  # it had none before we raised it
+        ("6", "4", "4"),  # its own value comes back
+        ("1", "", "1"),  # the CA's deletion mark set meanwhile stays
+        ("7", ABSENT, "7"),  # not raised by us: left alone
+    ],
+)
+def test_hand_over_restores_the_priority_our_preservation_raised(
+    priority: str, last_priority: object, after: str | None
+) -> None:
+    # MCM sorts preserved machines last itself; a priority left raised would outlive its preservation.
+    m = machine(phase=FAILED, preserve="now", expiry=KEPT, priority=priority, last_priority=last_priority)
+    handed, _ = apply_machine_plan(machine=m, node=None, plan=native(m), now=NOW)
+    assert handed.metadata.annotations.get(v.MACHINE_PRIORITY_ANNOTATION) == after
+    assert v.LAST_MACHINE_PRIORITY_ANNOTATION not in handed.metadata.annotations
+    assert len(of_type(native(m), PatchMachineAnnotations)) == 1, "in the write that removes the record"

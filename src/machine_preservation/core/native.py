@@ -6,8 +6,10 @@ annotation, drain, auto-preservation with the value `auto-preserved`); the contr
 Hand-over: a machine still carrying our record (preserved before MCM was upgraded) gets its expiry written
 where MCM reads it and our auto value respelled as MCM's (MCM ignores `auto-preserve` and would stop the
 preservation), then our record is removed, in that order, so a crash in between repeats the hand-over. The
-node keeps our condition, taint and CA annotation: they use MCM's keys and messages, so MCM carries on
-from them (a drained node is not drained again).
+priority our preservation raised is restored in the same write as the record's removal: MCM sorts preserved
+machines last itself, and once we only observe nothing would lower it after MCM's preservation ends. The node
+keeps our condition, taint and CA annotation: they use MCM's keys and messages, so MCM carries on from them (a
+drained node is not drained again).
 
 Observation: Events from what MCM's objects show, each recorded once (`RecordEvent.once`): a preservation
 starting (the expiry appears; the message names it, so each preservation is distinct) and ending (the node's
@@ -25,6 +27,7 @@ from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.models import Machine, Node
 from machine_preservation.core.plan import MachinePlan, MachineStep, PatchMachineAnnotations, SetPreserveExpiry
 from machine_preservation.core.preservation_record import record_patch
+from machine_preservation.core.priority import priority_patch
 
 
 def plan_native(*, machine: Machine, node: Node | None, config: PreservationConfig) -> MachinePlan:
@@ -51,7 +54,8 @@ def _hand_over(*, machine: Machine, node: Node | None, config: PreservationConfi
         else {}
     )
     _, remove = record_patch(current=annotations, record=None)
-    steps.append(PatchMachineAnnotations(set=respell, remove=remove))
+    restore = priority_patch(machine=machine, preserved=False, auto=False, ceiling=v.DEFAULT_MACHINE_PRIORITY)
+    steps.append(PatchMachineAnnotations(set={**respell, **restore.set}, remove=(*restore.remove, *remove)))
     steps += events.on_machine_and_node(
         machine=machine,
         node=node,
