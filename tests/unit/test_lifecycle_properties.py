@@ -10,7 +10,7 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from machine_preservation.core import vocabulary as v
@@ -298,3 +298,34 @@ def test_a_crash_after_any_write_converges_to_the_same_state(s: dict[str, Any], 
     m, n = execute(s["machine"], s["node"], prefix, now=s["now"], drained=s["drained"], blocking_pods=("ns/p",))
     m, n = converge(s, m, n)
     assert essentials(m, n) == essentials(m_full, n_full)
+
+
+def starts(result: MachinePlan) -> bool:
+    """Whether a plan starts a preservation: it writes a record's start, or says so."""
+    writes_since = any(v.PRESERVED_SINCE_ANNOTATION in p.set for p in of_type(result, PatchMachineAnnotations))
+    says_so = any(e.reason == v.EventReason.PRESERVATION_STARTED for e in of_type(result, RecordEvent))
+    return writes_since or says_so
+
+
+def ends(result: MachinePlan) -> bool:
+    """Whether a plan ends the preservation: it removes the record, or deletes the Failed machine with it."""
+    removes = any(v.PRESERVED_SINCE_ANNOTATION in p.remove for p in of_type(result, PatchMachineAnnotations))
+    return removes or bool(of_type(result, DeleteMachine))
+
+
+@PROPERTY
+@given(snapshots(), st.integers(0, 12))
+def test_a_stop_interrupted_after_any_step_is_finished_never_a_new_preservation(s: dict[str, Any], done: int) -> None:
+    """A crash after `done` writes, or a conflict (409) on the next one, leaves the objects as after the
+    first `done` writes: the record is still there, so planning again finishes the stop."""
+    first = plan_of(s)
+    assume(s["machine"].preservation is not None and ends(first))
+    prefix = MachinePlan(steps=first.steps[: min(done, len(first.steps))])
+    m, n = execute(s["machine"], s["node"], prefix, now=s["now"], drained=s["drained"], blocking_pods=("ns/p",))
+    for _ in range(4):
+        again = replan(s, m, n)
+        assert not starts(again), "an interrupted stop must not start a new preservation"
+        if not pending(s, m, n):
+            break
+        m, n = execute(m, n, again, now=s["now"], drained=s["drained"], blocking_pods=("ns/p",))
+    assert m.preservation is None or m.metadata.deletion_timestamp is not None
