@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from machine_preservation.controller.manager import Controller, ControllerOptions
+from machine_preservation.controller.metrics import Metrics
 from machine_preservation.core.mcm_generation import NativePreservationMode
 from tests.controller.support import eventually
 
@@ -26,7 +27,10 @@ class Running:
 
 
 @contextlib.asynccontextmanager
-async def running_controller(*, kubeconfig: Path, namespace: str, **options: Any) -> AsyncIterator[Running]:
+async def running_controller(
+    *, kubeconfig: Path, namespace: str, metrics: Metrics | None = None, **options: Any
+) -> AsyncIterator[Running]:
+    """The controller with `options` (ControllerOptions' fields); `metrics` may hook into its API clients."""
     # Not native by default: the test control plane's CRDs carry v0.62's preservation fields, which `auto` would
     # take for an MCM that preserves itself, and these tests exercise the controller's own lifecycle.
     settings: dict[str, Any] = {
@@ -39,7 +43,8 @@ async def running_controller(*, kubeconfig: Path, namespace: str, **options: Any
     controller = Controller(
         options=ControllerOptions(
             namespace=namespace, control_kubeconfig=kubeconfig, target_kubeconfig=kubeconfig, **settings
-        )
+        ),
+        metrics=metrics or Metrics(),
     )
     stop = asyncio.Event()
     task = asyncio.create_task(controller.run(stop))
