@@ -1,0 +1,209 @@
+"""Pool settings on the real control plane. MCM v0.61 copies neither `machinePreserveTimeout` nor
+`autoPreserveFailedMachineMax` to MachineSets and Machines, so the controller finds them through the
+MachineSet's MachineDeployment, labelled with its Gardener worker pool, in the Shoot that Gardener's `Cluster`
+resource (cluster-scoped, named after the control namespace) carries: the pool's timeout sets each expiry, its
+max the MachineSet's auto-preservation budget, and a change of the Shoot takes effect at once."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as sync_client
+from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
+
+from machine_preservation.cluster.controlplane import ControlPlane
+from machine_preservation.cluster.crds import apply_crd
+from machine_preservation.cluster.mcm import gardener_cluster_crd
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.pool_settings import (
+    CLUSTER_API_GROUP,
+    CLUSTER_API_VERSION,
+    CLUSTER_PLURAL,
+    WORKER_POOL_LABEL,
+)
+from tests.controller.running import running_controller
+from tests.controller.support import (
+    GROUP,
+    VERSION,
+    create_custom,
+    create_machine,
+    eventually,
+    machines_of,
+    new_node,
+    owner_reference,
+)
+
+P = v.PRESERVE_ANNOTATION
+POOL = "pool-a"
+CLUSTER_CRD = f"{CLUSTER_PLURAL}.{CLUSTER_API_GROUP}"
+
+
+@pytest.fixture
+def cluster_crd(kube_client: sync_client.ApiClient) -> Iterator[None]:
+    """Gardener's own `Cluster` CRD (from its Go module), installed for the test where it is not yet; the
+    controller watches Clusters only where the CRD exists when it starts."""
+    extensions = sync_client.ApiextensionsV1Api(kube_client)
+    try:
+        extensions.read_custom_resource_definition(CLUSTER_CRD)
+        installed_here = False
+    except sync_client.exceptions.ApiException as error:
+        if error.status != 404:
+            raise
+        manifest = yaml.safe_load(gardener_cluster_crd().read_text())
+        apply_crd(extensions, manifest)
+        installed_here = True
+    _wait_until_served(kube_client)
+    yield
+    if installed_here:
+        extensions.delete_custom_resource_definition(CLUSTER_CRD)
+
+
+def _wait_until_served(kube_client: sync_client.ApiClient) -> None:
+    """Established, and its storage ready (lists answer 429 while it starts)."""
+    custom = sync_client.CustomObjectsApi(kube_client)
+    for _ in range(300):
+        try:
+            custom.list_cluster_custom_object(CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL)
+            return
+        except sync_client.exceptions.ApiException as error:
+            if error.status not in (404, 429, 503):
+                raise
+        time.sleep(0.1)
+    raise AssertionError(f"{CLUSTER_CRD} not served")
+
+
+def shoot(*, timeout: str, maximum: int) -> dict[str, Any]:
+    """A Shoot whose pool POOL sets both preservation fields (and an unrelated pool that sets others)."""
+    return {
+        "apiVersion": "core.gardener.cloud/v1beta1",
+        "kind": "Shoot",
+        "metadata": {"name": "shoot", "namespace": "garden-project"},
+        "spec": {
+            "provider": {
+                "type": "local",
+                "workers": [
+                    {
+                        "name": "other",
+                        "zones": ["z1"],
+                        "machineControllerManager": {"machinePreserveTimeout": "1m", "autoPreserveFailedMachineMax": 9},
+                    },
+                    {
+                        "name": POOL,
+                        "zones": ["z1"],
+                        "machineControllerManager": {
+                            "machinePreserveTimeout": timeout,
+                            "autoPreserveFailedMachineMax": maximum,
+                        },
+                    },
+                ],
+            }
+        },
+    }
+
+
+@pytest.fixture
+async def cluster(api: client.ApiClient, namespace: str, cluster_crd: None) -> AsyncIterator[str]:
+    """The namespace's Cluster, its Shoot's pool with 45m and a max of 1; deleted afterwards."""
+    body = {
+        "apiVersion": f"{CLUSTER_API_GROUP}/{CLUSTER_API_VERSION}",
+        "kind": "Cluster",
+        "metadata": {"name": namespace},
+        "spec": {"cloudProfile": {}, "seed": {}, "shoot": shoot(timeout="45m", maximum=1)},
+    }
+    custom = client.CustomObjectsApi(api)
+    await custom.create_cluster_custom_object(CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL, body)
+    yield namespace
+    with contextlib.suppress(ApiException):
+        await custom.delete_cluster_custom_object(CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL, namespace)
+
+
+async def preserved_for(api: client.ApiClient, namespace: str) -> dict[str, dt.timedelta]:
+    """Each preserved machine's time granted (until - since), from its record."""
+    machines = await machines_of(api, namespace)
+    return {
+        name: m.preservation.until - m.preservation.since for name, m in machines.items() if m.preservation is not None
+    }
+
+
+async def test_the_pool_in_the_shoot_sets_the_timeout_and_the_auto_preservation_budget(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str], cluster: str
+) -> None:
+    custom = client.CustomObjectsApi(api)
+    # Neither the MachineDeployment nor the MachineSet carries a setting (as under MCM v0.61): only the pool label.
+    deployment = await create_custom(api, namespace, "MachineDeployment", "md", spec={"replicas": 4})
+    await custom.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        "machinedeployments",
+        "md",
+        {"metadata": {"labels": {WORKER_POOL_LABEL: POOL}}},
+        _content_type="application/merge-patch+json",
+    )
+    machine_set = await create_custom(
+        api, namespace, "MachineSet", "ms", spec={"replicas": 4}, owner=owner_reference("MachineDeployment", deployment)
+    )
+    owner = owner_reference("MachineSet", machine_set)
+    for name in ("failed-a", "failed-b", "failed-c"):
+        node = await new_node(api, node_names, ready=False)
+        await create_machine(custom, namespace, name, node=node, phase="Failed", owner=owner)
+    manual_node = await new_node(api, node_names, ready=True)
+    await create_machine(custom, namespace, "manual", node=manual_node, owner=owner, annotations={P: "now"})
+    pool_timeout = dt.timedelta(minutes=45)
+
+    async with running_controller(kubeconfig=control_plane.kubeconfig, namespace=namespace, resync_period=0.5) as r:
+        caches = r.controller.caches
+        assert caches is not None
+        assert caches.clusters is not None, "the Cluster CRD is installed: the controller watches the namespace's"
+
+        async def one_auto_and_the_manual() -> dict[str, dt.timedelta]:
+            granted = await preserved_for(api, namespace)
+            return granted if len(granted) == 2 and "manual" in granted else {}
+
+        granted = await eventually(one_auto_and_the_manual)
+        assert set(granted.values()) == {pool_timeout}, "the pool's 45m, not the flag's 72h"
+        await _stays(lambda: preserved_for(api, namespace), granted, r.controller)
+        machines = await machines_of(api, namespace)
+        auto = [n for n, m in machines.items() if m.metadata.annotations.get(P) == "auto-preserve"]
+        assert len(auto) == 1, "the pool's max is 1"
+        await eventually(lambda: _machine_set_count(custom, namespace, 1))
+
+        # The Shoot's pool allows 3 now (and shortens the timeout, for preservations that start from now on).
+        await custom.patch_cluster_custom_object(
+            CLUSTER_API_GROUP,
+            CLUSTER_API_VERSION,
+            CLUSTER_PLURAL,
+            cluster,
+            {"spec": {"shoot": shoot(timeout="20m", maximum=3)}},
+            _content_type="application/merge-patch+json",
+        )
+
+        async def all_auto_preserved() -> dict[str, dt.timedelta]:
+            granted = await preserved_for(api, namespace)
+            return granted if len(granted) == 4 else {}
+
+        granted = await eventually(all_auto_preserved)
+        await eventually(lambda: _machine_set_count(custom, namespace, 3))
+    assert granted["manual"] == pool_timeout, "a running preservation keeps its expiry"
+    assert granted[auto[0]] == pool_timeout
+    assert sorted(t for n, t in granted.items() if n not in ("manual", auto[0])) == [dt.timedelta(minutes=20)] * 2
+
+
+async def _stays(read: Any, expected: Any, controller: Any, resyncs: int = 3) -> None:
+    """`read()` still returns `expected` after `resyncs` more resyncs of every machine."""
+    caches = controller.caches
+    target = caches.machines.stats.resyncs + resyncs
+    await eventually(lambda: caches.machines.stats.resyncs >= target)
+    assert await read() == expected
+
+
+async def _machine_set_count(custom: client.CustomObjectsApi, namespace: str, expected: int) -> bool:
+    current = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "machinesets", "ms")
+    return bool((current.get("status") or {}).get("autoPreserveFailedMachineCount") == expected)
