@@ -1,5 +1,6 @@
 """The harness itself, against real MCM of every version we build: a pool comes up with Nodes registered by
-the fake driver, and a node that stops being Ready is failed and replaced by MCM, as on a real seed."""
+the fake driver, a node that stops being Ready is failed and replaced by MCM, as on a real seed, and a
+restarted MCM finds its machines again (the fake cloud's VMs outlive the process)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,17 @@ import time
 
 import pytest
 
+from machine_preservation.cluster.mcm import DEFAULT_MCM_VERSION
 from machine_preservation.cluster.mcm_pool import machine_node
 from tests.controller.support import eventually
 from tests.e2e.harness import ALL_MCM_VERSIONS, RealMcm
 
 MCM_NODE_FINALIZER = "node.machine.sapcloud.io/machine-controller"
 
-pytestmark = pytest.mark.parametrize("mcm_version", ALL_MCM_VERSIONS, indirect=True)
+both_versions = pytest.mark.parametrize("mcm_version", ALL_MCM_VERSIONS, indirect=True)
 
 
+@both_versions
 async def test_pool_gets_running_machines_with_nodes(real_mcm: RealMcm) -> None:
     started = time.monotonic()
     await real_mcm.create_pool("pool-a", replicas=2)
@@ -44,6 +47,7 @@ async def test_pool_gets_running_machines_with_nodes(real_mcm: RealMcm) -> None:
     assert "forbidden" not in real_mcm.logs().lower()
 
 
+@both_versions
 async def test_not_ready_node_is_failed_and_replaced(real_mcm: RealMcm) -> None:
     await real_mcm.create_pool("pool-b", replicas=2)
     machines = await real_mcm.wait_for_pool("pool-b", 2)
@@ -77,3 +81,23 @@ async def test_not_ready_node_is_failed_and_replaced(real_mcm: RealMcm) -> None:
         f"replacement created after {created.at - failed_at:.1f}s, machine gone after {gone.at - failed_at:.1f}s, "
         f"replacement Running after {time.monotonic() - failed_at:.1f}s"
     )
+
+
+@pytest.mark.parametrize("mcm_version", [DEFAULT_MCM_VERSION], indirect=True)
+async def test_restart_keeps_machines(real_mcm: RealMcm) -> None:
+    await real_mcm.create_pool("pool-c", replicas=1)
+    (machine,) = await real_mcm.wait_for_pool("pool-c", 1)
+    name = machine["metadata"]["name"]
+
+    restarted_at = time.monotonic()
+    await real_mcm.restart()
+
+    def resynced() -> bool:
+        # The new machine controller has reconciled the machine (its log since the restart names it).
+        since_restart = real_mcm.runner.log("machine-controller").read_text().rsplit("=== ", 1)[-1]
+        return f'reconcileClusterMachine: Stop for "{name}"' in since_restart
+
+    await eventually(resynced, limit=60)
+    (after,) = await real_mcm.wait_for_pool("pool-c", 1)
+    assert after["metadata"]["name"] == name
+    assert all(e.phase == "Running" for e in real_mcm.recorder.events if e.name == name and e.at >= restarted_at)
