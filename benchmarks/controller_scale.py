@@ -13,12 +13,13 @@ controller as its own process (so /proc/PID/status gives a clean RSS) and prints
    before the workers started, so an empty queue after >= N reconciles means every Machine was reconciled);
 2. Failed -> fully preserved: one sample at a time (spread over time), the script sets the Node's Ready
    condition to Unknown, then the Machine's phase to Failed; "fully preserved" is the first moment (this
-   script's clock, from watches on the sample Nodes and Machines) at which the Machine has a
-   preserveExpiryTime and its Node has the CA annotation "true", the Preserved condition True with the
-   "drained successfully" message and the preserved taint (the Node is empty, so the drain has nothing to evict);
-3. expiry lag: for the same samples, the moment the stop is complete (expiry cleared or the Failed Machine
-   deleted, and the Node's Preserved condition False, taint and CA annotation gone) minus the recorded
-   preserveExpiryTime (which has whole-second resolution);
+   script's clock, from watches on the sample Nodes and Machines) at which the Machine has a preservation
+   record (its `preserved-since`/`preserved-until` annotations) and its Node has the CA annotation "true", the
+   Preserved condition True with the "drained successfully" message and the preserved taint (the Node is
+   empty, so the drain has nothing to evict);
+3. expiry lag: for the same samples, the moment the stop is complete (record removed or the Failed Machine
+   deleted, and the Node's Preserved condition False, taint and CA annotation gone) minus the record's expiry
+   (`preserved-until`, capped at `preserved-since` + the maximum timeout; whole-second resolution);
 4. API writes of the controller (its own machine_preservation_api_requests_total, verbs create/update/patch/
    delete) during a steady-state window with nothing changing (--steady-seconds, default 300); the controller's
    informer resync period is --resync-seconds (default 60, the product default is 600) so the window contains
@@ -60,6 +61,9 @@ NAMESPACE = "bench"
 GROUP, VERSION = "machine.sapcloud.io", "v1alpha1"
 SAMPLE_LABEL = "bench.machine-preservation/sample"
 PRESERVE = "node.machine.sapcloud.io/preserve"
+PRESERVED_SINCE = "node.machine.sapcloud.io/preserved-since"
+PRESERVED_UNTIL = "node.machine.sapcloud.io/preserved-until"
+MAX_PRESERVE_SECONDS = 720 * 3600  # the controller's default --max-preserve-timeout
 CA_ANNOTATION = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
 TAINT_KEY, TAINT_EFFECT = "node.machine.sapcloud.io/preserved", "NoSchedule"
 DRAINED = "Preserved node drained successfully."
@@ -134,6 +138,7 @@ def run_controller_child(args: argparse.Namespace) -> int:
     """`--controller-child`: what `machine-preservation controller` runs, with a settable resync period."""
     from machine_preservation.controller.commands import serve
     from machine_preservation.controller.manager import ControllerOptions
+    from machine_preservation.core.mcm_generation import NativePreservationMode
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     options = ControllerOptions(
@@ -144,6 +149,9 @@ def run_controller_child(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         resync_period=args.resync_seconds,
         workers=args.workers,
+        # The CRDs installed here carry v0.62's preservation fields, which `auto` reads as an MCM that preserves
+        # machines itself; measured is the controller running the lifecycle.
+        native_preservation=NativePreservationMode.FALSE,
     )
     return asyncio.run(serve(options))
 
@@ -167,7 +175,7 @@ class Sample:
     failed_at: float = 0.0  # wall clock, just before the phase patch is sent
     machine_preserved_at: float | None = None
     node_preserved_at: float | None = None
-    expiry: float | None = None  # the recorded preserveExpiryTime
+    expiry: float | None = None  # the record's expiry (preserved-until, capped)
     machine_stopped_at: float | None = None
     node_stopped_at: float | None = None
 
@@ -398,13 +406,14 @@ async def watch_samples(api: Any, samples: dict[str, Sample], stop: asyncio.Even
         sample = samples.get(metadata.get("name", ""))
         if sample is None or not sample.failed_at:
             return
-        expiry = ((raw.get("status") or {}).get("currentStatus") or {}).get("preserveExpiryTime")
+        annotations = metadata.get("annotations") or {}
+        since, until = annotations.get(PRESERVED_SINCE), annotations.get(PRESERVED_UNTIL)
         if sample.machine_preserved_at is None:
-            if expiry and kind != "DELETED":
+            if since and until and kind != "DELETED":
                 sample.machine_preserved_at = now
-                sample.expiry = parse_time(expiry)
+                sample.expiry = min(parse_time(until), parse_time(since) + MAX_PRESERVE_SECONDS)
         elif sample.machine_stopped_at is None and (
-            kind == "DELETED" or metadata.get("deletionTimestamp") or not expiry
+            kind == "DELETED" or metadata.get("deletionTimestamp") or not until
         ):
             sample.machine_stopped_at = now
 
@@ -574,7 +583,7 @@ async def bench(args: argparse.Namespace, results: Results) -> None:
         figures["sample_phase_cpu_s"] = round(proc_cpu_seconds(child.pid) - cpu_before_samples, 2)
         log(f"FAILED -> FULLY PRESERVED: {summary(preserve_times)}; not preserved: {missing_preserved or 'none'}")
         log(
-            f"EXPIRY LAG (stop complete - recorded preserveExpiryTime): {summary(lags)}; not stopped: "
+            f"EXPIRY LAG (stop complete - the record's expiry): {summary(lags)}; not stopped: "
             f"{missing_stopped or 'none'}; controller writes per sample (preserve+drain+stop+delete): "
             f"{figures['writes_per_sample']}"
         )
