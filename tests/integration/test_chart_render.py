@@ -15,6 +15,7 @@ import yaml
 
 from machine_preservation.cli import build_parser
 from machine_preservation.cluster.toolchain import Toolchain
+from machine_preservation.core import vocabulary
 from machine_preservation.webhook import configuration as builder
 from tests.integration.chart import CHART, NAMESPACE, find, helm, kinds, set_args, template, webhooks_by_name
 
@@ -339,6 +340,85 @@ def test_node_webhooks_can_never_block_nodes(rendered: dict[str, list[dict[str, 
             conditions = {c["name"]: c["expression"] for c in webhook["matchConditions"]}
             assert conditions["not-a-kubelet"] == "!('system:nodes' in request.userInfo.groups)"
             assert MCM in conditions["not-mcm-or-controller"]
+
+
+def _username_list(expression: str) -> list[str]:
+    """The names in the first `request.userInfo.username in [...]` of a CEL expression."""
+    found = re.search(r"request\.userInfo\.username in \[([^\]]*)\]", expression)
+    assert found, expression
+    return re.findall(r"'([^']*)'", found.group(1))
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_node_annotation_policy_wherever_node_webhooks_are_registered(
+    rendered: dict[str, list[dict[str, Any]]], name: str
+) -> None:
+    """The auto value and the CA marker on Nodes are judged by a ValidatingAdmissionPolicy (CEL in the API
+    server, never a call out), with the same identities as the node webhooks exclude; no node webhooks, no
+    policy (a seed install registers them, and so the policy, in the shoot)."""
+    documents = rendered[name]
+    policies = [d for d in documents if d["kind"] == "ValidatingAdmissionPolicy"]
+    bindings = [d for d in documents if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    node_webhook = webhooks_by_name(documents).get(builder.NODE_PRESERVE_WEBHOOK)
+    if node_webhook is None:
+        assert (policies, bindings) == ([], []), name
+        return
+    policy, binding = find(documents, "ValidatingAdmissionPolicy"), find(documents, "ValidatingAdmissionPolicyBinding")
+    policy_name = f"mp-machine-preservation-node-annotations.{NAMESPACE}"
+    assert policy["apiVersion"] == binding["apiVersion"] == "admissionregistration.k8s.io/v1"
+    assert policy["metadata"]["name"] == binding["metadata"]["name"] == policy_name
+    assert "namespace" not in policy["metadata"]
+    assert policy["metadata"]["labels"]["app.kubernetes.io/instance"] == "mp"
+    # No matchResources: the binding applies to every Node the policy matches.
+    assert binding["spec"] == {"policyName": policy_name, "validationActions": ["Deny"]}
+
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Ignore", "a CEL error never blocks a node"
+    assert spec["matchConstraints"] == {
+        "matchPolicy": "Equivalent",
+        "resourceRules": [
+            {
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": ["nodes", "nodes/status"],
+                "scope": "*",
+            }
+        ],
+    }
+    # Only requests changing one of the two annotations get as far as the validations (the webhook's own CEL).
+    assert spec["matchConditions"] == [
+        {
+            "name": "preserve-or-marker-changes",
+            "expression": builder.any_annotation_changed(
+                [vocabulary.PRESERVE_ANNOTATION, vocabulary.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION]
+            ),
+        }
+    ]
+    auto, marker = spec["validations"]
+    for validation in (auto, marker):
+        assert validation["reason"] == "Forbidden"
+    assert "'auto-preserve', 'auto-preserved'" in auto["expression"]
+    assert "userInfo" not in auto["expression"], "nobody sets the auto value on a Node, the controller neither"
+    assert auto["message"].startswith(f"metadata.annotations[{vocabulary.PRESERVE_ANNOTATION}]: Forbidden: ")
+    assert '"", "now", "when-failed", "false"' in auto["message"]
+    assert marker["message"].startswith(
+        f"metadata.annotations[{vocabulary.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION}]: "
+    )
+    assert marker["expression"].endswith(
+        f"|| !{builder.annotation_changed(vocabulary.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION)}"
+    )
+
+    # The controller and MCM: the very names the node webhooks exclude (the same values).
+    allowed = _username_list(marker["expression"])
+    excluded = {c["name"]: c["expression"] for c in node_webhook["matchConditions"]}["not-mcm-or-controller"]
+    assert allowed == _username_list(excluded)
+    controller = (
+        "system:serviceaccount:kube-system:mp-controller" if name == "registration-only" else CONTROLLER_USERNAME
+    )
+    mcm = [MCM, SEED_MCM] if name == "registration-only" else [MCM]
+    assert allowed == sorted([controller, *mcm])
+    assert all(user in marker["message"] for user in allowed)
 
 
 def test_webhook_configurations_are_plain_release_resources(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -838,6 +918,8 @@ def test_registration_only_install_grants_the_remote_identities_exactly_their_wo
         "MutatingWebhookConfiguration",
         "Role",
         "RoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ValidatingWebhookConfiguration",
     ]
     assert _rules(documents, "ClusterRole", _unique("mp-machine-preservation-remote-cabundle")) == _expand(
