@@ -58,9 +58,14 @@ def test_machine_and_shoot_webhooks_fail_closed_by_default() -> None:
     shoot = c.shoot_webhook(client=SERVICE)
     assert [w["failurePolicy"] for w in (machine, deletion, shoot)] == ["Fail", "Fail", "Fail"]
     assert deletion["rules"][0]["operations"] == ["DELETE"]
-    assert deletion["matchConditions"] == [
-        {"name": "deleted-by-mcm", "expression": f"request.userInfo.username in ['{MCM[0]}']"}
-    ]
+    assert deletion["matchConditions"][0] == {
+        "name": "deleted-by-mcm",
+        "expression": f"request.userInfo.username in ['{MCM[0]}']",
+    }
+    # Only Failed machines reach the guard: an outage never blocks MCM's deletes of healthy machines.
+    failed = deletion["matchConditions"][1]
+    assert failed["name"] == "machine-failed"
+    assert "oldObject.status.currentStatus.phase == 'Failed'" in failed["expression"]
     assert shoot["rules"][0]["apiGroups"] == ["core.gardener.cloud"]
     assert c.shoot_webhook(client=SERVICE, failure_policy="Ignore")["failurePolicy"] == "Ignore"
 
