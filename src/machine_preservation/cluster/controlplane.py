@@ -49,6 +49,8 @@ CONTROLLERS = (
     "disruption-controller",
     "serviceaccount-controller",
     "serviceaccount-token-controller",
+    # Type-checks ValidatingAdmissionPolicies against the schemas and reports problems in their status.
+    "validatingadmissionpolicy-status-controller",
 )
 
 
