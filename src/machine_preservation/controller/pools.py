@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from machine_preservation.controller.reconcile import Caches, key_of, owner_name
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
 from machine_preservation.core.pool_settings import (
     PoolDefaults,
+    Setting,
     resolve_auto_preserve_max,
     resolve_preserve_timeout,
 )
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -28,29 +32,26 @@ class PoolSettingsReader:
 
     def preserve_timeout(self, machine: Machine) -> dt.timedelta | None:
         """The pool's timeout for the machine (its own spec.machinePreserveTimeout is applied by the core)."""
-        machine_set = self._machine_set_of(machine)
-        notes: list[str] = []
-        setting = resolve_preserve_timeout(
-            machine=None,
-            machine_set=machine_set,
-            machine_deployment=self._deployment_of(machine_set),
-            cluster=self.caches.cluster(self.namespace),
-            defaults=self.defaults,
-            notes=notes,
-        )
-        self._log(notes)
-        return setting.value
+        return self._resolve(resolve_preserve_timeout, self._machine_set_of(machine), machine=None)
 
     def auto_preserve_max(self, machine_set: MachineSet) -> int | None:
+        return self._resolve(resolve_auto_preserve_max, machine_set)
+
+    def _resolve(self, resolve: Callable[..., Setting[T]], machine_set: MachineSet | None, **extra: Any) -> T:
+        """One setting of the MachineSet's pool, from the first source that carries it."""
         notes: list[str] = []
-        setting = resolve_auto_preserve_max(
+        setting = resolve(
             machine_set=machine_set,
             machine_deployment=self._deployment_of(machine_set),
             cluster=self.caches.cluster(self.namespace),
             defaults=self.defaults,
             notes=notes,
+            **extra,
         )
-        self._log(notes)
+        for note in notes:  # each distinct note once: a typo is worth one warning, not one per reconcile
+            if note not in self._noted:
+                self._noted.add(note)
+                logger.warning("pool settings: %s", note)
         return setting.value
 
     def _machine_set_of(self, machine: Machine) -> MachineSet | None:
@@ -60,10 +61,3 @@ class PoolSettingsReader:
     def _deployment_of(self, machine_set: MachineSet | None) -> MachineDeployment | None:
         owners = owner_name("MachineDeployment")(machine_set) if machine_set is not None else []
         return self.caches.machine_deployments.get(key_of(self.namespace, owners[0])) if owners else None
-
-    def _log(self, notes: list[str]) -> None:
-        """Each distinct note once: a typo in a pool setting is worth one warning, not one per reconcile."""
-        for note in notes:
-            if note not in self._noted:
-                self._noted.add(note)
-                logger.warning("pool settings: %s", note)
