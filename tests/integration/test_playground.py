@@ -9,8 +9,9 @@ import sys
 import time
 from pathlib import Path
 
+from machine_preservation.cluster.product import render_component_rbac
 from machine_preservation.cluster.toolchain import Toolchain
-from machine_preservation.playground.stack import IDENTITIES, render_component_rbac
+from machine_preservation.playground.stack import IDENTITIES
 
 CLI = [sys.executable, "-m", "machine_preservation", "--log-level", "WARNING", "playground"]
 
