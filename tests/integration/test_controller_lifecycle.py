@@ -436,6 +436,8 @@ async def test_a_blocked_drain_names_the_blocking_pod_and_is_reported(
         failures = [e for e in await events_about(api, namespace, kind, name) if e.reason == "PreservedNodeDrainFailed"]
         assert [e.type for e in failures] == ["Warning"]
         assert f"pods blocking: {namespace}/guarded" in (failures[0].message or "")
+        # Stamped when the attempt ended (as the record's attempt is), not when it was planned 3 s earlier.
+        assert failures[0].first_timestamp == record.drain.last_attempt
 
 
 async def test_evictions_stop_at_the_drain_timeout_and_an_emptied_node_still_counts_as_drained(

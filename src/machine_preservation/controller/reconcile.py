@@ -185,15 +185,18 @@ class MachineReconciler:
                 logger.info("machine %s: drain deferred (slots busy); again in %s", key, self.drain_deferral)
                 return self.drain_deferral
             result = await self._drain(snap.node, drain, machine.spec.max_evict_retries)
+            # The outcome's writes (its Events too) carry the time the attempt ended, which may be minutes
+            # after the plan.
+            ended = self.now()
             after = plan_after_drain(
                 machine=snap.machine,
                 node=snap.node,
                 drain=drain,
                 drained=result.drained,
                 blocking_pods=result.blocking,
-                now=self.now(),
+                now=ended,
             )
-            await execute_machine_plan(writer=self.writer, snap=snap, steps=after.steps, now=now)
+            await execute_machine_plan(writer=self.writer, snap=snap, steps=after.steps, now=ended)
         except ObjectGone as gone:
             logger.info("machine %s: %s; nothing more to do", key, gone)
             return None
