@@ -85,7 +85,7 @@ async def test_machine_annotations_are_set_and_removed_and_a_stale_snapshot_conf
             writer=writer,
             snap=stale,
             steps=[p.PatchMachineAnnotations(remove=(v.PRESERVE_ANNOTATION,))],
-                now=NOW,
+            now=NOW,
         )
     assert failed.value.conflict
     assert (await get_machine(custom, namespace, "m"))["metadata"]["annotations"][v.PRESERVE_ANNOTATION] == "now"
@@ -113,9 +113,7 @@ async def test_expiry_and_phase_are_written_through_the_status_subresource(
         "lastUpdateTime": "2026-11-21T12:00:00Z",
     }
 
-    await execute_machine_plan(
-        writer=writer, snap=snap, steps=[p.SetPreserveExpiry(expiry=None)], now=NOW
-    )
+    await execute_machine_plan(writer=writer, snap=snap, steps=[p.SetPreserveExpiry(expiry=None)], now=NOW)
     status = (await get_machine(custom, namespace, "m"))["status"]["currentStatus"]
     assert "preserveExpiryTime" not in status
     assert status["phase"] == "Running"
@@ -197,9 +195,7 @@ async def test_taint_add_and_remove_never_clobber_other_taints_or_unschedulable(
     user_taint = {"key": "user/maintenance", "effect": "NoExecute"}
     await core.patch_node(node_name, [{"op": "add", "path": "/spec/taints/0", "value": user_taint}])
     with pytest.raises(StepFailed) as failed:
-        await execute_machine_plan(
-            writer=writer, snap=stale, steps=[p.SetPreservedTaint(present=False)], now=NOW
-        )
+        await execute_machine_plan(writer=writer, snap=stale, steps=[p.SetPreservedTaint(present=False)], now=NOW)
     assert failed.value.conflict
     node = await read_node(api, node_name)
     assert [t.key for t in node.spec.taints] == ["user/maintenance", v.PRESERVED_TAINT_KEY]
@@ -288,7 +284,7 @@ async def test_a_missing_machine_ends_the_plan_as_gone(api: client.ApiClient, wr
             writer=writer,
             snap=Snapshot(machine=machine, node=None),
             steps=[p.SetPreserveExpiry(expiry=NOW)],
-                now=NOW,
+            now=NOW,
         )
 
 
