@@ -52,6 +52,8 @@ CONTROLLERS = (
     # Type-checks ValidatingAdmissionPolicies against the schemas and reports problems in their status.
     "validatingadmissionpolicy-status-controller",
 )
+AUDIT_LOG = "audit.log"
+AUDIT_POLICY_FILE = "audit-policy.yaml"
 
 
 class ControlPlaneError(RuntimeError):
@@ -89,6 +91,9 @@ class ControlPlane:
     directory: Path
     bin_dir: Path
     attached: bool = True
+    # An audit policy (audit.k8s.io/v1 Policy): the apiserver then writes one JSON line per event to
+    # logs/audit.log, so tests can tell exactly which identity wrote what.
+    audit_policy: dict[str, object] | None = None
     etcd_port: int = 0
     apiserver_port: int = 0
     _processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -111,6 +116,10 @@ class ControlPlane:
     @property
     def pki_dir(self) -> Path:
         return self.directory / "pki"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.directory / "logs" / AUDIT_LOG
 
     def start(self, *, timeout: float = 120.0) -> None:
         if (self.directory / STATE_FILE).exists():
@@ -265,6 +274,7 @@ class ControlPlane:
                 "--allow-privileged=true",
                 "--endpoint-reconciler-type=none",
                 "--profiling=false",
+                *self._audit_args(),
             ],
         )
         context = self._client_ssl_context()
@@ -274,6 +284,21 @@ class ControlPlane:
             return status == 200
 
         self._wait("kube-apiserver", process, ready, deadline)
+
+    def _audit_args(self) -> list[str]:
+        if self.audit_policy is None:
+            return []
+        policy = self.directory / AUDIT_POLICY_FILE
+        policy.write_text(yaml.safe_dump(self.audit_policy))
+        # Blocking mode: each event is written by the request's own handler, not buffered for seconds; the
+        # event of a request's last stage may still trail its response by milliseconds.
+        return [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",
+            "--audit-log-maxsize=0",
+        ]
 
     def _client_ssl_context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=str(self.pki_dir / "ca.crt"))
