@@ -27,6 +27,7 @@ from machine_preservation.cluster.mcm_runner import McmRunner, McmSettings, gran
 from machine_preservation.cluster.toolchain import Toolchain
 from machine_preservation.controller.clients import new_api_client
 from tests.e2e.harness import MachineRecorder, RealMcm
+from tests.e2e.product import AUDIT_POLICY, Product
 
 
 @pytest.hookimpl(wrapper=True)
@@ -48,7 +49,11 @@ def mcm_plane(
     mcm_version: str, toolchain: Toolchain, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ControlPlane]:
     """A control plane with MCM's own CRDs of `mcm_version` (plus the Shoot and Gardener Cluster CRDs)."""
-    plane = ControlPlane(directory=tmp_path_factory.mktemp(f"mcm-{mcm_version}-plane"), bin_dir=toolchain.bin_dir)
+    plane = ControlPlane(
+        directory=tmp_path_factory.mktemp(f"mcm-{mcm_version}-plane"),
+        bin_dir=toolchain.bin_dir,
+        audit_policy=AUDIT_POLICY,  # for Product.controller_writes
+    )
     plane.start()
     try:
         install_crds(plane.kubeconfig, mcm_version=mcm_version)
@@ -99,3 +104,25 @@ async def real_mcm(
         await harness.tear_down()
         await client.CoreV1Api(api).delete_namespace(namespace)
         await api.close()
+
+
+@pytest.fixture
+async def product(
+    request: pytest.FixtureRequest, real_mcm: RealMcm, toolchain: Toolchain, tmp_path: Path
+) -> AsyncIterator[Product]:
+    """Our webhook and controller for `real_mcm`'s namespace, started by `await product.start(...)`; both
+    processes are stopped and everything outside the namespace is removed when the test ends."""
+    found = Product(
+        plane=real_mcm.plane,
+        toolchain=toolchain,
+        namespace=real_mcm.namespace,
+        directory=tmp_path / "product",
+        api=real_mcm.api,
+    )
+    try:
+        yield found
+    finally:
+        failed = getattr(request.node, "report_call", None)
+        if failed is not None and failed.failed:
+            print(f"our logs:\n{found.log_tail(80)}")
+        await found.tear_down()

@@ -1,0 +1,70 @@
+"""The `product` fixture itself: our processes run as the chart's identities under the chart's RBAC, the
+chart's webhook configurations reach the webhook, the controller restarts, and its writes are seen."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
+
+from machine_preservation.cluster.mcm_pool import GROUP, VERSION, machine_node
+from machine_preservation.controller.clients import MERGE_PATCH, new_api_client
+from machine_preservation.core import vocabulary as v
+from tests.controller.support import eventually
+from tests.e2e.harness import RealMcm
+from tests.e2e.product import Product, field_paths
+
+
+def test_field_paths_key_annotations_by_their_keys() -> None:
+    body = {"metadata": {"annotations": {"a.b/c": "x", "d": None}}, "status": {"conditions": [{"type": "X"}]}}
+    assert field_paths(body) == ("metadata.annotations[a.b/c]", "metadata.annotations[d]", "status.conditions")
+
+
+async def test_product_runs_as_the_chart_release_and_is_seen_writing(real_mcm: RealMcm, product: Product) -> None:
+    await real_mcm.create_pool("pool", replicas=1)
+    machines = await real_mcm.wait_for_pool("pool", 1)
+    name = machines[0]["metadata"]["name"]
+    await product.start(preserve_timeout="60s")
+    await product.start(preserve_timeout="60s")  # idempotent
+
+    assert product.controller_user == f"system:serviceaccount:{real_mcm.namespace}:mp-controller"
+    assert product.webhook_user == f"system:serviceaccount:{real_mcm.namespace}:mp-webhook"
+
+    # An SRE's bad value is denied by our webhook through the chart's registration.
+    sre = await new_api_client(kubeconfig=product.kubeconfig_for("sre", groups=("system:masters",)))
+    try:
+        custom = client.CustomObjectsApi(sre)
+        with pytest.raises(ApiException) as denied:
+            await custom.patch_namespaced_custom_object(
+                GROUP, VERSION, real_mcm.namespace, "machines", name,
+                {"metadata": {"annotations": {v.PRESERVE_ANNOTATION: "bogus"}}}, _content_type=MERGE_PATCH,
+            )  # fmt: skip
+        assert "when-failed" in str(denied.value.body)
+        # A good one starts a preservation, which only the controller's identity records.
+        await custom.patch_namespaced_custom_object(
+            GROUP, VERSION, real_mcm.namespace, "machines", name,
+            {"metadata": {"annotations": {v.PRESERVE_ANNOTATION: "now"}}}, _content_type=MERGE_PATCH,
+        )  # fmt: skip
+    finally:
+        await sre.close()
+
+    async def preserved() -> bool:
+        machine = await real_mcm.machine(name)
+        return bool(machine and v.PRESERVED_UNTIL_ANNOTATION in machine["metadata"].get("annotations", {}))
+
+    await eventually(preserved, limit=30)
+    writes = await eventually(product.controller_writes, limit=10)
+    annotated = [w for w in writes if w.kind == "Machine" and w.name == name]
+    assert any(f"metadata.annotations[{v.PRESERVED_UNTIL_ANNOTATION}]" in w.fields for w in annotated), writes
+    starts = [e for e in await product.events("Machine", name) if e.reason == "PreservationStarted"]
+    assert [(e.count, e.source) for e in starts] == [(1, "machine-preservation-controller")]
+
+    # Killed and started again: ready once more, the node untouched by anyone but the controller.
+    await product.kill_controller()
+    await product.start_controller()
+    await product.stop_webhook()
+    await product.start_webhook()
+    product.check_running()
+    assert machine_node(machines[0]) == name
+    mcm_writes = await product.writes_by(product.mcm_user)
+    assert mcm_writes, "MCM's own writes are audited too"
