@@ -300,10 +300,10 @@ async def test_a_drain_step_ends_the_plan_and_is_handed_back_to_the_caller(
         record=record, reason=v.ConditionReason.PRESERVED_BY_USER, expiry=record.until, timeout=dt.timedelta(minutes=1)
     )
 
-    # A DrainNode anywhere but last is a broken plan: refused before anything after it runs.
+    # A DrainNode anywhere but last is a broken plan: refused before any of its steps is written.
     event = p.RecordEvent(kind="Machine", name="m", type="Normal", reason="PreservationStarted", message="x")
     with pytest.raises(ValueError, match="last step"):
-        await execute_machine_plan(writer=writer, snap=snap, steps=[drain, event], now=NOW)
+        await execute_machine_plan(writer=writer, snap=snap, steps=[event, drain, event], now=NOW)
     assert (await client.CoreV1Api(api).list_namespaced_event(namespace)).items == []
 
     steps = [p.PatchMachineAnnotations(set=record.annotations()), p.SetPreservedTaint(present=True), drain]

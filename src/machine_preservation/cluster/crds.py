@@ -47,19 +47,21 @@ def _single_document(path: Path) -> dict[str, Any]:
 
 
 def install_crds(kubeconfig: Path, *, mcm_version: str | None = None, timeout: float = 60.0) -> None:
-    """Create or replace every CRD (see `crd_manifests` for `mcm_version`), then wait until each is Established."""
+    """Create or replace every CRD (see `crd_manifests` for `mcm_version`), then wait until each is Established and
+    its resources can be listed (right after Established the API server still answers 429 "storage is
+    (re)initializing" for a moment, which would fail whoever lists first)."""
     api_client = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
     with api_client:
         api = client.ApiextensionsV1Api(api_client)
-        names = []
-        for manifest in crd_manifests(mcm_version):
-            names.append(manifest["metadata"]["name"])
+        manifests = crd_manifests(mcm_version)
+        for manifest in manifests:
             apply_crd(api, manifest)
         deadline = time.monotonic() + timeout
-        for name in names:
-            while not _established(api, name):
+        for manifest in manifests:
+            name = manifest["metadata"]["name"]
+            while not (_established(api, name) and _listable(api_client, manifest)):
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"CRD {name} not Established after {timeout}s")
+                    raise TimeoutError(f"CRD {name} not Established and listable after {timeout}s")
                 time.sleep(0.1)
 
 
@@ -75,6 +77,20 @@ def apply_crd(api: client.ApiextensionsV1Api, manifest: dict[str, Any]) -> None:
         current = api.read_custom_resource_definition(name)
         crd.metadata.resource_version = current.metadata.resource_version  # type: ignore[union-attr]
         api.replace_custom_resource_definition(name, crd)
+
+
+def _listable(api_client: client.ApiClient, manifest: dict[str, Any]) -> bool:
+    spec = manifest["spec"]
+    version = next(v["name"] for v in spec["versions"] if v.get("served", True))
+    try:
+        client.CustomObjectsApi(api_client).list_cluster_custom_object(
+            spec["group"], version, spec["names"]["plural"], limit=1
+        )
+    except ApiException as error:
+        if error.status == 429:
+            return False
+        raise
+    return True
 
 
 def _established(api: client.ApiextensionsV1Api, name: str) -> bool:

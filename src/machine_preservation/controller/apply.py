@@ -268,10 +268,10 @@ async def execute_machine_plan(
 ) -> p.DrainNode | None:
     """Run the steps in order, up to a DrainNode, which is returned for the caller to run (None: no drain).
     Raises StepFailed or ObjectGone."""
-    for index, step in enumerate(steps):
+    if any(isinstance(step, p.DrainNode) for step in steps[:-1]):
+        raise ValueError("a DrainNode must be the last step of a plan")  # before anything is written
+    for step in steps:
         if isinstance(step, p.DrainNode):
-            if index != len(steps) - 1:
-                raise ValueError("a DrainNode must be the last step of a plan")
             return step
         try:
             await _execute_one(writer=writer, snap=snap, step=step, now=now)
