@@ -51,6 +51,26 @@ def test_cluster_up_then_down(toolchain: Toolchain, tmp_path: Path) -> None:
         check=True,
     )
     assert "customresourcedefinition.apiextensions.k8s.io/machines.machine.sapcloud.io" in crds.stdout
+    assert "customresourcedefinition.apiextensions.k8s.io/machineclasses.machine.sapcloud.io" in crds.stdout
+    assert "customresourcedefinition.apiextensions.k8s.io/clusters.extensions.gardener.cloud" in crds.stdout
+    # MCM v0.61.3's own Machine CRD, unchanged: it does not declare the preservation status field.
+    schema = subprocess.run(
+        [
+            str(toolchain.kubectl),
+            "--kubeconfig",
+            str(kubeconfig),
+            "get",
+            "crd",
+            "machines.machine.sapcloud.io",
+            "-o",
+            "jsonpath={.spec.versions[0].schema.openAPIV3Schema.properties.status.properties.currentStatus}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "phase" in schema.stdout
+    assert "preserveExpiryTime" not in schema.stdout
 
     second = subprocess.run([*CLI, "cluster", "up", "--dir", str(directory)], capture_output=True, text=True, env=env)
     assert second.returncode == 1

@@ -9,6 +9,7 @@ from typing import Any
 
 from machine_preservation.cluster.controlplane import ControlPlane, ControlPlaneError, stop_control_plane
 from machine_preservation.cluster.crds import install_crds
+from machine_preservation.cluster.mcm import DEFAULT_MCM_VERSION, mcm_versions
 from machine_preservation.cluster.toolchain import ToolchainError, ensure_control_plane_binaries
 
 
@@ -21,7 +22,7 @@ def up(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     try:
-        install_crds(plane.kubeconfig)
+        install_crds(plane.kubeconfig, mcm_version=args.mcm_version)
     except Exception as error:  # the plane is running; do not leave it behind half set up
         stop_control_plane(plane.directory)
         print(f"error: installing CRDs failed: {error}", file=sys.stderr)
@@ -43,6 +44,12 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
     start = actions.add_parser("up", help="start the control plane and print the admin kubeconfig path")
     start.add_argument("--dir", type=Path, default=Path(".local/cluster"), help="state directory")
     start.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
+    start.add_argument(
+        "--mcm-version",
+        choices=mcm_versions(),
+        default=DEFAULT_MCM_VERSION,
+        help=f"install this MCM version's own CRDs, and Gardener's Cluster CRD (default {DEFAULT_MCM_VERSION})",
+    )
     start.set_defaults(handler=up)
     stop = actions.add_parser("down", help="stop the control plane started in --dir and clean up")
     stop.add_argument("--dir", type=Path, default=Path(".local/cluster"), help="state directory")
