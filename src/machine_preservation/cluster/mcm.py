@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from machine_preservation.cluster.toolchain import ToolchainError, cache_dir
+from machine_preservation.cluster.toolchain import ToolchainError, cache_dir, configured_bin_dir
 
 MCM_MODULE = "github.com/gardener/machine-controller-manager"
 # The generation without native preservation, the one the product exists for.
@@ -49,13 +49,9 @@ def mcm_versions() -> tuple[str, ...]:
 def ensure_mcm_binaries(version: str = DEFAULT_MCM_VERSION) -> Path:
     """The directory holding `machine-controller-manager` and `machine-controller` for `version`, building
     them if needed (MACHINE_PRESERVATION_MCM_BIN=<dir> overrides, for installs without the source tree)."""
-    configured = os.environ.get("MACHINE_PRESERVATION_MCM_BIN")
-    if configured:
-        directory = Path(configured)
-        missing = [b for b in MCM_BINARIES if not (directory / b).is_file()]
-        if missing:
-            raise ToolchainError(f"MACHINE_PRESERVATION_MCM_BIN={directory} lacks {', '.join(missing)}")
-        return directory
+    configured = configured_bin_dir("MACHINE_PRESERVATION_MCM_BIN", MCM_BINARIES)
+    if configured is not None:
+        return configured
     tools = _tools_dir()
     if tools is None:
         raise ToolchainError(

@@ -56,15 +56,23 @@ def _source_build_script() -> Path | None:
     return script if script.is_file() else None
 
 
+def configured_bin_dir(variable: str, binaries: tuple[str, ...]) -> Path | None:
+    """The directory the environment variable names, checked to hold `binaries`; None when it is not set."""
+    configured = os.environ.get(variable)
+    if not configured:
+        return None
+    directory = Path(configured)
+    missing = [b for b in binaries if not (directory / b).is_file()]
+    if missing:
+        raise ToolchainError(f"{variable}={directory} lacks {', '.join(missing)}")
+    return directory
+
+
 def ensure_control_plane_binaries() -> Path:
     """The directory holding kube-apiserver, kube-controller-manager and etcd, building them if needed."""
-    configured = os.environ.get("MACHINE_PRESERVATION_K8S_BIN")
-    if configured:
-        directory = Path(configured)
-        missing = [b for b in CONTROL_PLANE_BINARIES if not (directory / b).is_file()]
-        if missing:
-            raise ToolchainError(f"MACHINE_PRESERVATION_K8S_BIN={directory} lacks {', '.join(missing)}")
-        return directory
+    configured = configured_bin_dir("MACHINE_PRESERVATION_K8S_BIN", CONTROL_PLANE_BINARIES)
+    if configured is not None:
+        return configured
     script = _source_build_script()
     if script is None:
         raise ToolchainError(
