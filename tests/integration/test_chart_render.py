@@ -613,10 +613,11 @@ def test_rbac_grants_exactly_the_verbs_used(rendered: dict[str, list[dict[str, A
     assert _rules(documents, "Role", _unique(f"{CONTROLLER}-node-events")) == _expand("", "events", "create get patch")
     # MCM's generation: its Deployment (above), its Machine and MachineSet CRDs; the controller and the webhook
     # each decide at start.
+    # The controller also reads whether Gardener's Cluster CRD is there (then it watches the Cluster).
     crds = "machines.machine.sapcloud.io,machinesets.machine.sapcloud.io"
-    for component in (CONTROLLER, WEBHOOK):
+    for component, names in ((CONTROLLER, f"{crds},clusters.extensions.gardener.cloud"), (WEBHOOK, crds)):
         assert _rules(documents, "ClusterRole", _unique(f"{component}-crd")) == _expand(
-            "apiextensions.k8s.io", "customresourcedefinitions", "get", crds
+            "apiextensions.k8s.io", "customresourcedefinitions", "get", names
         )
     # Gardener's Cluster resource is cluster-scoped and named after the control namespace: that one only.
     assert _rules(documents, "ClusterRole", _unique(f"{CONTROLLER}-gardener-cluster")) == _expand(
