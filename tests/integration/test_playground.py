@@ -1,4 +1,5 @@
-"""The README's main job: `machine-preservation playground`, as a newcomer runs it."""
+"""The README's main job: `machine-preservation playground`, as a newcomer runs it: our webhook and controller
+against the real machine-controller-manager v0.61.3."""
 
 from __future__ import annotations
 
@@ -45,11 +46,14 @@ def test_walkthrough_passes_every_use_case_and_cleans_up(toolchain: Toolchain, t
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     table = result.stdout.split("#  use case", 1)[1]
-    assert table.count("passed") == 7, table
+    assert table.count("passed") == 8, table
     assert "Every use case behaved as documented." in result.stdout
     # What users see: the webhook's denial names the allowed values, the CA guard warns.
     assert 'supported values: "", "now", "when-failed", "false"' in result.stdout
     assert 'Warning: cluster-autoscaler.kubernetes.io/scale-down-disabled restored to "true"' in result.stdout
+    # MCM's own delete of a kept Failed machine is denied, naming until when it is kept.
+    assert "is Failed and preserved until" in result.stdout
+    assert "machine-controller-manager v0.61.3 running" in result.stdout
     assert not directory.exists(), "a successful run leaves nothing behind"
     assert _our_processes(directory) == []
 
@@ -75,7 +79,10 @@ def test_interactive_runs_until_ctrl_c_then_tears_down(toolchain: Toolchain, tmp
     assert "The playground is running" in text, text
     assert f"export KUBECONFIG={directory / 'cluster' / 'kubeconfig'}" in text
     assert (directory / "cluster" / "kubeconfig").is_file()
-    assert _our_processes(directory), "webhook, controller and control plane run while interactive"
+    running = _our_processes(directory)
+    assert any("machine-controller-manager" in p for p in running), "real MCM runs while interactive"
+    assert any(" controller " in p for p in running), running
+    assert any(" webhook " in p for p in running), running
 
     process.send_signal(signal.SIGINT)
     rest, _ = process.communicate(timeout=120)
@@ -87,7 +94,7 @@ def test_interactive_runs_until_ctrl_c_then_tears_down(toolchain: Toolchain, tmp
 
 def test_components_run_under_the_charts_rbac_not_as_cluster_admin(toolchain: Toolchain) -> None:
     """The playground's client-certificate identities are exactly the chart's ServiceAccount users, so the
-    chart's Roles (and nothing more) apply to the webhook and the controller; only the MCM stand-in is admin."""
+    chart's Roles (and nothing more) apply to the webhook and the controller; MCM has a role of its own."""
     manifests = render_component_rbac(helm=toolchain.helm, control_namespace="shoot--dev--play")
     bindings = [m for m in manifests if m["kind"] in ("RoleBinding", "ClusterRoleBinding")]
     users = {

@@ -6,26 +6,62 @@ import datetime as dt
 
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.shoot import validate_shoot
+from machine_preservation.core.models import MachineDeployment
+from machine_preservation.core.pool_settings import (
+    WORKER_POOL_LABEL,
+    ZONE_LABEL,
+    PoolDefaults,
+    PoolSettings,
+    Source,
+    read_cluster,
+    resolve_pool_settings,
+)
 from machine_preservation.playground import landscape
 from machine_preservation.playground.timeline import diff
 from machine_preservation.playground.walkthrough import StepResult, summary_table
 
 
-def test_machine_deployments_spread_the_pool_max_over_zones() -> None:
-    deployments = landscape.machine_deployments(preserve_timeout=dt.timedelta(seconds=90))
-    by_name = {d["metadata"]["name"]: d["spec"] for d in deployments}
-    assert by_name["shoot--dev--playground-edge-z1"]["autoPreserveFailedMachineMax"] == 1
-    assert by_name["shoot--dev--playground-edge-z2"]["autoPreserveFailedMachineMax"] == 1
-    assert by_name["shoot--dev--playground-core-z1"]["autoPreserveFailedMachineMax"] == 0
-    assert {s["template"]["spec"]["machinePreserveTimeout"] for s in by_name.values()} == {"1m30s"}
+def _settings(deployment: landscape.Deployment, preserve_timeout: dt.timedelta) -> PoolSettings:
+    """The pool settings as the controller reads them for the seeded MachineDeployment, with MCM v0.61.3's
+    CRDs: the MachineDeployment carries neither setting, the Shoot in the Cluster resource does."""
+    _, _, raw = landscape.pool_objects(deployment)
+    shoot = landscape.shoot(preserve_timeout=preserve_timeout)
+    return resolve_pool_settings(
+        machine_set=None,
+        machine_deployment=MachineDeployment.model_validate(raw),
+        cluster=read_cluster(landscape.cluster(shoot)),
+        defaults=PoolDefaults(preserve_timeout=dt.timedelta(hours=72)),
+    )
 
 
-def test_machine_set_is_owned_by_its_deployment() -> None:
-    deployment = landscape.machine_deployments(preserve_timeout=dt.timedelta(minutes=1))[0]
-    machine_set = landscape.machine_set(deployment, deployment_uid="uid-1")
-    (owner,) = machine_set["metadata"]["ownerReferences"]
-    assert (owner["kind"], owner["uid"], owner["controller"]) == ("MachineDeployment", "uid-1", True)
-    assert machine_set["spec"]["autoPreserveFailedMachineMax"] == deployment["spec"]["autoPreserveFailedMachineMax"]
+def test_the_shoot_in_the_cluster_gives_each_zone_its_share_and_the_pools_timeout() -> None:
+    shares = {}
+    for deployment in landscape.deployments():
+        settings = _settings(deployment, dt.timedelta(seconds=90))
+        assert settings.notes == ()
+        assert settings.preserve_timeout.source == Source.SHOOT
+        assert settings.preserve_timeout.value == dt.timedelta(seconds=90)
+        assert settings.auto_preserve_failed_machine_max.source == Source.SHOOT
+        shares[deployment.name] = settings.auto_preserve_failed_machine_max.value
+        assert shares[deployment.name] == deployment.auto_preserve_share
+    assert shares == {
+        "shoot--dev--playground-edge-z1": 1,
+        "shoot--dev--playground-edge-z2": 1,
+        "shoot--dev--playground-core-z1": 0,
+    }
+
+
+def test_machine_deployments_carry_the_pool_label_real_mcm_and_the_controller_need() -> None:
+    for deployment in landscape.deployments():
+        secret, machine_class, raw = landscape.pool_objects(deployment)
+        labels = raw["metadata"]["labels"]
+        assert labels[WORKER_POOL_LABEL] == deployment.pool.name
+        assert labels[ZONE_LABEL] == deployment.zone
+        template = raw["spec"]["template"]
+        assert template["spec"]["class"] == {"kind": "MachineClass", "name": machine_class["metadata"]["name"]}
+        assert template["spec"]["nodeTemplate"]["metadata"]["labels"][WORKER_POOL_LABEL] == deployment.pool.name
+        assert machine_class["secretRef"]["name"] == secret["metadata"]["name"]
+        assert raw["spec"]["replicas"] == deployment.pool.machines_per_zone
 
 
 def test_the_seeded_shoot_is_valid() -> None:

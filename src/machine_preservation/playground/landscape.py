@@ -1,9 +1,14 @@
 """The playground's small Gardener landscape, as manifests.
 
-One Shoot with two worker pools, and what a provider extension would make of it in the shoot's
-control-plane namespace: one MachineDeployment + MachineSet per pool and zone. Pool `edge` spreads
-`autoPreserveFailedMachineMax: 2` over two zones (1 each, remainder to the first zones); pool `core` has
-auto-preservation off. The MCM stand-in creates the Machines and their Nodes from the MachineSets.
+One Shoot with two worker pools, and what Gardener and a provider extension would make of it in the shoot's
+control-plane namespace: the `Cluster` resource carrying the Shoot, and per pool and zone a Secret, a
+MachineClass and a MachineDeployment labelled `worker.gardener.cloud/pool=<pool>` and with the zone. Real MCM
+creates the MachineSets, Machines and (through its fake cloud) the Nodes from them.
+
+Pool `edge` spreads `autoPreserveFailedMachineMax: 2` over two zones (1 each, remainder to the first zones);
+pool `core` has auto-preservation off. MCM v0.61.3's CRDs keep neither that max nor `machinePreserveTimeout` on
+MachineDeployments, and MCM copies neither to its Machines: the controller and the webhook read both from the
+Shoot in the `Cluster` resource, for the pool the MachineDeployment's label names and the zone it carries.
 """
 
 from __future__ import annotations
@@ -12,15 +17,21 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
+from machine_preservation.cluster import mcm_pool
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.zones import distribute_over_zones
 from machine_preservation.core.durations import format_go_duration
+from machine_preservation.core.pool_settings import (
+    CLUSTER_API_GROUP,
+    CLUSTER_API_VERSION,
+    WORKER_POOL_LABEL,
+    ZONE_LABEL,
+)
 
 GARDEN_NAMESPACE = "garden-dev"
 SHOOT_NAME = "playground"
 CONTROL_NAMESPACE = f"shoot--dev--{SHOOT_NAME}"
 WORKLOAD_NAMESPACE = "workload"
-_API = f"{v.MACHINE_API_GROUP}/{v.MACHINE_API_VERSION}"
 
 
 @dataclass(frozen=True)
@@ -35,10 +46,34 @@ POOLS = (
     Pool(name="edge", zones=("z1", "z2"), machines_per_zone=2, auto_preserve_max=2),
     Pool(name="core", zones=("z1",), machines_per_zone=2, auto_preserve_max=0),
 )
+EDGE, CORE = POOLS
 
 
-def machine_set_name(pool: Pool, zone_index: int) -> str:
-    return f"{CONTROL_NAMESPACE}-{pool.name}-z{zone_index + 1}"
+@dataclass(frozen=True)
+class Deployment:
+    """One MachineDeployment: a pool's machines in one zone."""
+
+    pool: Pool
+    zone_index: int
+
+    @property
+    def zone(self) -> str:
+        return self.pool.zones[self.zone_index]
+
+    @property
+    def name(self) -> str:
+        # Provider extensions choose these names; nothing parses them (the pool comes from the label).
+        return f"{CONTROL_NAMESPACE}-{self.pool.name}-z{self.zone_index + 1}"
+
+    @property
+    def auto_preserve_share(self) -> int:
+        """This zone's share of the pool's max, as Gardener distributes it."""
+        shares = distribute_over_zones(total=self.pool.auto_preserve_max, zone_count=len(self.pool.zones))
+        return shares[self.zone_index]
+
+
+def deployments(pool: Pool | None = None) -> list[Deployment]:
+    return [Deployment(p, i) for p in POOLS if pool in (None, p) for i in range(len(p.zones))]
 
 
 def shoot(*, preserve_timeout: dt.timedelta) -> dict[str, Any]:
@@ -64,58 +99,39 @@ def shoot(*, preserve_timeout: dt.timedelta) -> dict[str, Any]:
     }
 
 
-def machine_deployments(*, preserve_timeout: dt.timedelta) -> list[dict[str, Any]]:
-    """One MachineDeployment per pool and zone, the pool's max distributed like Gardener does."""
-    deployments = []
-    for pool in POOLS:
-        shares = distribute_over_zones(total=pool.auto_preserve_max, zone_count=len(pool.zones))
-        for index, zone in enumerate(pool.zones):
-            name = machine_set_name(pool, index)
-            labels = {"pool": pool.name, "topology.kubernetes.io/zone": zone}
-            deployments.append(
-                {
-                    "apiVersion": _API,
-                    "kind": "MachineDeployment",
-                    "metadata": {"name": name, "namespace": CONTROL_NAMESPACE, "labels": labels},
-                    "spec": {
-                        "replicas": pool.machines_per_zone,
-                        "autoPreserveFailedMachineMax": shares[index],
-                        "selector": {"matchLabels": labels},
-                        "template": {
-                            "metadata": {"labels": labels},
-                            "spec": {"machinePreserveTimeout": format_go_duration(preserve_timeout)},
-                        },
-                    },
-                }
-            )
-    return deployments
-
-
-def machine_set(deployment: dict[str, Any], *, deployment_uid: str) -> dict[str, Any]:
-    """The MachineSet MCM's deployment controller would create for `deployment`."""
-    metadata = deployment["metadata"]
+def cluster(shoot: dict[str, Any]) -> dict[str, Any]:
+    """Gardener's `Cluster` resource of the control namespace: the Shoot (as the garden cluster serves it) for
+    the seed's controllers to read."""
     return {
-        "apiVersion": _API,
-        "kind": "MachineSet",
-        "metadata": {
-            "name": metadata["name"],
-            "namespace": CONTROL_NAMESPACE,
-            "labels": metadata["labels"],
-            "ownerReferences": [
-                {
-                    "apiVersion": _API,
-                    "kind": "MachineDeployment",
-                    "name": metadata["name"],
-                    "uid": deployment_uid,
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
-        },
+        "apiVersion": f"{CLUSTER_API_GROUP}/{CLUSTER_API_VERSION}",
+        "kind": "Cluster",
+        "metadata": {"name": CONTROL_NAMESPACE},
         "spec": {
-            key: deployment["spec"][key] for key in ("replicas", "autoPreserveFailedMachineMax", "selector", "template")
+            "cloudProfile": {
+                "apiVersion": f"{v.SHOOT_API_GROUP}/{v.SHOOT_API_VERSION}",
+                "kind": "CloudProfile",
+                "metadata": {"name": "local"},
+            },
+            "seed": {
+                "apiVersion": f"{v.SHOOT_API_GROUP}/{v.SHOOT_API_VERSION}",
+                "kind": "Seed",
+                "metadata": {"name": "local"},
+            },
+            "shoot": shoot,
         },
     }
+
+
+def pool_objects(deployment: Deployment) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The Secret, MachineClass and MachineDeployment a provider extension would create for `deployment`."""
+    labels = {WORKER_POOL_LABEL: deployment.pool.name, ZONE_LABEL: deployment.zone}
+    return mcm_pool.pool_objects(
+        CONTROL_NAMESPACE,
+        deployment.name,
+        replicas=deployment.pool.machines_per_zone,
+        machine_deployment_labels=labels,
+        node_labels=labels,
+    )
 
 
 def daemon_set() -> dict[str, Any]:

@@ -1,11 +1,16 @@
 """Everything the playground runs, started in order and torn down in reverse.
 
-- the local control plane (etcd, kube-apiserver, kube-controller-manager) with our CRDs;
+- the local control plane (etcd, kube-apiserver, kube-controller-manager) with MCM v0.61.3's own CRDs, our
+  Shoot CRD and Gardener's `Cluster` CRD;
 - the webhook, as its own process (`machine-preservation webhook --self-signed`), and the webhook
   configurations rendered from the Helm chart, pointed at it by URL;
-- the controller, as its own process (`machine-preservation controller`), with a short preserve timeout
-  given by configuration (the Machines' spec.machinePreserveTimeout, from the Shoot pools);
-- the MCM stand-in, in this process, authenticated as MCM.
+- the controller, as its own process (`machine-preservation controller`); its flags keep the product's
+  default timeout, so the short one the playground shows comes from the Shoot's pools (via the `Cluster`);
+- the real machine-controller-manager (its controller-manager and a provider machine controller whose fake
+  cloud registers the Nodes), built from its Go module, as MCM's own identity under a ClusterRole of what it
+  uses;
+- fake kubelets, in this process: they keep each Node's Ready condition as the walk-through set it and
+  finish the termination of evicted pods.
 
 Each component authenticates with its own identity (a client certificate whose user name is the chart's
 ServiceAccount user name), as in a real landscape, so the webhook's identity rules apply for real, and the
@@ -16,26 +21,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from kubernetes.aio import client
 
 from machine_preservation.cluster import product
 from machine_preservation.cluster.controlplane import ControlPlane, free_port
 from machine_preservation.cluster.crds import install_crds
+from machine_preservation.cluster.mcm import DEFAULT_MCM_VERSION
+from machine_preservation.cluster.mcm_pool import FakeKubelets
+from machine_preservation.cluster.mcm_runner import MCM_USERNAME, McmRunner, McmSettings
 from machine_preservation.cluster.product import RELEASE_NAMESPACE, api_client_for, component_users
 from machine_preservation.cluster.toolchain import Toolchain
-from machine_preservation.standin.mcm import MCM_USERNAME, McmStandIn
 
 logger = logging.getLogger(__name__)
 
 # The chart installed as release "mp" into namespace "mp" (see cluster/product.py for the identities).
 IDENTITIES = {**component_users(RELEASE_NAMESPACE), "mcm": MCM_USERNAME}
+# The controller's own default: the timeouts the walk-through shows must come from the Shoot's pools.
+CONTROLLER_PRESERVE_TIMEOUT = "72h"
+# MCM's flags, shortened by configuration. The health timeout is 0: MCM checks an Unknown machine's timeout
+# only when something changes it, else a minute later, so with a few seconds' timeout a failure would take
+# between seconds and a minute to become Failed; with 0 it is Failed on the check right after Unknown.
+MCM_SETTINGS = McmSettings(machine_health_timeout="0s", machine_drain_timeout="30s", verbosity=2)
 
 
 @dataclass
@@ -45,12 +56,12 @@ class Stack:
     control_plane: ControlPlane
     admin: client.ApiClient
     kubeconfigs: dict[str, Path]
-    standin: McmStandIn
+    mcm: McmRunner
+    kubelets: FakeKubelets
     webhook_port: int = 0
     controller_metrics_port: int = 0
     _processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    _stopping: asyncio.Event = field(default_factory=asyncio.Event)
-    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _background: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
 
     @property
     def admin_kubeconfig(self) -> Path:
@@ -60,14 +71,11 @@ class Stack:
         return self.directory / "logs" / f"{name}.log"
 
     async def stop(self) -> None:
-        self._stopping.set()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._background.aclose()
+        await asyncio.to_thread(self.mcm.stop)
         for name, process in reversed(self._processes.items()):
             await product.stop_process(name, process)
         self._processes.clear()
-        await self.standin.api.close()  # type: ignore[no-untyped-call]
         await self.admin.close()  # type: ignore[no-untyped-call]
         self.control_plane.stop()
 
@@ -82,35 +90,41 @@ class Stack:
             problem = product.exited(name, process, self.log_file(name))
             if problem is not None:
                 raise RuntimeError(problem)
+        if not self.mcm.running():
+            raise RuntimeError(f"machine-controller-manager exited:\n{self.mcm.log_tail(20)}")
 
 
-async def start_stack(
-    *, directory: Path, toolchain: Toolchain, namespace: str, preserve_timeout: dt.timedelta
-) -> Stack:
-    """Start every component; on any failure, stop what was started and re-raise."""
+async def start_stack(*, directory: Path, toolchain: Toolchain, namespace: str, mcm_bin: Path | None = None) -> Stack:
+    """Start every component; on any failure, stop what was started and re-raise. `mcm_bin`: where MCM's
+    binaries are (built if not given)."""
     (directory / "logs").mkdir(parents=True, exist_ok=True)
     plane = ControlPlane(directory=directory / "cluster", bin_dir=toolchain.bin_dir)
     await asyncio.to_thread(plane.start)
     stack: Stack | None = None
     try:
-        await asyncio.to_thread(install_crds, plane.kubeconfig)
+        await asyncio.to_thread(install_crds, plane.kubeconfig, mcm_version=DEFAULT_MCM_VERSION)
+        mcm = McmRunner(plane=plane, namespace=namespace, directory=directory / "mcm", version=DEFAULT_MCM_VERSION,
+                        settings=MCM_SETTINGS, bin_dir=mcm_bin)  # fmt: skip
         kubeconfigs = {
             role: plane.write_kubeconfig(directory / f"{role}.kubeconfig", user=user)
             for role, user in IDENTITIES.items()
+            if role != "mcm"
         }
+        # MCM's own (McmRunner writes it with the service account's groups); for kubectl as MCM.
+        kubeconfigs["mcm"] = mcm.directory / "mcm.kubeconfig"
         admin = await api_client_for(plane.kubeconfig)
-        await _grant_cluster_admin(admin, [IDENTITIES["mcm"]])
         await product.apply_manifests(
             admin,
             await asyncio.to_thread(product.render_component_rbac, helm=toolchain.helm, control_namespace=namespace),
         )
-        standin = McmStandIn(api=await api_client_for(kubeconfigs["mcm"]), namespace=namespace)
         stack = Stack(directory=directory, toolchain=toolchain, control_plane=plane, admin=admin,
-                      kubeconfigs=kubeconfigs, standin=standin)  # fmt: skip
+                      kubeconfigs=kubeconfigs, mcm=mcm, kubelets=FakeKubelets(admin, namespace))  # fmt: skip
         await _start_webhook(stack)
         await _register_webhooks(stack, control_namespace=namespace)
-        _start_controller(stack, namespace=namespace, preserve_timeout=preserve_timeout)
-        stack._tasks.append(asyncio.create_task(standin.run(stack._stopping)))
+        await _start_controller(stack, namespace=namespace)
+        # MCM last: its first deletes already meet the deletion guard, and the controller is watching.
+        await asyncio.to_thread(mcm.start)
+        await stack._background.enter_async_context(stack.kubelets.running())
     except BaseException:
         if stack is not None:
             await stack.stop()
@@ -118,18 +132,6 @@ async def start_stack(
             plane.stop()
         raise
     return stack
-
-
-async def _grant_cluster_admin(admin: client.ApiClient, users: Any) -> None:
-    # Only the MCM stand-in: it plays MCM, the kubelets and the cloud provider at once.
-    rbac = client.RbacAuthorizationV1Api(admin)
-    await rbac.create_cluster_role_binding(
-        {  # type: ignore[arg-type]
-            "metadata": {"name": "playground-components"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user} for user in users],
-        }
-    )
 
 
 async def _start_webhook(stack: Stack) -> None:
@@ -160,14 +162,17 @@ async def _register_webhooks(stack: Stack, *, control_namespace: str) -> None:
     await product.apply_manifests(stack.admin, manifests)
 
 
-def _start_controller(stack: Stack, *, namespace: str, preserve_timeout: dt.timedelta) -> None:
+async def _start_controller(stack: Stack, *, namespace: str) -> None:
     stack.controller_metrics_port = free_port()
-    stack._spawn(
+    process = stack._spawn(
         "controller",
         product.controller_args(
             kubeconfig=stack.kubeconfigs["controller"],
             namespace=namespace,
-            preserve_timeout=f"{int(preserve_timeout.total_seconds())}s",
+            preserve_timeout=CONTROLLER_PRESERVE_TIMEOUT,
             metrics_port=stack.controller_metrics_port,
         ),
+    )
+    await product.wait_controller_ready(
+        process, metrics_port=stack.controller_metrics_port, log_file=stack.log_file("controller")
     )
