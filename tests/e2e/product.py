@@ -3,9 +3,10 @@
 Both run as their own processes (`machine_preservation.cluster.product`), as a release of the chart installed
 into the test's namespace would: client certificates for the chart's ServiceAccount users
 (`system:serviceaccount:<namespace>:mp-controller` and `...:mp-webhook`), exactly the chart's RBAC rendered for
-that namespace, the chart's webhook configurations registered by URL (their Machine webhooks judge the test's
-namespace only; their names carry it, so nothing is shared between tests). The webhook guards deletes by MCM's
-own identity (`--mcm-username`), the controller reconciles the test's namespace (`--namespace`).
+that namespace, the chart's webhook configurations registered by URL and its ValidatingAdmissionPolicies (their
+Machine webhooks judge the test's namespace only; their names carry it, so nothing is shared between tests). The
+webhook guards deletes by MCM's own identity (`--mcm-username`), the controller reconciles the test's
+namespace (`--namespace`).
 
 What the controller wrote comes from the API server's audit log (`controller_writes`): the e2e control plane
 records every write to the machine kinds, Nodes and Pods (with the request body), and the controller's user is
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import re
 import subprocess
@@ -84,6 +86,7 @@ class Write:
     subresource: str  # "", "status", "eviction"
     fields: tuple[str, ...]  # paths the request body sets, e.g. metadata.annotations[node.machine.sapcloud.io/x]
     code: int  # the response's HTTP status (a 409 conflict is a write that changed nothing)
+    at: dt.datetime  # when the API server received it
     body: Any = field(compare=False, repr=False)
 
 
@@ -174,6 +177,7 @@ class Product:
                 mcm_usernames=[self.mcm_user],
                 release_name=mp.RELEASE_NAME,
                 release_namespace=self.namespace,
+                policies=True,
             )
             await self._apply(configurations)
             await self._wait_for_webhook_registration()
@@ -373,5 +377,6 @@ class Product:
             subresource=ref.get("subresource", ""),
             fields=field_paths(body) if ref.get("subresource") != "eviction" else (),
             code=int((event.get("responseStatus") or {}).get("code", 0)),
+            at=dt.datetime.fromisoformat(event["requestReceivedTimestamp"]),
             body=body,
         )

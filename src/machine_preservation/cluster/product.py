@@ -96,10 +96,12 @@ def render_webhook_configurations(
     mcm_usernames: Sequence[str] = (),
     release_name: str = "machine-preservation",
     release_namespace: str = "machine-preservation",
+    policies: bool = False,
 ) -> list[dict[str, Any]]:
     """The chart's webhook configurations, registered in this one cluster and pointed at `url`; the Machine
     webhooks judge `control_namespace` only. Their names carry `release_namespace`, so releases of several
-    namespaces live side by side. Empty `mcm_usernames`: the chart's default MCM identity."""
+    namespaces live side by side. Empty `mcm_usernames`: the chart's default MCM identity. `policies`: the
+    chart's ValidatingAdmissionPolicies (and bindings) as well, which the API server runs in-process."""
     mcm_values = [f"--set=webhook.mcmUsernames[{i}]={user}" for i, user in enumerate(mcm_usernames)]
     result = subprocess.run(
         [
@@ -119,7 +121,9 @@ def render_webhook_configurations(
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     documents = [d for d in yaml.safe_load_all(result.stdout) if d]
-    kinds = ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration")
+    kinds = ["ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"]
+    if policies:
+        kinds += ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     return [d for d in documents if d.get("kind") in kinds]
 
 
@@ -184,6 +188,16 @@ async def _call(admin: client.ApiClient, verb: str, manifest: dict[str, Any]) ->
                 await registration.create_mutating_webhook_configuration(manifest)  # type: ignore[arg-type]
             else:
                 await registration.delete_mutating_webhook_configuration(name)
+        case "ValidatingAdmissionPolicy":
+            if create:
+                await registration.create_validating_admission_policy(manifest)  # type: ignore[arg-type]
+            else:
+                await registration.delete_validating_admission_policy(name)
+        case "ValidatingAdmissionPolicyBinding":
+            if create:
+                await registration.create_validating_admission_policy_binding(manifest)  # type: ignore[arg-type]
+            else:
+                await registration.delete_validating_admission_policy_binding(name)
         case kind:
             raise ValueError(f"unexpected {kind} among the chart's manifests")
 
