@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import logging
 import time
@@ -224,3 +225,66 @@ class RealMcm:
                 await core.patch_node(name, {"metadata": {"finalizers": None}}, _content_type=mcm_pool.MERGE_PATCH)
             with contextlib.suppress(ApiException):
                 await core.delete_node(name)
+
+
+# --- small helpers for reading and writing MCM's objects as an administrator ----------------------------------
+
+
+async def annotate_machine(real_mcm: RealMcm, name: str, annotations: dict[str, str | None]) -> None:
+    await client.CustomObjectsApi(real_mcm.api).patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        real_mcm.namespace,
+        "machines",
+        name,
+        {"metadata": {"annotations": annotations}},
+        _content_type=mcm_pool.MERGE_PATCH,
+    )
+
+
+async def annotate_node(real_mcm: RealMcm, name: str, annotations: dict[str, str | None]) -> None:
+    await client.CoreV1Api(real_mcm.api).patch_node(
+        name, {"metadata": {"annotations": annotations}}, _content_type=mcm_pool.MERGE_PATCH
+    )
+
+
+async def machine_annotations(real_mcm: RealMcm, name: str) -> dict[str, str]:
+    machine = await real_mcm.machine(name)
+    assert machine is not None, f"machine {name} is gone"
+    found: dict[str, str] = machine["metadata"].get("annotations") or {}
+    return found
+
+
+async def nudge_machine(real_mcm: RealMcm, name: str) -> None:
+    """Change a label of the Machine: MCM's MachineSet controller syncs on every Machine update, so this
+    stands in for its periodic resync (10 minutes) where a test cannot wait that long."""
+    await client.CustomObjectsApi(real_mcm.api).patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        real_mcm.namespace,
+        "machines",
+        name,
+        {"metadata": {"labels": {"e2e.machine-preservation/nudged": str(time.monotonic_ns())}}},
+        _content_type=mcm_pool.MERGE_PATCH,
+    )
+
+
+async def patch_machine_deployment(real_mcm: RealMcm, name: str, patch: dict[str, Any]) -> None:
+    await client.CustomObjectsApi(real_mcm.api).patch_namespaced_custom_object(
+        GROUP, VERSION, real_mcm.namespace, "machinedeployments", name, patch, _content_type=mcm_pool.MERGE_PATCH
+    )
+
+
+def preserve_expiry(machine: dict[str, Any]) -> dt.datetime | None:
+    """`status.currentStatus.preserveExpiryTime` (where MCM v0.62 keeps a preservation's expiry), if set."""
+    text = ((machine.get("status") or {}).get("currentStatus") or {}).get("preserveExpiryTime")
+    return dt.datetime.fromisoformat(text) if text else None
+
+
+def preserved_condition(node: dict[str, Any]) -> dict[str, Any] | None:
+    """The Node's `Preserved` condition, if it has one."""
+    for condition in (node.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Preserved":
+            found: dict[str, Any] = condition
+            return found
+    return None
