@@ -155,6 +155,29 @@ async def test_delete_machine_is_idempotent_and_checks_the_uid(
     assert (await get_machine(custom, namespace, "m"))["metadata"]["uid"] != snap.machine.metadata.uid
 
 
+async def test_a_machine_someone_else_deleted_first_counts_as_deleted(
+    api: client.ApiClient, writer: Writer, namespace: str
+) -> None:
+    custom = client.CustomObjectsApi(api)
+    finalizer = {"metadata": {"finalizers": ["test/keep"]}}
+    await create_machine(custom, namespace, "m")
+    await custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "machines", "m", finalizer, _content_type="application/merge-patch+json"
+    )
+    snap = await machine_snapshot(api, namespace, "m")
+    # MCM's delete comes first (its finalizer keeps the machine while it terminates it): ours then meets a
+    # changed resourceVersion, and the Events after the delete are still recorded.
+    await custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "machines", "m")
+    event = p.RecordEvent(kind="Machine", name="m", type="Normal", reason="PreservationExpired", message="gone")
+    await execute_machine_plan(writer=writer, snap=snap, steps=[p.DeleteMachine(), event], now=NOW)
+    events = await client.CoreV1Api(api).list_namespaced_event(namespace, field_selector="involvedObject.name=m")
+    assert [e.reason for e in events.items] == ["PreservationExpired"]
+    await custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "machines", "m", {"metadata": {"finalizers": None}},
+        _content_type="application/merge-patch+json",
+    )  # fmt: skip
+
+
 async def test_node_annotations_keep_unrelated_keys(api: client.ApiClient, writer: Writer, node_name: str) -> None:
     await create_node(client.CoreV1Api(api), node_name, annotations={"user": "x", "old": "y"})
     machine = Machine.model_validate({"metadata": {"name": "m", "labels": {"node": node_name}}})

@@ -134,8 +134,29 @@ class Writer:
                 ),
             )
         except ApiException as error:
-            if error.status != 404:
-                raise
+            if error.status == 404:
+                return
+            if error.status == 409 and await self._deleted_by_someone_else(snap):
+                # Once the preservation is over, MCM's next delete passes the webhook and often comes first
+                # (our node writes just before make it look again): the machine goes, as this step wants,
+                # and the plan's Events after it still say why.
+                return
+            raise
+
+    async def _deleted_by_someone_else(self, snap: Snapshot) -> bool:
+        """Whether the machine of the snapshot is already being deleted (a list by name: the controller reads
+        Machines only by list and watch). Another machine of the same name is not ours."""
+        listed = await self._custom().list_namespaced_custom_object(
+            v.MACHINE_API_GROUP,
+            v.MACHINE_API_VERSION,
+            self.namespace,
+            MACHINES,
+            field_selector=f"metadata.name={snap.machine.metadata.name}",
+        )
+        if not isinstance(listed, dict):
+            raise TypeError(f"expected a list of custom objects, got {type(listed).__name__}")
+        ours = [i for i in listed["items"] if i["metadata"].get("uid") == snap.machine.metadata.uid]
+        return bool(ours and ours[0]["metadata"].get("deletionTimestamp"))
 
     # --- nodes -------------------------------------------------------------------------------------
 
