@@ -91,6 +91,8 @@ def delete(cause: StopCause) -> PreservationDecision:
         (P.FALSE, FAILED, PAST, delete(StopCause.OPTED_OUT)),
         (P.FALSE, RUNNING, PAST, stop(StopCause.OPTED_OUT)),  # §4.2 #15: no annotation removal
         (P.NONE, RUNNING, KEPT, stop(StopCause.NO_PREFERENCE)),
+        # The annotation went with a stop at expiry that did not finish: still the expiry's stop.
+        (P.NONE, RUNNING, PAST, stop(StopCause.EXPIRED)),
         (P.NONE, FAILED, None, stop(StopCause.NO_PREFERENCE)),
         (P.NONE, FAILED, PAST, stop(StopCause.NO_PREFERENCE)),  # left to auto-preservation or MCM
     ],

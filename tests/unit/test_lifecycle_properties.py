@@ -329,3 +329,26 @@ def test_a_stop_interrupted_after_any_step_is_finished_never_a_new_preservation(
             break
         m, n = execute(m, n, again, now=s["now"], drained=s["drained"], blocking_pods=("ns/p",))
     assert m.preservation is None or m.metadata.deletion_timestamp is not None
+
+
+@PROPERTY
+@given(snapshots(), st.integers(0, 12))
+def test_a_stop_at_expiry_interrupted_after_any_step_is_still_reported_as_the_expiry(
+    s: dict[str, Any], done: int
+) -> None:
+    """A crash or a conflict part-way through a stop at expiry (e.g. after the node's annotation went, before the
+    record did): the plan that finishes it reports the expiry too, never a stop for another cause."""
+    first = plan_of(s)
+    assume(any(e.reason == v.EventReason.PRESERVATION_EXPIRED for e in of_type(first, RecordEvent)))
+    prefix = MachinePlan(steps=first.steps[: min(done, len(first.steps))])
+    m, n = execute(s["machine"], s["node"], prefix, now=s["now"], drained=s["drained"], blocking_pods=("ns/p",))
+    for _ in range(4):
+        again = replan(s, m, n)
+        stops = {e.reason for e in of_type(again, RecordEvent)} & {
+            v.EventReason.PRESERVATION_STOPPED,
+            v.EventReason.PRESERVATION_EXPIRED,
+        }
+        assert stops <= {v.EventReason.PRESERVATION_EXPIRED}, [type(step).__name__ for step in first.steps[:done]]
+        if not pending(s, m, n):
+            break
+        m, n = execute(m, n, again, now=s["now"], drained=s["drained"], blocking_pods=("ns/p",))

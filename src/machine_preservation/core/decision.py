@@ -115,4 +115,8 @@ def decide_preservation(
         return PreservationDecision(preserve=False, stop_cause=StopCause.NOT_FAILED, remove_annotations=True)
     if value == Preference.FALSE:
         return PreservationDecision(preserve=False, stop_cause=StopCause.OPTED_OUT)
+    if not failed and record is not None and not record.damaged and is_expired(expiry, now):
+        # A stop at expiry interrupted after the preserve annotation went (a crash, or a conflict on removing
+        # the record): the expiry still ends it, and says so.
+        return PreservationDecision(preserve=False, stop_cause=StopCause.EXPIRED)
     return PreservationDecision(preserve=False, stop_cause=StopCause.NO_PREFERENCE)
