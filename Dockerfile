@@ -18,9 +18,9 @@ RUN python -m venv /opt/venv \
  && /opt/build/bin/pip install --no-cache-dir --require-hashes --only-binary=:all: -r requirements-build.lock
 COPY pyproject.toml README.md ./
 COPY src ./src
-# Only what runs in production: the local control plane, the playground and the MCM stand-in stay out
+# Only what runs in production: the local control plane (with real MCM) and the playground stay out
 # (the console script registers their subcommands only when they are installed).
-RUN rm -r src/machine_preservation/cluster src/machine_preservation/playground src/machine_preservation/standin \
+RUN rm -r src/machine_preservation/cluster src/machine_preservation/playground \
  && /opt/build/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels . \
  && /opt/venv/bin/pip install --no-cache-dir --no-deps --no-index /wheels/*.whl \
  && /opt/venv/bin/pip check \

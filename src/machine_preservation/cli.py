@@ -30,11 +30,10 @@ DEVELOPMENT_COMMANDS = (
     "machine_preservation.cluster.commands",
     "machine_preservation.playground.commands",
 )
-# Packages the image leaves out (the playground needs the MCM stand-in, too).
+# Packages the image leaves out.
 DEVELOPMENT_PACKAGES = (
     "machine_preservation.cluster",
     "machine_preservation.playground",
-    "machine_preservation.standin",
 )
 # The order subcommands are listed in.
 COMMAND_ORDER = (DEVELOPMENT_COMMANDS[0], *PRODUCTION_COMMANDS, DEVELOPMENT_COMMANDS[1])

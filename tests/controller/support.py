@@ -1,5 +1,5 @@
 """Helpers for the controller's integration tests: aio clients, object builders, eventual polling, and the
-shared fixtures (`api`, `node_names`, `standin`; tests/integration/conftest.py makes them available)."""
+shared fixtures (`api`, `node_names`; tests/integration/conftest.py makes them available)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from kubernetes import client as sync_client
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
@@ -24,7 +23,6 @@ from machine_preservation.controller.events import NODE_EVENT_NAMESPACE
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.config import DEFAULT_MAX_PRESERVE_TIMEOUT
 from machine_preservation.core.models import Machine, Node
-from machine_preservation.standin.mcm import MCM_USERNAME, McmStandIn
 
 T = TypeVar("T")
 
@@ -142,36 +140,6 @@ async def node_names(api: client.ApiClient) -> AsyncIterator[list[str]]:
     for name in names:
         with contextlib.suppress(ApiException):
             await client.CoreV1Api(api).delete_node(name)
-
-
-@pytest.fixture
-async def standin(
-    kube_client: sync_client.ApiClient, kubeconfig_for: Callable[[str], Path], namespace: str
-) -> AsyncIterator[McmStandIn]:
-    """The MCM stand-in running as MCM's identity (cluster-admin here: it plays MCM, the cloud provider and
-    kubelets), so the webhook's deletion guard applies to its deletes."""
-    binding = {
-        "metadata": {"name": f"mcm-{namespace}"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": MCM_USERNAME}],
-    }
-    rbac = sync_client.RbacAuthorizationV1Api(kube_client)
-    await asyncio.to_thread(rbac.create_cluster_role_binding, binding)
-    mcm = await aio_client(kubeconfig_for(MCM_USERNAME))
-    stand_in = McmStandIn(api=mcm, namespace=namespace, health_timeout=dt.timedelta(seconds=1), interval=0.2)
-    stopping = asyncio.Event()
-    task = asyncio.create_task(stand_in.run(stopping))
-    try:
-        yield stand_in
-    finally:
-        stopping.set()
-        await asyncio.wait_for(task, 30)
-        for machine in (await machines_of(mcm, namespace)).values():
-            if machine.node_name:
-                with contextlib.suppress(sync_client.exceptions.ApiException):
-                    await asyncio.to_thread(sync_client.CoreV1Api(kube_client).delete_node, machine.node_name)
-        await mcm.close()
-        await asyncio.to_thread(rbac.delete_cluster_role_binding, f"mcm-{namespace}")
 
 
 # --- objects and their state -------------------------------------------------------------------------------

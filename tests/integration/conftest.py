@@ -1,5 +1,5 @@
 """The controller tests' shared fixtures, defined once in tests/controller/support.py."""
 
-from tests.controller.support import api, node_names, standin
+from tests.controller.support import api, node_names
 
-__all__ = ["api", "node_names", "standin"]
+__all__ = ["api", "node_names"]

@@ -10,9 +10,9 @@ import pytest
 from kubernetes.aio import client
 
 from machine_preservation.cluster.controlplane import ControlPlane
+from machine_preservation.cluster.mcm_pool import set_node_condition
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Machine, Node
-from machine_preservation.standin.mcm import set_node_ready
 from tests.controller.running import running_controller
 from tests.controller.support import (
     GROUP,
@@ -74,7 +74,7 @@ async def test_recovery_of_a_preserved_failed_machine(
     async with running_controller(kubeconfig=control_plane.kubeconfig, namespace=namespace):
         await eventually(lambda: drained(api, namespace, node))
         # The node is healthy again and no MCM moves the phase: the controller does (DESIGN.md §3).
-        await set_node_ready(api, name=node, ready=True)
+        await set_node_condition(api, node, "True")
 
         async def recovered() -> bool:
             machine, n = await snapshot(api, namespace, "m", node)

@@ -181,7 +181,7 @@ def test_production_code_never_imports_the_development_packages() -> None:
 
 def test_a_missing_dependency_inside_a_development_package_is_not_mistaken_for_its_absence() -> None:
     assert cli._is_left_out(ModuleNotFoundError(name="machine_preservation.cluster"))
-    assert cli._is_left_out(ModuleNotFoundError(name="machine_preservation.standin.mcm"))
+    assert cli._is_left_out(ModuleNotFoundError(name="machine_preservation.playground.stack"))
     assert not cli._is_left_out(ModuleNotFoundError(name="kubernetes"))
     assert not cli._is_left_out(ModuleNotFoundError(name="machine_preservation.clusters"))
 
