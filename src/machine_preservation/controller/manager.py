@@ -348,9 +348,22 @@ class Controller:
 
 
 async def has_crd(api_client: client.ApiClient, name: str) -> bool:
+    """Whether the CRD is installed; said in the log either way, since what depends on it is then left out."""
     response = await client.ApiextensionsV1Api(api_client).read_custom_resource_definition_without_preload_content(name)
-    await response.read()
-    return bool(response.status == 200)
+    body = await response.read()
+    if response.status == 200:
+        logger.info("CRD %s is installed", name)
+        return True
+    if response.status == 404:
+        logger.info("CRD %s is not installed", name)
+    else:
+        logger.warning(
+            "cannot read CRD %s (HTTP %d %s): treated as not installed",
+            name,
+            response.status,
+            body[:200].decode(errors="replace"),
+        )
+    return False
 
 
 def new_caches(
