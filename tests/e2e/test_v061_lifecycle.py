@@ -8,6 +8,7 @@ server's audit log.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import time
 from typing import Any
@@ -25,9 +26,7 @@ from tests.e2e.product import Product, Write
 
 # v0.61.3: a failed machine is replaced only once it is gone, its termination takes ~30 s.
 REPLACE_LIMIT = 150.0
-# NotReady -> Failed takes MCM's 3 s health timeout, or up to a minute more when MCM re-checked the machine
-# inside that window (any write to it or its Node makes it re-check; then it looks again one minute later).
-FAIL_LIMIT = 100.0
+FAIL_LIMIT = 60.0
 SRE = "sre@example.com"
 CONTROLLER_SOURCE = "machine-preservation-controller"
 
@@ -43,9 +42,8 @@ def only_v061(real_mcm: RealMcm) -> None:
 
 async def set_node_preserve(product: Product, real_mcm: RealMcm, node: str, value: str) -> None:
     """What an SRE does: annotate the Node (through our webhook's validation). Returns once the controller has
-    taken the value over (its last-applied annotation on the Machine), so that its reaction cannot fall into
-    a later step: a Machine write while MCM waits out its health timeout makes MCM re-check the machine only a
-    minute later."""
+    taken the value over (its last-applied annotation on the Machine, or the Failed machine deleted), so that
+    what happens next is the reaction to this value."""
     api = await new_api_client(kubeconfig=product.kubeconfig_for(SRE, groups=("system:masters",)))
     try:
         await client.CoreV1Api(api).patch_node(
@@ -56,7 +54,9 @@ async def set_node_preserve(product: Product, real_mcm: RealMcm, node: str, valu
 
     async def taken_over() -> bool:
         machine = await real_mcm.machine(node)
-        return machine is None or annotations(machine).get(v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION) == value
+        if machine is None or machine["metadata"].get("deletionTimestamp"):
+            return True  # a preservation it ended by deleting the Failed machine
+        return annotations(machine).get(v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION) == value
 
     await eventually(taken_over, limit=30, interval=0.2)
 
@@ -123,15 +123,42 @@ async def reasons(product: Product, name: str, reason: str) -> list[tuple[int, s
     return [(e.count, e.source) for e in await product.events("Machine", name) if e.reason == reason]
 
 
+async def fail_node(real_mcm: RealMcm, name: str) -> None:
+    """The node's kubelet stops: NotReady at once, Unknown (as the node lifecycle controller would write) if MCM
+    has not failed the machine soon after its health timeout.
+
+    MCM looks at an Unknown machine again 5 s after moving it there, unless the machine was already due for a
+    look before that (MCM keeps one pending look per machine, the earliest): a look before the health timeout
+    has passed defers the next one by a minute. A machine that became Running a few seconds ago is often due,
+    so the Failed phase came after 5 s or after 65 s. A change of the node's condition status makes MCM look
+    again (it syncs the conditions, then looks 5 s later), so it is Failed within seconds either way.
+    """
+    started = time.monotonic()
+    await real_mcm.set_node_ready(name, False)
+    health_timeout = float(real_mcm.runner.settings.machine_health_timeout.removesuffix("s"))
+
+    async def failed() -> bool:
+        return machine_phase(await real_mcm.machine(name) or {}) == "Failed"
+
+    with contextlib.suppress(AssertionError):
+        await eventually(failed, limit=health_timeout + 4, interval=0.2)
+        print(f"{name}: Failed {time.monotonic() - started:.1f} s after its node went NotReady")
+        return
+    await real_mcm.set_node_ready(name, "Unknown")
+    await eventually(failed, limit=FAIL_LIMIT, interval=0.2)
+    print(f"{name}: Failed {time.monotonic() - started:.1f} s after NotReady (condition Unknown to make MCM look)")
+
+
 async def wait_preserved_and_failed(real_mcm: RealMcm, name: str) -> dict[str, str]:
+    """Fail the machine's node, then wait until the machine is Failed and preserved."""
+    await fail_node(real_mcm, name)
+
     async def preserved_failed() -> dict[str, str] | None:
         machine = await real_mcm.machine(name)
         record = record_of(machine)
         return record if machine_phase(machine or {}) == "Failed" and v.PRESERVED_UNTIL_ANNOTATION in record else None
 
-    started = time.monotonic()
-    record = await eventually(preserved_failed, limit=FAIL_LIMIT, interval=0.25)
-    print(f"{name}: Failed and preserved {time.monotonic() - started:.1f} s after its node went NotReady")
+    record: dict[str, str] = await eventually(preserved_failed, limit=30, interval=0.2)
     return record
 
 
@@ -198,7 +225,6 @@ async def test_when_failed_node_is_preserved_drained_and_not_replaced(real_mcm: 
     assert record_of(machine) == {}
 
     failed_at = dt.datetime.now(dt.UTC)
-    await real_mcm.set_node_ready(victim, False)
     record = await wait_preserved_and_failed(real_mcm, victim)
 
     assert record[v.PRESERVED_BY_ANNOTATION] == v.PreservedBy.USER
@@ -259,7 +285,6 @@ async def test_expiry_deletes_the_machine_and_mcm_replaces_it(real_mcm: RealMcm,
     victim, survivor = await setup_pool(real_mcm, product, preserve_timeout="20s")
     await set_node_preserve(product, real_mcm, victim, "when-failed")
 
-    await real_mcm.set_node_ready(victim, False)
     record = await wait_preserved_and_failed(real_mcm, victim)
     until = parse_time(record[v.PRESERVED_UNTIL_ANNOTATION])
     assert until - parse_time(record[v.PRESERVED_SINCE_ANNOTATION]) == dt.timedelta(seconds=20)
@@ -285,7 +310,6 @@ async def test_expiry_deletes_the_machine_and_mcm_replaces_it(real_mcm: RealMcm,
 async def test_false_releases_a_preserved_failed_machine_early(real_mcm: RealMcm, product: Product) -> None:
     victim, survivor = await setup_pool(real_mcm, product, preserve_timeout="10m")
     await set_node_preserve(product, real_mcm, victim, "when-failed")
-    await real_mcm.set_node_ready(victim, False)
     record = await wait_preserved_and_failed(real_mcm, victim)
     until = parse_time(record[v.PRESERVED_UNTIL_ANNOTATION])
 
@@ -349,7 +373,6 @@ async def test_now_preserves_a_healthy_node_without_draining_it(real_mcm: RealMc
 async def test_killed_controller_continues_the_same_preservation(real_mcm: RealMcm, product: Product) -> None:
     victim, _ = await setup_pool(real_mcm, product, preserve_timeout="30s")
     await set_node_preserve(product, real_mcm, victim, "when-failed")
-    await real_mcm.set_node_ready(victim, False)
     record = await wait_preserved_and_failed(real_mcm, victim)
     until = parse_time(record[v.PRESERVED_UNTIL_ANNOTATION])
 
