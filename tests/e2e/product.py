@@ -91,7 +91,10 @@ class Write:
 
 
 def field_paths(body: Any, prefix: str = "") -> tuple[str, ...]:
-    """The leaf paths a patch body sets; maps under annotations/labels are keyed by their (dotted) keys."""
+    """The leaf paths a patch body sets; maps under annotations/labels are keyed by their (dotted) keys. A JSON
+    patch gives the paths of its operations (list positions left out: `spec.taints`)."""
+    if isinstance(body, list) and not prefix:
+        return tuple(sorted({_pointer_path(op["path"]) for op in body if isinstance(op, dict) and "path" in op}))
     if not isinstance(body, dict) or not body:
         return (prefix,) if prefix else ()
     paths: list[str] = []
@@ -102,6 +105,13 @@ def field_paths(body: Any, prefix: str = "") -> tuple[str, ...]:
         else:
             paths.extend(field_paths(value, f"{prefix}.{key}" if prefix else key))
     return tuple(sorted(paths))
+
+
+def _pointer_path(pointer: str) -> str:
+    parts = [part.replace("~1", "/").replace("~0", "~") for part in pointer.strip("/").split("/")]
+    if len(parts) > 2 and parts[1] in ("annotations", "labels"):
+        return f"{parts[0]}.{parts[1]}[{parts[2]}]"
+    return ".".join(part for part in parts if part != "-" and not part.isdigit())
 
 
 def _safe(name: str) -> str:

@@ -18,6 +18,12 @@ from tests.e2e.product import Product, field_paths
 def test_field_paths_key_annotations_by_their_keys() -> None:
     body = {"metadata": {"annotations": {"a.b/c": "x", "d": None}}, "status": {"conditions": [{"type": "X"}]}}
     assert field_paths(body) == ("metadata.annotations[a.b/c]", "metadata.annotations[d]", "status.conditions")
+    json_patch = [
+        {"op": "test", "path": "/spec/taints/0", "value": {}},
+        {"op": "add", "path": "/spec/taints/-", "value": {}},
+        {"op": "remove", "path": "/metadata/annotations/a.b~1c"},
+    ]
+    assert field_paths(json_patch) == ("metadata.annotations[a.b/c]", "spec.taints")
 
 
 async def test_product_runs_as_the_chart_release_and_is_seen_writing(real_mcm: RealMcm, product: Product) -> None:
