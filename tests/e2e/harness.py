@@ -21,6 +21,7 @@ from machine_preservation.cluster.controlplane import ControlPlane
 from machine_preservation.cluster.mcm import mcm_versions
 from machine_preservation.cluster.mcm_pool import GROUP, VERSION, ConditionStatus, FakeKubelets
 from machine_preservation.cluster.mcm_runner import McmRunner
+from machine_preservation.core.durations import parse_go_duration_nanoseconds
 
 logger = logging.getLogger(__name__)
 
@@ -288,3 +289,24 @@ def preserved_condition(node: dict[str, Any]) -> dict[str, Any] | None:
             found: dict[str, Any] = condition
             return found
     return None
+
+
+async def fail_machine(real_mcm: RealMcm, name: str, *, limit: float = 90.0) -> None:
+    """Take the machine's node out of service as a dying node would, and wait until MCM marks it Failed.
+
+    Ready turns False (the kubelet says so); once MCM has had the machine Unknown for longer than its health
+    timeout, Ready turns Unknown (the node lifecycle controller's mark for a kubelet that stopped posting). MCM
+    checks a machine's health again at once on that change; without it, a check that ran before the timeout
+    was up is repeated only a minute later."""
+    await real_mcm.set_node_ready(name, False)
+    timeout = parse_go_duration_nanoseconds(real_mcm.runner.settings.machine_health_timeout) / 1e9
+    deadline = time.monotonic() + limit
+    marked_unknown = False
+    while real_mcm.recorder.first(name, phase="Failed") is None:
+        unknown = real_mcm.recorder.first(name, phase="Unknown")
+        if not marked_unknown and unknown is not None and time.monotonic() > unknown.at + timeout + 0.5:
+            await real_mcm.set_node_ready(name, "Unknown")
+            marked_unknown = True
+        if time.monotonic() > deadline:
+            raise AssertionError(f"machine {name} not Failed within {limit:.0f}s: {real_mcm.recorder.history(name)}")
+        await asyncio.sleep(0.25)
