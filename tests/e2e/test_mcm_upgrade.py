@@ -49,6 +49,7 @@ from tests.controller.support import eventually
 from tests.e2e.harness import (
     RealMcm,
     annotate_node,
+    fail_machine,
     machine_annotations,
     nudge_machine,
     patch_machine_deployment,
@@ -194,7 +195,7 @@ async def test_upgrade_hands_running_preservations_over_to_mcm(
     await real_mcm.create_pool(POOL, replicas=2)
     healthy, failing = (m["metadata"]["name"] for m in await real_mcm.wait_for_pool(POOL, 2))
     await annotate_node(real_mcm, healthy, {v.PRESERVE_ANNOTATION: "now"})
-    await real_mcm.set_node_ready(failing, False)
+    await fail_machine(real_mcm, failing)
     healthy_record = await preserved_by_us(real_mcm, healthy, v.PreservedBy.USER)
     failing_record = await preserved_by_us(real_mcm, failing, v.PreservedBy.AUTO)
     assert (await machine_annotations(real_mcm, failing))[v.PRESERVE_ANNOTATION] == "auto-preserve"

@@ -35,6 +35,7 @@ from tests.e2e.harness import (
     RealMcm,
     annotate_machine,
     annotate_node,
+    fail_machine,
     machine_annotations,
     nudge_machine,
     patch_machine_deployment,
@@ -134,10 +135,10 @@ async def test_mcm_preserves_natively_and_the_controller_only_observes(real_mcm:
     # after the other: MCM marks one machine of a MachineDeployment Failed at a time (maxSurge 1), and counts
     # a Failed machine as being replaced until its expiry is set.
     await annotate_machine(real_mcm, when_failed_name, {v.PRESERVE_ANNOTATION: "when-failed"})
-    await real_mcm.set_node_ready(when_failed_name, False)
+    await fail_machine(real_mcm, when_failed_name)
     when_failed_expiry = await preserved_by_mcm(real_mcm, when_failed_name, phase="Failed")
     progress(f"{when_failed_name} Failed, preserved by MCM (when-failed) until {when_failed_expiry}")
-    await real_mcm.set_node_ready(auto_name, False)
+    await fail_machine(real_mcm, auto_name)
     auto_expiry = await preserved_by_mcm(real_mcm, auto_name, phase="Failed")
     progress(f"{auto_name} Failed, auto-preserved by MCM until {auto_expiry}")
     # MCM's own value, written by MCM's identity, passed our webhook.
@@ -193,17 +194,33 @@ async def test_mcm_preserves_natively_and_the_controller_only_observes(real_mcm:
     progress("both expiries passed, both Failed machines still there")
     for name in (when_failed_name, auto_name):
         await nudge_machine(real_mcm, name)
-    after = await real_mcm.wait_for_pool("native", 3, limit=120)
+
+    async def replaced() -> list[dict[str, Any]] | None:
+        # Two replacements run; the Failed machines are on their way out (MCM's termination takes ~25 s more).
+        machines = await real_mcm.machines("native")
+        fresh = [m for m in machines if m["metadata"]["name"] not in expiries and machine_phase(m) == "Running"]
+        going = all(
+            m["metadata"].get("deletionTimestamp")
+            for m in machines
+            if m["metadata"]["name"] in (when_failed_name, auto_name)
+        )
+        return fresh if len(fresh) == 2 and going else None
+
+    replacements: list[dict[str, Any]] = await eventually(replaced, limit=90, interval=0.25)
     progress("both replaced")
-    replacements = [m for m in after if m["metadata"]["name"] not in expiries]
-    assert len(replacements) == 2, [m["metadata"]["name"] for m in after]
     for replacement in replacements:
         created = dt.datetime.fromisoformat(replacement["metadata"]["creationTimestamp"])
         assert created >= min(when_failed_expiry, auto_expiry).replace(microsecond=0), (created, expiries)
+    # MCM deleted each Failed machine (through our webhook, whose deletion guard stands down) after its expiry.
+    deletes = {
+        w.name: w.at
+        for w in await product.writes_by(product.mcm_user)
+        if w.kind == "Machine" and w.operation == "delete" and w.code == 200
+    }
     for name in (when_failed_name, auto_name):
-        history = real_mcm.recorder.history(name)
-        assert history[-1] == "deleted", history
-        assert "Failed" in history
+        assert deletes[name] >= expiries[name], (name, deletes, expiries)
+    for name in (when_failed_name, auto_name):
+        assert "Failed" in real_mcm.recorder.history(name)
 
     # Not one write of the controller's identity to MCM's objects or the Nodes, from start to end.
     assert await product.controller_writes(real_mcm.namespace) == []
