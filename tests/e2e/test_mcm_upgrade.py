@@ -18,7 +18,9 @@ order does not matter, the controller's writes do not pass the webhook) they see
 MCM's expiry is replaced by ours (the SAME expiry the preservation had), `auto-preserve` becomes
 `auto-preserved`, our record goes, one PreservationHandedOver Event per machine and node; MCM then counts the
 Failed machine as its own auto-preserved one, keeps it until that expiry and replaces it after, and our
-controller writes nothing more.
+controller writes nothing more. Both must restart: a webhook still deciding "not native" refuses MCM's delete of
+the handed-over machine after its expiry too (it takes `auto-preserved` for a machine about to be preserved by
+our controller), and the pool stays a machine short until the webhook restarts.
 
 The plane is this test's own: the shared v0.61.3 plane must keep v0.61.3's CRDs. MCM's Deployment is a
 stand-in with no replicas (MCM runs as local processes), there for what `auto` reads: its image.
