@@ -20,11 +20,12 @@ from machine_preservation.core.plan import (
     MachinePlan,
     PatchMachineAnnotations,
     RecordEvent,
+    SetPreservedTaint,
     SetPreserveExpiry,
 )
 from machine_preservation.core.preservation_record import DrainRecord
 
-from .lifecycle_helpers import event_reasons, of_type, writes
+from .lifecycle_helpers import event_reasons, of_type, only, writes
 from .preservation_objects import ABSENT, HOUR, NOW, machine, node, preserved_condition
 
 CONFIG = PreservationConfig()
@@ -62,9 +63,10 @@ def test_hand_over_writes_the_mirror_first_and_removes_the_record_last() -> None
     result = native(m, preserved_node())
     assert writes(result) == [
         SetPreserveExpiry(expiry=KEPT),
+        SetPreservedTaint(present=False),  # MCM v0.62 cordons instead and would never remove it
         PatchMachineAnnotations(remove=(*RECORD_KEYS, v.PRESERVED_ADDED_CA_ANNOTATION, v.PRESERVED_DRAIN_ANNOTATION)),
     ]
-    # nothing on the node: condition, taint and CA annotation use MCM's keys and messages
+    # nothing else on the node: condition and CA annotation use MCM's keys and messages
     assert event_reasons(result) == HANDED_OVER
     events = of_type(result, RecordEvent)
     assert {e.message for e in events} == {
@@ -87,7 +89,7 @@ def test_hand_over_writes_the_mirror_first_and_removes_the_record_last() -> None
 def test_hand_over_respells_our_auto_value_as_mcms(value: object, respelled: dict[str, str]) -> None:
     m = machine(phase=FAILED, preserve=value, expiry=KEPT, by=v.PreservedBy.AUTO, mirrored=KEPT)
     result = native(m, preserved_node())
-    assert writes(result) == [PatchMachineAnnotations(set=respelled, remove=RECORD_KEYS)]
+    assert writes(result)[-1] == PatchMachineAnnotations(set=respelled, remove=RECORD_KEYS)
 
 
 def test_hand_over_mirrors_the_capped_expiry() -> None:
@@ -240,8 +242,10 @@ def natives(draw: st.DrawFn) -> tuple[Machine, Node | None]:
 def test_native_plans_never_run_the_lifecycle_and_hand_over_once(snapshot: tuple[Machine, Node | None]) -> None:
     m, n = snapshot
     result = native(m, n)
-    # only the mirror and the Machine's annotations are ever written: the rest is MCM's
-    assert all(isinstance(step, SetPreserveExpiry | PatchMachineAnnotations) for step in writes(result))
+    # only the mirror, the Machine's annotations and the removal of our taint are ever written: the rest is MCM's
+    allowed = SetPreserveExpiry | PatchMachineAnnotations | SetPreservedTaint
+    assert all(isinstance(step, allowed) for step in writes(result))
+    assert all(not step.present for step in of_type(result, SetPreservedTaint))
     if m.preservation is None or m.metadata.deletion_timestamp is not None:
         assert writes(result) == []
         assert all(e.once for e in of_type(result, RecordEvent)), "observations are recorded once each"
@@ -250,12 +254,14 @@ def test_native_plans_never_run_the_lifecycle_and_hand_over_once(snapshot: tuple
     if m.phase == v.MachinePhase.TERMINATING:
         assert result == MachinePlan()
         return
-    handed, _ = apply_machine_plan(machine=m, node=n, plan=result, now=NOW)
+    handed, handed_node = apply_machine_plan(machine=m, node=n, plan=result, now=NOW)
     assert handed.preservation is None
+    if handed_node is not None:
+        assert not handed_node.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT), "MCM never removes it"
     assert handed.mirrored_expiry == record.expiry(max_timeout=CONFIG.max_preserve_timeout)
     assert handed.metadata.annotations.get(v.PRESERVE_ANNOTATION) != "auto-preserve"
     assert isinstance(writes(result)[-1], PatchMachineAnnotations), "the record goes last"
-    assert writes(native(handed, n)) == [], "handed over once"
+    assert writes(native(handed, handed_node)) == [], "handed over once"
 
 
 @pytest.mark.parametrize(
@@ -276,3 +282,24 @@ def test_hand_over_restores_the_priority_our_preservation_raised(
     assert handed.metadata.annotations.get(v.MACHINE_PRIORITY_ANNOTATION) == after
     assert v.LAST_MACHINE_PRIORITY_ANNOTATION not in handed.metadata.annotations
     assert len(of_type(native(m), PatchMachineAnnotations)) == 1, "in the write that removes the record"
+
+
+def test_hand_over_removes_our_taint_which_mcm_does_not_know() -> None:
+    m = machine(phase=FAILED, preserve="now", expiry=KEPT, drain=DRAINED)
+    result = native(m, preserved_node())
+    assert [type(step).__name__ for step in writes(result)] == [
+        "SetPreserveExpiry",
+        "SetPreservedTaint",
+        "PatchMachineAnnotations",
+    ]
+    assert only(result, SetPreservedTaint) == SetPreservedTaint(present=False)
+
+
+def test_hand_over_leaves_a_node_of_another_machine_alone() -> None:
+    m = machine(phase=FAILED, preserve="now", expiry=KEPT)
+    m = m.model_copy(update={"spec": m.spec.model_copy(update={"provider_id": "fake:///m1"})})
+    n = preserved_node()
+    n = n.model_copy(update={"spec": n.spec.model_copy(update={"provider_id": "fake:///other"})})
+    result = native(m, n)
+    assert of_type(result, SetPreservedTaint) == []
+    assert [e.kind for e in of_type(result, RecordEvent)] == ["Machine"]

@@ -7,9 +7,12 @@ Hand-over: a machine still carrying our record (preserved before MCM was upgrade
 where MCM reads it and our auto value respelled as MCM's (MCM ignores `auto-preserve` and would stop the
 preservation), then our record is removed, in that order, so a crash in between repeats the hand-over. The
 priority our preservation raised is restored in the same write as the record's removal: MCM sorts preserved
-machines last itself, and once we only observe nothing would lower it after MCM's preservation ends. The node
-keeps our condition, taint and CA annotation: they use MCM's keys and messages, so MCM carries on from them (a
-drained node is not drained again).
+machines last itself, and once we only observe nothing would lower it after MCM's preservation ends. Our taint
+(`node.machine.sapcloud.io/preserved`) goes before the record: MCM v0.62 does not know it (it cordons instead)
+and would never remove it, so it would outlive the preservation. The node keeps our condition and CA
+annotation: they use MCM's keys and messages, so MCM carries on from them (a drained node is not drained again,
+and MCM removes the CA annotation by its marker when its preservation stops). A node whose providerID is not the
+machine's is not touched.
 
 Observation: Events from what MCM's objects show, each recorded once (`RecordEvent.once`): a preservation
 starting (the expiry appears; the message names it, so each preservation is distinct) and ending (the node's
@@ -24,8 +27,15 @@ from machine_preservation.core import events
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.conditions import go_time_string, is_stopped
 from machine_preservation.core.config import PreservationConfig
+from machine_preservation.core.lifecycle import is_machines_node
 from machine_preservation.core.models import Machine, Node
-from machine_preservation.core.plan import MachinePlan, MachineStep, PatchMachineAnnotations, SetPreserveExpiry
+from machine_preservation.core.plan import (
+    MachinePlan,
+    MachineStep,
+    PatchMachineAnnotations,
+    SetPreservedTaint,
+    SetPreserveExpiry,
+)
 from machine_preservation.core.preservation_record import record_patch
 from machine_preservation.core.priority import priority_patch
 
@@ -47,6 +57,10 @@ def _hand_over(*, machine: Machine, node: Node | None, config: PreservationConfi
     steps: list[MachineStep] = []
     if machine.mirrored_expiry != expiry:
         steps.append(SetPreserveExpiry(expiry=expiry))
+    if node is not None and not is_machines_node(machine=machine, node=node):
+        node = None
+    if node is not None and node.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT):
+        steps.append(SetPreservedTaint(present=False))
     annotations = machine.metadata.annotations
     respell = (
         {v.PRESERVE_ANNOTATION: v.PreserveValue.AUTO_UPSTREAM.value}
