@@ -13,6 +13,7 @@ run the whole lifecycle, and MCM's replica counts always win.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import re
@@ -195,16 +196,26 @@ async def preserved(real_mcm: RealMcm, name: str, by: v.PreservedBy) -> Preserva
     return found
 
 
-async def failed(real_mcm: RealMcm, name: str) -> None:
-    """Take the machine's node out of service and wait until MCM has marked the machine Failed."""
+async def failed(real_mcm: RealMcm, name: str, *, until: Callable[[], bool] | None = None) -> None:
+    """The node's kubelet stops: NotReady at once, then Unknown (as the node lifecycle controller would write
+    it) if MCM has not failed the machine (or done `until`) soon after its health timeout.
+
+    MCM looks at an Unknown machine again 5 s after moving it there, unless a look was due earlier (it keeps
+    the earliest): a look before the health timeout has passed defers the next one by a minute, so Failed
+    would come after 5 s or after 65 s. A change of the node's condition makes MCM look again."""
+    done = until or (lambda: real_mcm.recorder.first(name, phase="Failed") is not None)
     await real_mcm.set_node_ready(name, False)
+    health_timeout = float(real_mcm.runner.settings.machine_health_timeout.removesuffix("s"))
+    with contextlib.suppress(AssertionError):
+        await eventually(done, limit=health_timeout + 4, interval=0.2)
+        return
+    await real_mcm.set_node_ready(name, "Unknown")
     try:
-        await eventually(lambda: real_mcm.recorder.first(name, phase="Failed") is not None, limit=60, interval=0.25)
+        await eventually(done, limit=60, interval=0.25)
     except AssertionError as error:
         said = [line for line in real_mcm.logs().splitlines() if name in line][-15:]
-        raise AssertionError(
-            f"{error}: {real_mcm.recorder.history(name)}; MCM about {name}:\n" + "\n".join(said)
-        ) from None
+        history = real_mcm.recorder.history(name)
+        raise AssertionError(f"{error}: {history}; MCM about {name}:\n" + "\n".join(said)) from None
 
 
 def mcm_log(real_mcm: RealMcm) -> str:
@@ -260,8 +271,7 @@ async def test_a_budget_of_one_keeps_one_failure_and_replaces_the_next(
     first, waiting = machines["zone-a"]
     (beyond,) = machines["zone-b"]
 
-    await real_mcm.set_node_ready(first, False)
-    await real_mcm.set_node_ready(beyond, False)
+    await asyncio.gather(failed(real_mcm, first), failed(real_mcm, beyond))
     record = await preserved(real_mcm, first, v.PreservedBy.AUTO)
     assert record.until - record.since == dt.timedelta(seconds=90), "the pool's machinePreserveTimeout applies"
     annotations = await annotations_of(real_mcm, first)
@@ -272,8 +282,11 @@ async def test_a_budget_of_one_keeps_one_failure_and_replaces_the_next(
     preserve_field = f"metadata.annotations[{v.PRESERVE_ANNOTATION}]"
     assert any(w.kind == "Machine" and w.name == first and preserve_field in w.fields for w in writes), writes
 
-    # A failure beyond the budget is replaced as usual.
-    await real_mcm.set_node_ready(waiting, False)
+    # The next failure in zone-a: MCM does not mark it Failed while the kept one is Failed, so it is neither
+    # preserved nor replaced for as long as the first is kept.
+    await failed(real_mcm, waiting, until=lambda: held_unknown(real_mcm, waiting))
+
+    # The failure beyond the budget (zone-b's share is 0) is replaced as usual.
     await replaced(real_mcm, f"{pool}-zone-b", beyond, 1)
     assert GRANTED not in await reasons(product, beyond)
     assert term(await record_of(real_mcm, first)) == term(record), "the kept machine stayed kept"
@@ -281,9 +294,7 @@ async def test_a_budget_of_one_keeps_one_failure_and_replaces_the_next(
     assert machine_phase(await real_mcm.machine(first) or {}) == "Failed"
     # While it was kept, MCM's deletes of it were refused by our guard (that is what keeps it).
     assert denials(mcm_log(real_mcm), first)
-    # The next failure in zone-a: MCM does not mark it Failed while the kept one is Failed, so it is neither
-    # preserved nor replaced for as long as the first is kept.
-    await eventually(lambda: held_unknown(real_mcm, waiting), limit=30, interval=0.25)
+    # The held one stayed held meanwhile.
     assert "Failed" not in real_mcm.recorder.history(waiting)
     assert await record_of(real_mcm, waiting) is None
 
@@ -300,8 +311,7 @@ async def test_lowering_the_max_releases_exactly_the_excess(
     machines = await zonal_pool(real_mcm, pool, {"zone-a": 1, "zone-b": 1})
     (kept,) = machines["zone-a"]
     (excess,) = machines["zone-b"]
-    await real_mcm.set_node_ready(kept, False)
-    await real_mcm.set_node_ready(excess, False)
+    await asyncio.gather(failed(real_mcm, kept), failed(real_mcm, excess))
     record = await preserved(real_mcm, kept, v.PreservedBy.AUTO)
     await preserved(real_mcm, excess, v.PreservedBy.AUTO)
 
@@ -416,34 +426,38 @@ async def machine_sets(real_mcm: RealMcm, deployment: str = "") -> dict[str, dic
     }
 
 
-async def new_machine_set(real_mcm: RealMcm, old: str) -> str:
-    """Wait for the MachineSet a rollout creates next to `old`; its name."""
+async def new_machine_set(real_mcm: RealMcm, deployment: str, old: str) -> str:
+    """Wait for the MachineSet a rollout of `deployment` creates next to `old`; its name."""
 
     async def check() -> str | None:
-        return next((name for name in await machine_sets(real_mcm) if name != old), None)
+        return next((name for name in await machine_sets(real_mcm, deployment) if name != old), None)
 
     found: str = await eventually(check, limit=30, interval=0.1)
     return found
 
 
-async def rollout_done(real_mcm: RealMcm, pool: str, replicas: int, new: str) -> list[dict[str, Any]]:
-    """Wait until the rollout to MachineSet `new` is complete: the pool's machines are `replicas` of it, each
-    Running with a Ready Node, and the other MachineSets want none; the machines."""
+async def rollout_done(real_mcm: RealMcm, deployment: str, replicas: int, new: str) -> list[dict[str, Any]]:
+    """Wait until the rollout of `deployment` to MachineSet `new` is complete: `new` has `replicas` machines,
+    each Running with a Ready Node; the other MachineSets want none and each of their machines is being
+    deleted (its termination takes MCM another ~30 s). Returns the new machines."""
 
     async def check() -> list[dict[str, Any]] | None:
-        machines = await real_mcm.machines(pool)
-        if len(machines) != replicas or any(owner_set(m) != new or machine_phase(m) != "Running" for m in machines):
+        machines = await real_mcm.machines(deployment)
+        current = [m for m in machines if owner_set(m) == new]
+        if len(current) != replicas or any(machine_phase(m) != "Running" for m in current):
             return None
-        for machine in machines:
+        if any(not m["metadata"].get("deletionTimestamp") for m in machines if owner_set(m) != new):
+            return None
+        for machine in current:
             node = await real_mcm.node(machine_node(machine))
             if node is None or node_ready_status(node) != "True":
                 return None
-        sets = await machine_sets(real_mcm, pool)
+        sets = await machine_sets(real_mcm, deployment)
         others = [s.get("spec", {}).get("replicas", 0) for name, s in sets.items() if name != new]
-        return machines if not any(others) else None
+        return current if not any(others) else None
 
     try:
-        done: list[dict[str, Any]] = await eventually(check, limit=150, interval=0.5)
+        done: list[dict[str, Any]] = await eventually(check, limit=120, interval=0.5)
     except AssertionError as error:
         raise AssertionError(f"{error}\n{real_mcm.log_tail()}") from None
     return done
@@ -453,38 +467,37 @@ async def test_a_rollout_completes_and_does_not_auto_preserve_the_old_machine_se
     real_mcm: RealMcm, product: Product, gardener_cluster: ClusterWriter
 ) -> None:
     pool = "rolling"
-    await gardener_cluster(pool, maximum=1, preserve_timeout=LONG)
+    # A max of 2 over two zones, one each. Zone-a rolls out; zone-b's failure shows the budget is in force.
+    await gardener_cluster(pool, zones=ZONES, maximum=2, preserve_timeout=LONG)
     await product.start(preserve_timeout=LONG)
-    await real_mcm.create_pool(pool, replicas=2)
-    victim, _ = names(await real_mcm.wait_for_pool(pool, 2))
-    (old,) = await machine_sets(real_mcm)
+    machines = await zonal_pool(real_mcm, pool, {"zone-a": 2, "zone-b": 1})
+    victim = machines["zone-a"][0]
+    (control,) = machines["zone-b"]
+    rolling = f"{pool}-zone-a"
+    (old,) = await machine_sets(real_mcm, rolling)
 
-    # A new machine template: MCM rolls the pool over to a new MachineSet. The rollout is held right after the
-    # new MachineSet appears, so the victim fails while its MachineSet is being replaced, whatever the speed of
-    # the rollout; it resumes once the failure has been dealt with.
-    await patch_deployment(real_mcm, pool, {"spec": {"template": {"metadata": {"labels": {"rollout": "2"}}}}})
-    new = await new_machine_set(real_mcm, old)
-    await patch_deployment(real_mcm, pool, {"spec": {"paused": True}})
+    # A new machine template: MCM rolls zone-a over to a new MachineSet. The rollout is held right after the
+    # new MachineSet appears (two machines: one new one does not finish it), so the victim fails while its
+    # MachineSet is being replaced, whatever the speed of the rollout; it resumes once the failure is dealt with.
+    await patch_deployment(real_mcm, rolling, {"spec": {"template": {"metadata": {"labels": {"rollout": "2"}}}}})
+    new = await new_machine_set(real_mcm, rolling, old)
+    await patch_deployment(real_mcm, rolling, {"spec": {"paused": True}})
     assert owner_set(await real_mcm.machine(victim) or {}) == old
 
-    await failed(real_mcm, victim)
-    # MCM deletes it as it deletes any Failed machine: the guard does not keep it.
-    await eventually(lambda: any(e.deleting for e in real_mcm.recorder.events if e.name == victim), limit=60)
-    await patch_deployment(real_mcm, pool, {"spec": {"paused": False}})
-    machines = await rollout_done(real_mcm, pool, 2, new)
+    await asyncio.gather(failed(real_mcm, victim), failed(real_mcm, control))
+    # MCM deletes the victim as it deletes any Failed machine: the guard does not keep it. Zone-b's is kept.
+    await eventually(lambda: any(e.deleting for e in real_mcm.recorder.events if e.name == victim), limit=30)
+    await preserved(real_mcm, control, v.PreservedBy.AUTO)
+    await patch_deployment(real_mcm, rolling, {"spec": {"paused": False}})
+    await rollout_done(real_mcm, rolling, 2, new)
 
     history = real_mcm.recorder.history(victim)
     assert "Failed" in history, history
-    assert history[-1] == "deleted", history
+    assert "Terminating" in history or history[-1] == "deleted", history
     assert not {GRANTED, STARTED} & set(await reasons(product, victim))
     writes = await product.controller_writes(real_mcm.namespace)
     assert not [w for w in writes if w.kind == "Machine" and w.name == victim], writes
-
-    # The budget itself is in force: a machine of the new MachineSet that fails now is auto-preserved.
-    survivor = names(machines)[0]
-    await failed(real_mcm, survivor)
-    await preserved(real_mcm, survivor, v.PreservedBy.AUTO)
-    assert GRANTED in await reasons(product, survivor)
+    assert GRANTED in await reasons(product, control)
 
 
 async def nudge(real_mcm: RealMcm, machine: str) -> None:
@@ -529,7 +542,6 @@ async def test_with_the_webhook_down_healthy_machines_go_and_failed_ones_wait(
     await product.stop_webhook()
     await real_mcm.scale("shrinking", 1)
     await patch_deployment(real_mcm, "rolling", {"spec": {"template": {"metadata": {"labels": {"rollout": "2"}}}}})
-    await real_mcm.set_node_ready(broken, False)
 
     def deleting(names_: list[str]) -> list[str]:
         return [n for n in names_ if any(e.deleting for e in real_mcm.recorder.events if e.name == n)]
@@ -538,7 +550,7 @@ async def test_with_the_webhook_down_healthy_machines_go_and_failed_ones_wait(
     await eventually(lambda: deleting(shrinking), limit=60, interval=0.25)
     await eventually(lambda: deleting([rolled]), limit=60, interval=0.25)
     # The delete of a Failed machine needs the webhook's answer: the API server refuses it without one.
-    await eventually(lambda: webhook_refusals(real_mcm, failing_set), limit=60, interval=0.25)
+    await failed(real_mcm, broken, until=lambda: bool(webhook_refusals(real_mcm, failing_set)))
     current = await real_mcm.machine(broken)
     assert current is not None
     assert not current["metadata"].get("deletionTimestamp")
