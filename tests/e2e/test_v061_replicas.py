@@ -2,13 +2,16 @@
 run the whole lifecycle, and MCM's replica counts always win.
 
 - The auto-preservation budget comes from the Shoot in Gardener's `Cluster` (v0.61.3's CRDs prune the field
-  from MachineDeployments and MachineSets): the first failure is kept, the next one is replaced as usual, and
-  lowering the max releases exactly the excess, oldest first.
+  from MachineDeployments and MachineSets), spread over the pool's zones (one MachineDeployment each): a
+  failure within a zone's share is kept, one beyond it is replaced as usual, and lowering the max releases
+  exactly the excess. MCM v0.61.3 marks one machine of a MachineDeployment Failed at a time and counts a kept
+  Failed machine against that: the next failure in its MachineDeployment waits, Unknown, neither preserved
+  nor replaced, so two kept failures in one MachineSet (and "oldest released first") cannot occur here.
 - A scale-down takes unpreserved machines first; a scale to zero (hibernation) and the deletion of the
   MachineDeployment take every machine, preserved ones included.
 - A rollout completes, and a machine of the MachineSet it replaces that fails meanwhile is not auto-preserved.
 - With the webhook down MCM still deletes healthy machines; only the delete of a Failed machine is refused
-  (the guard fails closed), and once the webhook is back everything converges.
+  (the guard fails closed), and once the webhook is back everything converges on MCM's next MachineSet sync.
 """
 
 from __future__ import annotations
