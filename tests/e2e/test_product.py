@@ -62,10 +62,15 @@ async def test_product_runs_as_the_chart_release_and_is_seen_writing(real_mcm: R
     writes = await eventually(product.controller_writes, limit=10)
     annotated = [w for w in writes if w.kind == "Machine" and w.name == name]
     assert any(f"metadata.annotations[{v.PRESERVED_UNTIL_ANNOTATION}]" in w.fields for w in annotated), writes
-    starts = [e for e in await product.events("Machine", name) if e.reason == "PreservationStarted"]
-    assert [(e.count, e.source) for e in starts] == [(1, "machine-preservation-controller")]
 
-    # Killed and started again: ready once more, the node untouched by anyone but the controller.
+    # Its Events follow the record's write.
+    async def announced() -> bool:
+        starts = [e for e in await product.events("Machine", name) if e.reason == "PreservationStarted"]
+        return [(e.count, e.source) for e in starts] == [(1, "machine-preservation-controller")]
+
+    await eventually(announced, limit=10)
+
+    # Killed and started again, the webhook restarted: both ready once more.
     await product.kill_controller()
     await product.start_controller()
     await product.stop_webhook()
@@ -74,3 +79,24 @@ async def test_product_runs_as_the_chart_release_and_is_seen_writing(real_mcm: R
     assert machine_node(machines[0]) == name
     mcm_writes = await product.writes_by(product.mcm_user)
     assert mcm_writes, "MCM's own writes are audited too"
+
+    # Torn down: no process left, nothing of the release outside the namespace.
+    registration = client.AdmissionregistrationV1Api(real_mcm.api)
+    rbac = client.RbacAuthorizationV1Api(real_mcm.api)
+
+    async def release_objects() -> list[str]:
+        names = [
+            *(c.metadata.name for c in (await registration.list_validating_webhook_configuration()).items),
+            *(c.metadata.name for c in (await registration.list_mutating_webhook_configuration()).items),
+            *(p.metadata.name for p in (await registration.list_validating_admission_policy()).items),
+            *(r.metadata.name for r in (await rbac.list_cluster_role()).items),
+            *(b.metadata.name for b in (await rbac.list_cluster_role_binding()).items),
+            *(r.metadata.name for r in (await rbac.list_namespaced_role("default")).items),
+        ]
+        return [n for n in names if n.endswith(f".{real_mcm.namespace}")]
+
+    assert len(await release_objects()) >= 9  # 2 webhook configurations, 1 policy, roles and bindings
+    processes = [product._webhook, product._controller]
+    await product.tear_down()
+    assert all(p is not None and p.poll() is not None for p in processes)
+    assert await release_objects() == []

@@ -252,7 +252,11 @@ async def test_when_failed_node_is_preserved_drained_and_not_replaced(real_mcm: 
     assert [(w.name, w.code) for w in evictions][:1] == [(pod, 201)]
     assert [w for w in writes if w.kind == "Pod" and w.operation == "delete"] == []
     assert await reasons(product, victim, "PreservationStarted") == [(1, CONTROLLER_SOURCE)]
-    assert [e.reason for e in await product.events("Node", victim)].count("PreservedNodeDrained") == 1
+
+    async def drained_event() -> bool:  # recorded after the condition
+        return [e.reason for e in await product.events("Node", victim)].count("PreservedNodeDrained") == 1
+
+    await eventually(drained_event, limit=10)
 
     # MCM tries to replace the Failed machine; our webhook denies its delete (more than once: MCM retries on
     # its next MachineSet sync), MCM reports it, and no replacement appears.
@@ -371,7 +375,7 @@ async def test_now_preserves_a_healthy_node_without_draining_it(real_mcm: RealMc
 
 
 async def test_killed_controller_continues_the_same_preservation(real_mcm: RealMcm, product: Product) -> None:
-    victim, _ = await setup_pool(real_mcm, product, preserve_timeout="30s")
+    victim, _ = await setup_pool(real_mcm, product, preserve_timeout="20s")
     await set_node_preserve(product, real_mcm, victim, "when-failed")
     record = await wait_preserved_and_failed(real_mcm, victim)
     until = parse_time(record[v.PRESERVED_UNTIL_ANNOTATION])
