@@ -8,7 +8,6 @@ server's audit log.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import time
 from typing import Any
@@ -21,7 +20,7 @@ from machine_preservation.cluster.mcm_pool import machine_phase
 from machine_preservation.controller.clients import MERGE_PATCH, new_api_client
 from machine_preservation.core import vocabulary as v
 from tests.controller.support import eventually
-from tests.e2e.harness import RealMcm
+from tests.e2e.harness import RealMcm, fail_machine
 from tests.e2e.product import Product, Write
 
 # v0.61.3: a failed machine is replaced only once it is gone, its termination takes ~30 s.
@@ -123,35 +122,11 @@ async def reasons(product: Product, name: str, reason: str) -> list[tuple[int, s
     return [(e.count, e.source) for e in await product.events("Machine", name) if e.reason == reason]
 
 
-async def fail_node(real_mcm: RealMcm, name: str) -> None:
-    """The node's kubelet stops: NotReady at once, Unknown (as the node lifecycle controller would write) if MCM
-    has not failed the machine soon after its health timeout.
-
-    MCM looks at an Unknown machine again 5 s after moving it there, unless the machine was already due for a
-    look before that (MCM keeps one pending look per machine, the earliest): a look before the health timeout
-    has passed defers the next one by a minute. A machine that became Running a few seconds ago is often due,
-    so the Failed phase came after 5 s or after 65 s. A change of the node's condition status makes MCM look
-    again (it syncs the conditions, then looks 5 s later), so it is Failed within seconds either way.
-    """
-    started = time.monotonic()
-    await real_mcm.set_node_ready(name, False)
-    health_timeout = float(real_mcm.runner.settings.machine_health_timeout.removesuffix("s"))
-
-    async def failed() -> bool:
-        return machine_phase(await real_mcm.machine(name) or {}) == "Failed"
-
-    with contextlib.suppress(AssertionError):
-        await eventually(failed, limit=health_timeout + 4, interval=0.2)
-        print(f"{name}: Failed {time.monotonic() - started:.1f} s after its node went NotReady")
-        return
-    await real_mcm.set_node_ready(name, "Unknown")
-    await eventually(failed, limit=FAIL_LIMIT, interval=0.2)
-    print(f"{name}: Failed {time.monotonic() - started:.1f} s after NotReady (condition Unknown to make MCM look)")
-
-
 async def wait_preserved_and_failed(real_mcm: RealMcm, name: str) -> dict[str, str]:
     """Fail the machine's node, then wait until the machine is Failed and preserved."""
-    await fail_node(real_mcm, name)
+    started = time.monotonic()
+    await fail_machine(real_mcm, name, limit=FAIL_LIMIT)
+    print(f"{name}: Failed {time.monotonic() - started:.1f} s after its node went NotReady")
 
     async def preserved_failed() -> dict[str, str] | None:
         machine = await real_mcm.machine(name)
