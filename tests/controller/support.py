@@ -23,6 +23,7 @@ from machine_preservation.controller.events import NODE_EVENT_NAMESPACE
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.config import DEFAULT_MAX_PRESERVE_TIMEOUT
 from machine_preservation.core.models import Machine, Node
+from machine_preservation.core.preservation_record import format_timestamp
 
 T = TypeVar("T")
 
@@ -52,10 +53,6 @@ async def eventually(check: Callable[[], Awaitable[T] | T], *, limit: float = 30
     raise AssertionError(f"not reached within {limit}s; last outcome: {last!r}")
 
 
-def rfc3339(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def machine_body(
     name: str,
     *,
@@ -81,7 +78,9 @@ async def create_machine(
     api: client.CustomObjectsApi, namespace: str, name: str, *, phase: str = "Running", **kwargs: Any
 ) -> dict[str, Any]:
     await api.create_namespaced_custom_object(GROUP, VERSION, namespace, "machines", machine_body(name, **kwargs))
-    status = {"status": {"currentStatus": {"phase": phase, "lastUpdateTime": rfc3339(dt.datetime.now(dt.UTC))}}}
+    status = {
+        "status": {"currentStatus": {"phase": phase, "lastUpdateTime": format_timestamp(dt.datetime.now(dt.UTC))}}
+    }
     result: dict[str, Any] = await api.patch_namespaced_custom_object_status(
         GROUP, VERSION, namespace, "machines", name, status, _content_type="application/merge-patch+json"
     )
@@ -95,7 +94,7 @@ async def get_machine(api: client.CustomObjectsApi, namespace: str, name: str) -
 
 async def create_node(core: client.CoreV1Api, name: str, *, ready: bool = True, **metadata: Any) -> client.V1Node:
     await core.create_node({"metadata": {"name": name, **metadata}})
-    now = rfc3339(dt.datetime.now(dt.UTC))
+    now = format_timestamp(dt.datetime.now(dt.UTC))
     condition = {
         "type": "Ready",
         "status": "True" if ready else "Unknown",
@@ -250,7 +249,7 @@ async def running_pod(
             },
         },
     )
-    now = rfc3339(dt.datetime.now(dt.UTC))
+    now = format_timestamp(dt.datetime.now(dt.UTC))
     status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}]}
     await core.patch_namespaced_pod_status(name, namespace, {"status": status})
 

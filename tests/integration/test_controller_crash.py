@@ -27,6 +27,7 @@ from tests.controller.support import (
     VERSION,
     create_machine,
     eventually,
+    format_timestamp,
     get_machine,
     is_preserved,
     is_unpreserved,
@@ -34,7 +35,6 @@ from tests.controller.support import (
     machine_set_owner,
     new_node,
     read_node_model,
-    rfc3339,
 )
 
 # Writes of an uninterrupted run: preserve (the record with the machine's annotations, the mirrored expiry,
@@ -254,7 +254,7 @@ async def test_expiry_converges_after_a_crash_after_any_write(
     await run_controller(control_plane, namespace, Metrics(), until=lambda: fully_preserved(api, namespace, node))
     # Time passes: the expiry is now behind us (as if the controller had been down over it).
     # The record's `until` is moved into the past, the one change the controller reads (the status only mirrors it).
-    past = rfc3339(dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1))
+    past = format_timestamp(dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1))
     await client.CustomObjectsApi(api).patch_namespaced_custom_object(
         GROUP,
         VERSION,

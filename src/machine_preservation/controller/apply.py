@@ -25,6 +25,7 @@ from machine_preservation.controller.events import EventRecorder, Regarding
 from machine_preservation.core import plan as p
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Machine, Node
+from machine_preservation.core.preservation_record import format_timestamp
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +43,6 @@ class StepFailed(Exception):
 
 class ObjectGone(Exception):
     """The Machine (or the Node a step needs) no longer exists; nothing more to do for this plan."""
-
-
-def rfc3339(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _version_of(custom_object: object) -> str:
@@ -112,11 +109,11 @@ class Writer:
         snap.machine_version = _version_of(result)
 
     async def set_preserve_expiry(self, snap: Snapshot, step: p.SetPreserveExpiry, *, now: dt.datetime) -> None:
-        expiry = None if step.expiry is None else rfc3339(step.expiry)
-        await self.patch_machine_status(snap, {"preserveExpiryTime": expiry, "lastUpdateTime": rfc3339(now)})
+        expiry = None if step.expiry is None else format_timestamp(step.expiry)
+        await self.patch_machine_status(snap, {"preserveExpiryTime": expiry, "lastUpdateTime": format_timestamp(now)})
 
     async def set_machine_phase(self, snap: Snapshot, step: p.SetMachinePhase, *, now: dt.datetime) -> None:
-        await self.patch_machine_status(snap, {"phase": step.phase, "lastUpdateTime": rfc3339(now)})
+        await self.patch_machine_status(snap, {"phase": step.phase, "lastUpdateTime": format_timestamp(now)})
 
     async def delete_machine(self, snap: Snapshot) -> None:
         try:
@@ -178,7 +175,11 @@ class Writer:
         if step.present:
             if ours:
                 return
-            taint = {"key": v.PRESERVED_TAINT_KEY, "effect": v.PRESERVED_TAINT_EFFECT, "timeAdded": rfc3339(now)}
+            taint = {
+                "key": v.PRESERVED_TAINT_KEY,
+                "effect": v.PRESERVED_TAINT_EFFECT,
+                "timeAdded": format_timestamp(now),
+            }
             if taints:
                 # Append: whatever else is in the list now stays as it is.
                 operations = [{"op": "add", "path": "/spec/taints/-", "value": taint}]
@@ -209,7 +210,7 @@ class Writer:
             "status": step.status,
             "reason": step.reason,
             "message": step.message,
-            "lastTransitionTime": rfc3339(step.last_transition_time),
+            "lastTransitionTime": format_timestamp(step.last_transition_time),
         }
         body = {"status": {"conditions": [condition]}}
         result = await client.CoreV1Api(self.target).patch_node_status(

@@ -21,15 +21,12 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.clients import MERGE_PATCH
 from machine_preservation.core import vocabulary as v
+from machine_preservation.core.preservation_record import format_timestamp
 
 logger = logging.getLogger(__name__)
 
 CONTROLLER_NAME = "machine-preservation-controller"
 NODE_EVENT_NAMESPACE = "default"
-
-
-def rfc3339(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
@@ -98,5 +95,5 @@ class EventRecorder:
         if once:
             return
         existing = await api.read_namespaced_event(name, namespace)
-        repeat = {"count": (existing.count or 1) + 1, "lastTimestamp": rfc3339(now)}
+        repeat = {"count": (existing.count or 1) + 1, "lastTimestamp": format_timestamp(now)}
         await api.patch_namespaced_event(name, namespace, repeat, _content_type=MERGE_PATCH)
