@@ -48,7 +48,7 @@ from machine_preservation.core.pool_settings import (
 )
 from machine_preservation.core.preservation_record import PreservationRecord
 from tests.controller.support import eventually
-from tests.e2e.harness import RealMcm
+from tests.e2e.harness import RealMcm, annotate_machine
 from tests.e2e.product import Product
 
 pytestmark = pytest.mark.parametrize("mcm_version", [DEFAULT_MCM_VERSION], indirect=True)
@@ -145,18 +145,6 @@ async def annotations_of(real_mcm: RealMcm, name: str) -> dict[str, str]:
     assert raw is not None, f"machine {name} is gone"
     found: dict[str, str] = raw["metadata"].get("annotations") or {}
     return found
-
-
-async def annotate_machine(real_mcm: RealMcm, name: str, annotations: dict[str, str | None]) -> None:
-    await client.CustomObjectsApi(real_mcm.api).patch_namespaced_custom_object(
-        GROUP,
-        VERSION,
-        real_mcm.namespace,
-        "machines",
-        name,
-        {"metadata": {"annotations": annotations}},
-        _content_type=MERGE_PATCH,
-    )
 
 
 async def annotate_node(real_mcm: RealMcm, name: str, annotations: dict[str, str | None]) -> None:

@@ -41,11 +41,11 @@ def annotation_errors(
     native_mcm = settings.mcm_native_preservation and settings.is_mcm(username)
 
     value = new.get(v.PRESERVE_ANNOTATION)
-    if value is not None and value != previous.get(v.PRESERVE_ANNOTATION):
+    # A native MCM writes its own auto value: that is its auto-preservation, not a user's.
+    mcm_auto = native_mcm and value == v.PreserveValue.AUTO_UPSTREAM
+    if value is not None and value != previous.get(v.PRESERVE_ANNOTATION) and not mcm_auto:
         path = _ANNOTATIONS.key(v.PRESERVE_ANNOTATION)
-        if native_mcm and value == v.PreserveValue.AUTO_UPSTREAM:
-            pass
-        elif value in v.AUTO_PRESERVE_VALUES and not is_controller:
+        if value in v.AUTO_PRESERVE_VALUES and not is_controller:
             supported = ", ".join(f'"{option}"' for option in v.USER_ALLOWED_VALUES)
             errors.append(
                 forbidden(
