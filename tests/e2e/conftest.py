@@ -20,14 +20,13 @@ import pytest
 from kubernetes.aio import client
 
 from machine_preservation.cluster.controlplane import ControlPlane
-from machine_preservation.cluster.crds import install_crds
 from machine_preservation.cluster.mcm import DEFAULT_MCM_VERSION
 from machine_preservation.cluster.mcm_pool import FakeKubelets
-from machine_preservation.cluster.mcm_runner import McmRunner, McmSettings, grant_mcm_rbac
+from machine_preservation.cluster.mcm_runner import McmRunner, McmSettings
 from machine_preservation.cluster.toolchain import Toolchain
 from machine_preservation.controller.clients import new_api_client
 from tests.e2e.harness import MachineRecorder, RealMcm
-from tests.e2e.product import AUDIT_POLICY, Product
+from tests.e2e.product import Product, mcm_control_plane
 
 
 @pytest.hookimpl(wrapper=True)
@@ -49,18 +48,9 @@ def mcm_plane(
     mcm_version: str, toolchain: Toolchain, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ControlPlane]:
     """A control plane with MCM's own CRDs of `mcm_version` (plus the Shoot and Gardener Cluster CRDs)."""
-    plane = ControlPlane(
-        directory=tmp_path_factory.mktemp(f"mcm-{mcm_version}-plane"),
-        bin_dir=toolchain.bin_dir,
-        audit_policy=AUDIT_POLICY,  # for Product.controller_writes
-    )
-    plane.start()
-    try:
-        install_crds(plane.kubeconfig, mcm_version=mcm_version)
-        grant_mcm_rbac(plane.kubeconfig)
+    directory = tmp_path_factory.mktemp(f"mcm-{mcm_version}-plane")
+    with mcm_control_plane(directory=directory, bin_dir=toolchain.bin_dir, mcm_version=mcm_version) as plane:
         yield plane
-    finally:
-        plane.stop()
 
 
 @pytest.fixture

@@ -41,7 +41,6 @@ from kubernetes.aio import client
 from machine_preservation.cluster.controlplane import ControlPlane
 from machine_preservation.cluster.crds import install_crds
 from machine_preservation.cluster.mcm_pool import GROUP, VERSION, machine_phase
-from machine_preservation.cluster.mcm_runner import grant_mcm_rbac
 from machine_preservation.cluster.toolchain import Toolchain
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Machine
@@ -58,7 +57,7 @@ from tests.e2e.harness import (
     preserve_expiry,
     preserved_condition,
 )
-from tests.e2e.product import AUDIT_POLICY, Product
+from tests.e2e.product import Product, mcm_control_plane
 
 OLD, NEW = "v0.61.3", "v0.62.1"
 pytestmark = pytest.mark.parametrize("mcm_version", [OLD], indirect=True)
@@ -74,14 +73,8 @@ HANDED_OVER = v.EventReason.PRESERVATION_HANDED_OVER.value
 @pytest.fixture
 def mcm_plane(toolchain: Toolchain, tmp_path: Path) -> Iterator[ControlPlane]:
     """A control plane of this test's own, with v0.61.3's CRDs (the test replaces them)."""
-    plane = ControlPlane(directory=tmp_path / "plane", bin_dir=toolchain.bin_dir, audit_policy=AUDIT_POLICY)
-    plane.start()
-    try:
-        install_crds(plane.kubeconfig, mcm_version=OLD)
-        grant_mcm_rbac(plane.kubeconfig)
+    with mcm_control_plane(directory=tmp_path / "plane", bin_dir=toolchain.bin_dir, mcm_version=OLD) as plane:
         yield plane
-    finally:
-        plane.stop()
 
 
 @pytest.fixture
