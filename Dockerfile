@@ -17,11 +17,14 @@ RUN python -m venv /opt/venv \
  && python -m venv /opt/build \
  && /opt/build/bin/pip install --no-cache-dir --require-hashes --only-binary=:all: -r requirements-build.lock
 COPY pyproject.toml README.md ./
-COPY src ./src
-# Only what runs in production: the local control plane (with real MCM) and the playground stay out
-# (the console script registers their subcommands only when they are installed).
-RUN rm -r src/machine_preservation/cluster src/machine_preservation/playground \
- && /opt/build/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels . \
+# Only the production components: pyproject.toml's package list names exactly these (the developer tools,
+# localcluster/ and playground/, are not part of the distribution).
+COPY cli ./cli
+COPY core ./core
+COPY certs ./certs
+COPY webhook ./webhook
+COPY controller ./controller
+RUN /opt/build/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels . \
  && /opt/venv/bin/pip install --no-cache-dir --no-deps --no-index /wheels/*.whl \
  && /opt/venv/bin/pip check \
  && /opt/venv/bin/machine-preservation --help

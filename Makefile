@@ -3,24 +3,31 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha256sum | cut -c1-12)
 
 .PHONY: install tools run test unit lint lock clean
 
-$(STAMP): pyproject.toml
+# The project installs editable (production components only); the developer tools join the same
+# `machine_preservation` namespace through a .pth file naming their folders.
+DEV_FOLDERS := localcluster playground
+# Every folder with Python in it, for ruff.
+PYTHON_FOLDERS := cli core certs webhook controller $(DEV_FOLDERS) tests benchmarks
+
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test,lint]'
+	$(BIN)/python -c "import pathlib, site, sys; pathlib.Path(site.getsitepackages()[0], 'machine_preservation_dev.pth').write_text(''.join(str(pathlib.Path(f).resolve()) + chr(10) for f in sys.argv[1:]))" $(DEV_FOLDERS)
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
 install: $(STAMP)
 
 tools: install
-	$(BIN)/python -m machine_preservation.cluster.toolchain
+	$(BIN)/python -m machine_preservation.localcluster.toolchain
 
 run: tools
-	$(BIN)/machine-preservation playground
+	$(BIN)/python -m machine_preservation.playground
 
 test: tools lint
 	$(BIN)/pytest
@@ -29,9 +36,10 @@ unit: install
 	$(BIN)/pytest -m 'not integration'
 
 lint: install
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check $(PYTHON_FOLDERS)
+	$(BIN)/ruff format --check $(PYTHON_FOLDERS)
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # The image's third-party packages with exact versions and hashes: requirements.lock (runtime, from
 # pyproject.toml) and requirements-build.lock (pyproject.toml's build-system.requires). uv is a dev-only tool,

@@ -448,10 +448,10 @@ async def watch_samples(api: Any, samples: dict[str, Sample], stop: asyncio.Even
 
 
 async def bench(args: argparse.Namespace, results: Results) -> None:
-    from machine_preservation.cluster.controlplane import ControlPlane
-    from machine_preservation.cluster.crds import install_crds
-    from machine_preservation.cluster.toolchain import ensure_toolchain
     from machine_preservation.controller.clients import new_api_client
+    from machine_preservation.localcluster.controlplane import ControlPlane
+    from machine_preservation.localcluster.crds import install_crds
+    from machine_preservation.localcluster.toolchain import ensure_toolchain
 
     figures = results.figures
     figures["machines"], figures["machine_sets"], figures["samples"] = args.machines, args.machine_sets, args.samples

@@ -52,7 +52,7 @@ def write_certificates(directory: Path) -> ssl.SSLContext:
 
 
 def start_webhook(cert_dir: Path, flags: list[str]) -> tuple[subprocess.Popen[str], int]:
-    command = [sys.executable, "-m", "machine_preservation", "--log-level", "INFO", "webhook"]
+    command = [sys.executable, "-m", "machine_preservation.cli", "--log-level", "INFO", "webhook"]
     command += ["--host", HOST, "--port", "0", "--cert-dir", str(cert_dir), *flags]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     assert process.stderr is not None

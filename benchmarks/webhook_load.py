@@ -194,7 +194,7 @@ def _pin_to_server_cpu() -> None:
 def start_server(kind: str, cert_dir: Path, *, pin: bool) -> tuple[subprocess.Popen[str], int]:
     if kind == "webhook":
         # INFO for the startup line that reports the port; nothing is logged per request.
-        command = [sys.executable, "-m", "machine_preservation", "--log-level", "INFO", "webhook"]
+        command = [sys.executable, "-m", "machine_preservation.cli", "--log-level", "INFO", "webhook"]
         command += ["--host", "127.0.0.1", "--port", "0", "--cert-dir", str(cert_dir)]
     else:
         command = [sys.executable, __file__, "serve-baseline", "--cert-dir", str(cert_dir)]

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from machine_preservation.cluster.controlplane import ControlPlane
-from machine_preservation.cluster.crds import install_crds
-from machine_preservation.cluster.toolchain import Toolchain, ensure_toolchain
+from machine_preservation.localcluster.controlplane import ControlPlane
+from machine_preservation.localcluster.crds import install_crds
+from machine_preservation.localcluster.toolchain import Toolchain, ensure_toolchain
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

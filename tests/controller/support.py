@@ -17,13 +17,13 @@ import pytest
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.cluster.controlplane import ControlPlane
 from machine_preservation.controller.clients import new_api_client
 from machine_preservation.controller.events import NODE_EVENT_NAMESPACE
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.config import DEFAULT_MAX_PRESERVE_TIMEOUT
 from machine_preservation.core.models import Machine, Node
 from machine_preservation.core.preservation_record import format_timestamp
+from machine_preservation.localcluster.controlplane import ControlPlane
 
 T = TypeVar("T")
 

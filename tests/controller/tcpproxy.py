@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from machine_preservation.cluster.controlplane import LOOPBACK, free_port
+from machine_preservation.localcluster.controlplane import LOOPBACK, free_port
 
 
 class TcpProxy:

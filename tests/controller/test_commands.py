@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from machine_preservation.cli import build_parser
+from machine_preservation.cli.main import build_parser
 from machine_preservation.controller.commands import options_from, run
 
 

@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 from kubernetes.aio import client
 
-from machine_preservation.cluster.controlplane import ControlPlane
-from machine_preservation.cluster.mcm import DEFAULT_MCM_VERSION
-from machine_preservation.cluster.mcm_pool import FakeKubelets
-from machine_preservation.cluster.mcm_runner import McmRunner, McmSettings
-from machine_preservation.cluster.toolchain import Toolchain
 from machine_preservation.controller.clients import new_api_client
+from machine_preservation.localcluster.controlplane import ControlPlane
+from machine_preservation.localcluster.mcm import DEFAULT_MCM_VERSION
+from machine_preservation.localcluster.mcm_pool import FakeKubelets
+from machine_preservation.localcluster.mcm_runner import McmRunner, McmSettings
+from machine_preservation.localcluster.toolchain import Toolchain
 from tests.e2e.harness import MachineRecorder, RealMcm
 from tests.e2e.product import Product, mcm_control_plane
 

@@ -16,12 +16,12 @@ from typing import Any
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.cluster import mcm_pool
-from machine_preservation.cluster.controlplane import ControlPlane
-from machine_preservation.cluster.mcm import mcm_versions
-from machine_preservation.cluster.mcm_pool import GROUP, VERSION, ConditionStatus, FakeKubelets
-from machine_preservation.cluster.mcm_runner import McmRunner
 from machine_preservation.core.durations import parse_go_duration_nanoseconds
+from machine_preservation.localcluster import mcm_pool
+from machine_preservation.localcluster.controlplane import ControlPlane
+from machine_preservation.localcluster.mcm import mcm_versions
+from machine_preservation.localcluster.mcm_pool import GROUP, VERSION, ConditionStatus, FakeKubelets
+from machine_preservation.localcluster.mcm_runner import McmRunner
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Our webhook and controller for one end-to-end test, beside real MCM in the test's namespace.
 
-Both run as their own processes (`machine_preservation.cluster.product`), as a release of the chart installed
+Both run as their own processes (`machine_preservation.localcluster.product`), as a release of the chart installed
 into the test's namespace would: client certificates for the chart's ServiceAccount users
 (`system:serviceaccount:<namespace>:mp-controller` and `...:mp-webhook`), exactly the chart's RBAC rendered for
 that namespace, the chart's webhook configurations registered by URL and its ValidatingAdmissionPolicies (their
@@ -30,12 +30,12 @@ from typing import Any, Literal
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.cluster import product as mp
-from machine_preservation.cluster.controlplane import ControlPlane, free_port
-from machine_preservation.cluster.crds import install_crds
-from machine_preservation.cluster.mcm_pool import GROUP, VERSION
-from machine_preservation.cluster.mcm_runner import MCM_USERNAME, grant_mcm_rbac
-from machine_preservation.cluster.toolchain import Toolchain
+from machine_preservation.localcluster import product as mp
+from machine_preservation.localcluster.controlplane import ControlPlane, free_port
+from machine_preservation.localcluster.crds import install_crds
+from machine_preservation.localcluster.mcm_pool import GROUP, VERSION
+from machine_preservation.localcluster.mcm_runner import MCM_USERNAME, grant_mcm_rbac
+from machine_preservation.localcluster.toolchain import Toolchain
 
 WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
 # Passed to the e2e control plane: every write to what MCM and our product act on, with its body.

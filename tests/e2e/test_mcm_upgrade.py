@@ -38,14 +38,14 @@ from typing import Any
 import pytest
 from kubernetes.aio import client
 
-from machine_preservation.cluster.controlplane import ControlPlane
-from machine_preservation.cluster.crds import install_crds
-from machine_preservation.cluster.mcm_pool import GROUP, VERSION, machine_phase
-from machine_preservation.cluster.toolchain import Toolchain
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Machine
 from machine_preservation.core.pool_settings import CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL
 from machine_preservation.core.preservation_record import PreservationRecord
+from machine_preservation.localcluster.controlplane import ControlPlane
+from machine_preservation.localcluster.crds import install_crds
+from machine_preservation.localcluster.mcm_pool import GROUP, VERSION, machine_phase
+from machine_preservation.localcluster.toolchain import Toolchain
 from tests.controller.support import eventually
 from tests.e2e.harness import (
     RealMcm,

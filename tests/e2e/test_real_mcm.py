@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from machine_preservation.cluster.mcm import DEFAULT_MCM_VERSION
-from machine_preservation.cluster.mcm_pool import machine_node
+from machine_preservation.localcluster.mcm import DEFAULT_MCM_VERSION
+from machine_preservation.localcluster.mcm_pool import machine_node
 from tests.controller.support import eventually
 from tests.e2e.harness import ALL_MCM_VERSIONS, RealMcm
 

@@ -28,15 +28,6 @@ import pytest
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.cluster.mcm import DEFAULT_MCM_VERSION
-from machine_preservation.cluster.mcm_pool import (
-    GROUP,
-    MERGE_PATCH,
-    VERSION,
-    machine_node,
-    machine_phase,
-    node_ready_status,
-)
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Machine
 from machine_preservation.core.pool_settings import (
@@ -47,6 +38,15 @@ from machine_preservation.core.pool_settings import (
     ZONE_LABEL,
 )
 from machine_preservation.core.preservation_record import PreservationRecord
+from machine_preservation.localcluster.mcm import DEFAULT_MCM_VERSION
+from machine_preservation.localcluster.mcm_pool import (
+    GROUP,
+    MERGE_PATCH,
+    VERSION,
+    machine_node,
+    machine_phase,
+    node_ready_status,
+)
 from tests.controller.support import eventually
 from tests.e2e.harness import RealMcm, annotate_machine
 from tests.e2e.product import Product

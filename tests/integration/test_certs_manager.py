@@ -33,7 +33,7 @@ from machine_preservation.certs.manager import (
 )
 from machine_preservation.certs.pairs import load_certificates, validate_serving_pair
 from machine_preservation.certs.rotation import RotationPolicy, ServingIdentity
-from machine_preservation.cluster.controlplane import ControlPlane, free_port
+from machine_preservation.localcluster.controlplane import ControlPlane, free_port
 
 POLICY = RotationPolicy(
     ca_validity=dt.timedelta(hours=10),
@@ -284,7 +284,7 @@ def test_cli_once_fills_the_cert_dir_and_exits(
     command = [
         sys.executable,
         "-m",
-        "machine_preservation",
+        "machine_preservation.cli",
         "certs",
         "run",
         "--once",

@@ -22,7 +22,7 @@ from kubernetes.client.exceptions import ApiException
 from machine_preservation.certs.manager import CertificateManager, ManagerSettings, WebhookConfigurationRef, WebhookKind
 from machine_preservation.certs.pairs import fingerprint, load_certificates
 from machine_preservation.certs.rotation import RotationPolicy, ServingIdentity
-from machine_preservation.cluster.controlplane import ControlPlane, free_port
+from machine_preservation.localcluster.controlplane import ControlPlane, free_port
 from machine_preservation.webhook.certificates import CertificateStore
 from machine_preservation.webhook.metrics import WebhookMetrics
 

@@ -24,11 +24,11 @@ from kubernetes.client.exceptions import ApiException
 
 from machine_preservation.certs import commands as certs_commands
 from machine_preservation.certs.manager import CertificateManager
-from machine_preservation.cli import build_parser
-from machine_preservation.cluster.controlplane import ControlPlane, free_port
-from machine_preservation.cluster.toolchain import Toolchain
+from machine_preservation.cli.main import build_parser
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.settings import AdmissionSettings
+from machine_preservation.localcluster.controlplane import ControlPlane, free_port
+from machine_preservation.localcluster.toolchain import Toolchain
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import WebhookServer
 from tests.integration.chart import CHART, find, helm, set_args, template

@@ -13,8 +13,8 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from machine_preservation.cluster.controlplane import ControlPlane
-from machine_preservation.cluster.toolchain import Toolchain
+from machine_preservation.localcluster.controlplane import ControlPlane
+from machine_preservation.localcluster.toolchain import Toolchain
 from tests.integration.chart import CHART, helm, set_args
 
 

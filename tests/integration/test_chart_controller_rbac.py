@@ -21,10 +21,10 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from machine_preservation.cli import build_parser
-from machine_preservation.cluster.controlplane import ControlPlane, free_port
-from machine_preservation.cluster.toolchain import Toolchain
+from machine_preservation.cli.main import build_parser
 from machine_preservation.core import vocabulary as v
+from machine_preservation.localcluster.controlplane import ControlPlane, free_port
+from machine_preservation.localcluster.toolchain import Toolchain
 from tests.integration.chart import CHART, find, helm, set_args, template
 from tests.integration.test_control_plane import eventually
 
@@ -114,7 +114,7 @@ def test_controller_runs_with_the_charts_arguments_and_rbac(
     core.create_node({"metadata": {"name": node}})
     log = (tmp_path / "controller.log").open("w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "machine_preservation", *args],
+        [sys.executable, "-m", "machine_preservation.cli", *args],
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, "POD_NAME": "controller-0"},

@@ -21,10 +21,10 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from machine_preservation.certs.authority import KeyPair, generate_ca
-from machine_preservation.cluster.controlplane import ControlPlane, free_port
-from machine_preservation.cluster.toolchain import Toolchain
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.settings import AdmissionSettings
+from machine_preservation.localcluster.controlplane import ControlPlane, free_port
+from machine_preservation.localcluster.toolchain import Toolchain
 from machine_preservation.webhook import configuration as wc
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import WebhookServer

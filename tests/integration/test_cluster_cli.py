@@ -1,4 +1,5 @@
-"""`machine-preservation cluster up|down` as a user runs it: a detached control plane, then a clean stop."""
+"""`python -m machine_preservation.localcluster up|down` as a user runs it: a detached control plane, then a
+clean stop."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from machine_preservation.cluster.controlplane import ControlPlane, ControlPlaneError, stop_control_plane
-from machine_preservation.cluster.toolchain import Toolchain
+from machine_preservation.localcluster.controlplane import ControlPlane, ControlPlaneError, stop_control_plane
+from machine_preservation.localcluster.toolchain import Toolchain
 
-CLI = [sys.executable, "-m", "machine_preservation"]
+CLI = [sys.executable, "-m", "machine_preservation.localcluster"]
 
 
 def _alive(pid: int) -> bool:
@@ -24,17 +25,16 @@ def _alive(pid: int) -> bool:
     return "State:\tZ" not in status
 
 
-def test_help_lists_the_subcommands() -> None:
+def test_help_lists_up_and_down() -> None:
     result = subprocess.run([*CLI, "--help"], capture_output=True, text=True, check=True)
-    assert "cluster" in result.stdout
+    assert "up" in result.stdout
+    assert "down" in result.stdout
 
 
 def test_cluster_up_then_down(toolchain: Toolchain, tmp_path: Path) -> None:
     directory = tmp_path / "cluster"
     env = {**os.environ, "MACHINE_PRESERVATION_K8S_BIN": str(toolchain.bin_dir)}
-    up = subprocess.run(
-        [*CLI, "cluster", "up", "--dir", str(directory)], capture_output=True, text=True, env=env, timeout=300
-    )
+    up = subprocess.run([*CLI, "up", "--dir", str(directory)], capture_output=True, text=True, env=env, timeout=300)
     assert up.returncode == 0, up.stderr
     kubeconfig = Path(up.stdout.strip().splitlines()[-1])
     assert kubeconfig == directory / "kubeconfig"
@@ -72,16 +72,16 @@ def test_cluster_up_then_down(toolchain: Toolchain, tmp_path: Path) -> None:
     assert "phase" in schema.stdout
     assert "preserveExpiryTime" not in schema.stdout
 
-    second = subprocess.run([*CLI, "cluster", "up", "--dir", str(directory)], capture_output=True, text=True, env=env)
+    second = subprocess.run([*CLI, "up", "--dir", str(directory)], capture_output=True, text=True, env=env)
     assert second.returncode == 1
     assert "already holds a control plane" in second.stderr
 
-    down = subprocess.run([*CLI, "cluster", "down", "--dir", str(directory)], capture_output=True, text=True)
+    down = subprocess.run([*CLI, "down", "--dir", str(directory)], capture_output=True, text=True)
     assert down.returncode == 0, down.stderr
     assert not any(_alive(pid) for pid in pids)
     assert not directory.exists()
 
-    again = subprocess.run([*CLI, "cluster", "down", "--dir", str(directory)], capture_output=True, text=True)
+    again = subprocess.run([*CLI, "down", "--dir", str(directory)], capture_output=True, text=True)
     assert again.returncode == 1
     assert "no control plane recorded" in again.stderr
 

@@ -20,7 +20,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from machine_preservation.certs.authority import issue_serving_cert
-from machine_preservation.cluster.controlplane import ControlPlane, free_port
+from machine_preservation.localcluster.controlplane import ControlPlane, free_port
 from tests.polling import eventually
 
 

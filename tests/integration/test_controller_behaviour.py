@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from kubernetes.aio import client
 
-from machine_preservation.cluster.controlplane import ControlPlane
-from machine_preservation.cluster.mcm_pool import set_node_condition
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Machine, Node
+from machine_preservation.localcluster.controlplane import ControlPlane
+from machine_preservation.localcluster.mcm_pool import set_node_condition
 from tests.controller.running import running_controller
 from tests.controller.support import (
     GROUP,

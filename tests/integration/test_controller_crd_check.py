@@ -17,8 +17,6 @@ import pytest
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.cluster.controlplane import ControlPlane
-from machine_preservation.cluster.crds import crd_manifests
 from machine_preservation.controller.crd_check import (
     AUTO_MAX_PATH,
     EXPIRY_PATH,
@@ -32,6 +30,8 @@ from machine_preservation.controller.metrics import Metrics
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.mcm_generation import NativePreservationMode
+from machine_preservation.localcluster.controlplane import ControlPlane
+from machine_preservation.localcluster.crds import crd_manifests
 from tests.controller.running import running_controller
 from tests.controller.support import (
     GROUP,
@@ -311,7 +311,7 @@ async def test_the_cli_refuses_to_start_when_it_cannot_read_the_crds(kubeconfig_
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "machine_preservation",
+        "machine_preservation.cli",
         "controller",
         f"--control-kubeconfig={kubeconfig}",
         f"--target-kubeconfig={kubeconfig}",

@@ -18,11 +18,11 @@ import aiohttp
 import pytest
 from kubernetes.aio import client
 
-from machine_preservation.cluster.controlplane import ControlPlane
 from machine_preservation.controller.metrics import Metrics
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.conditions import go_time_string
 from machine_preservation.core.config import PreservationConfig
+from machine_preservation.localcluster.controlplane import ControlPlane
 from tests.controller.running import running_controller
 from tests.controller.support import (
     GROUP,

@@ -19,11 +19,11 @@ import pytest
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.cluster.controlplane import ControlPlane, free_port
 from machine_preservation.controller.leader import LeaderElector
 from machine_preservation.controller.manager import LEASE_NAME
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Node
+from machine_preservation.localcluster.controlplane import ControlPlane, free_port
 from tests.controller.running import running_controller
 from tests.controller.support import (
     create_machine,
@@ -198,7 +198,7 @@ async def test_the_cli_runs_until_sigterm_and_exits_cleanly(
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "machine_preservation",
+        "machine_preservation.cli",
         "controller",
         f"--control-kubeconfig={control_plane.kubeconfig}",
         f"--target-kubeconfig={control_plane.kubeconfig}",

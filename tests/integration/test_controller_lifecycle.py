@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from kubernetes.aio import client
 
-from machine_preservation.cluster.controlplane import ControlPlane
 from machine_preservation.controller.manager import Controller
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.models import Machine, Node
+from machine_preservation.localcluster.controlplane import ControlPlane
 from tests.controller.running import running_controller
 from tests.controller.support import (
     GROUP,

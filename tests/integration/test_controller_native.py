@@ -9,13 +9,13 @@ from typing import Any
 
 from kubernetes.aio import client
 
-from machine_preservation.cluster.controlplane import ControlPlane
 from machine_preservation.controller.manager import Controller
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.conditions import go_time_string
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.mcm_generation import NativePreservationMode
 from machine_preservation.core.preservation_record import format_timestamp, start_record
+from machine_preservation.localcluster.controlplane import ControlPlane
 from tests.controller.running import running_controller
 from tests.controller.support import (
     GROUP,

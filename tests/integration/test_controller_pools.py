@@ -18,9 +18,6 @@ from kubernetes import client as sync_client
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.cluster.controlplane import ControlPlane
-from machine_preservation.cluster.crds import apply_crd
-from machine_preservation.cluster.mcm import gardener_cluster_crd
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.pool_settings import (
     CLUSTER_API_GROUP,
@@ -28,6 +25,9 @@ from machine_preservation.core.pool_settings import (
     CLUSTER_PLURAL,
     WORKER_POOL_LABEL,
 )
+from machine_preservation.localcluster.controlplane import ControlPlane
+from machine_preservation.localcluster.crds import apply_crd
+from machine_preservation.localcluster.mcm import gardener_cluster_crd
 from tests.controller.running import running_controller
 from tests.controller.support import (
     GROUP,

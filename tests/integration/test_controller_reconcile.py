@@ -9,9 +9,9 @@ from typing import Any
 import aiohttp
 from kubernetes.aio import client
 
-from machine_preservation.cluster.controlplane import ControlPlane
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Node
+from machine_preservation.localcluster.controlplane import ControlPlane
 from tests.controller.running import running_controller
 from tests.controller.support import (
     GROUP,

@@ -10,9 +10,9 @@ from typing import Any
 
 from kubernetes.aio import client
 
-from machine_preservation.cluster.controlplane import ControlPlane
 from machine_preservation.controller.manager import EXIT_INFORMER_FAILED
 from machine_preservation.core.models import Node
+from machine_preservation.localcluster.controlplane import ControlPlane
 from tests.controller.running import running_controller
 from tests.controller.support import aio_client, eventually
 

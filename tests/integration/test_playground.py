@@ -1,4 +1,4 @@
-"""The README's main job: `machine-preservation playground`, as a newcomer runs it: our webhook and controller
+"""The README's main job: `python -m machine_preservation.playground`, as a newcomer runs it: our webhook and controller
 against the real machine-controller-manager v0.61.3."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import sys
 import time
 from pathlib import Path
 
-from machine_preservation.cluster.product import render_component_rbac
-from machine_preservation.cluster.toolchain import Toolchain
+from machine_preservation.localcluster.product import render_component_rbac
+from machine_preservation.localcluster.toolchain import Toolchain
 from machine_preservation.playground.stack import IDENTITIES
 
-CLI = [sys.executable, "-m", "machine_preservation", "--log-level", "WARNING", "playground"]
+CLI = [sys.executable, "-m", "machine_preservation.playground", "--log-level", "WARNING"]
 
 
 def _env(toolchain: Toolchain) -> dict[str, str]:

@@ -25,8 +25,8 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from machine_preservation.cluster.controlplane import free_port
-from machine_preservation.cluster.toolchain import Toolchain
+from machine_preservation.localcluster.controlplane import free_port
+from machine_preservation.localcluster.toolchain import Toolchain
 from tests.integration import readonly_root as sandbox
 from tests.integration.chart import find, template
 from tests.polling import eventually

@@ -27,11 +27,11 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from machine_preservation.certs.authority import KeyPair, generate_ca, issue_serving_cert
-from machine_preservation.cluster.controlplane import ControlPlane
-from machine_preservation.cluster.toolchain import Toolchain
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.preservation_record import PreservationRecord
+from machine_preservation.localcluster.controlplane import ControlPlane
+from machine_preservation.localcluster.toolchain import Toolchain
 from machine_preservation.webhook import configuration as wc
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import WebhookServer

@@ -22,10 +22,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from machine_preservation.certs.authority import generate_ca
-from machine_preservation.cluster.controlplane import ControlPlane
-from machine_preservation.cluster.toolchain import Toolchain
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.settings import AdmissionSettings
+from machine_preservation.localcluster.controlplane import ControlPlane
+from machine_preservation.localcluster.toolchain import Toolchain
 from machine_preservation.webhook import configuration as wc
 from machine_preservation.webhook.app import INTERNAL_ERROR_MESSAGE, INTERNAL_ERROR_WARNING, Endpoints
 from machine_preservation.webhook.configuration import FailurePolicy

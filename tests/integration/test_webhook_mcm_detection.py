@@ -10,9 +10,9 @@ from typing import Any
 
 from kubernetes import client
 
-from machine_preservation.cluster.controlplane import ControlPlane
 from machine_preservation.core.mcm_evidence import MACHINE_CRD, MACHINE_SET_CRD, cluster_evidence
 from machine_preservation.core.mcm_generation import NativePreservationMode
+from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.webhook.machine_sets import new_api_client
 from machine_preservation.webhook.mcm_detection import decide, read_evidence
 

@@ -9,7 +9,7 @@ import pytest
 
 from machine_preservation.certs import commands
 from machine_preservation.certs.manager import WebhookConfigurationRef, WebhookKind
-from machine_preservation.cli import build_parser
+from machine_preservation.cli.main import build_parser
 
 BASE = ["certs", "run", "--secret=ns/certs", "--cert-dir=/certs", "--service=svc", "--namespace=ns"]
 

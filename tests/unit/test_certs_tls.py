@@ -19,7 +19,6 @@ from cryptography import x509
 from machine_preservation.certs.authority import KeyPair, generate_ca, issue_serving_cert, service_dns_names
 from machine_preservation.certs.bundle import compose_bundle
 from machine_preservation.certs.pairs import CertificateProblem, Problem, load_certificates, validate_serving_pair
-from tests.unit.test_layering import PACKAGE_ROOT, imported_modules
 
 NOW = dt.datetime.now(dt.UTC)
 DAY = dt.timedelta(days=1)
@@ -173,10 +172,3 @@ def test_malformed_pem_is_reported_as_such() -> None:
     with pytest.raises(CertificateProblem) as verdict:
         validate_serving_pair(pair=KeyPair(b"garbage", NEW_CA.key_pem), trusted=[], names=(), now=NOW)
     assert verdict.value.problem is Problem.MALFORMED
-
-
-@pytest.mark.parametrize("module", ["authority", "pairs", "bundle", "rotation"])
-def test_pure_certs_modules_do_no_io(module: str) -> None:
-    imported = imported_modules(PACKAGE_ROOT / "certs" / f"{module}.py")
-    io_modules = ("aiohttp", "kubernetes", "asyncio", "ssl", "socket", "os", "pathlib", "subprocess")
-    assert not [m for m in imported if m.split(".")[0] in io_modules]

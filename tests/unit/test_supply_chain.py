@@ -1,16 +1,17 @@
 """The image's supply chain, checked from the files (no container engine needed): the lock files pin every
 runtime and build requirement with hashes, the Dockerfile installs from them only, pins its base image by
-digest and leaves the development packages out, and the console script starts without those packages."""
+digest and copies only the production components, and the wheel holds only those and starts without the
+development tools."""
 
 from __future__ import annotations
 
-import ast
 import os
 import re
-import shutil
 import subprocess
 import sys
+import sysconfig
 import tomllib
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from machine_preservation import cli
-
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "src" / "machine_preservation"
 PYPROJECT: dict[str, Any] = tomllib.loads((ROOT / "pyproject.toml").read_text())
 RUNTIME_LOCK = "requirements.lock"
 BUILD_LOCK = "requirements-build.lock"
@@ -145,65 +143,75 @@ def test_every_package_comes_from_a_lock_with_hashes_or_is_the_project_without_d
     assert "/opt/venv/bin/pip check" in run_commands(), "the installed set is consistent"
 
 
-def test_the_image_leaves_the_development_packages_out() -> None:
-    removals = [c.split()[2:] for c in run_commands() if c.startswith("rm -r ")]
-    assert len(removals) == 1
-    removed = {path.removeprefix("src/").replace("/", ".") for path in removals[0]}
-    assert removed == set(cli.DEVELOPMENT_PACKAGES)
-    for package in cli.DEVELOPMENT_PACKAGES:
-        assert (PACKAGE.parent / package.replace(".", "/")).is_dir(), package
+SETUPTOOLS: dict[str, Any] = PYPROJECT["tool"]["setuptools"]
+DEVELOPMENT_FOLDERS = ("localcluster", "playground")
+
+
+def production_folders() -> set[str]:
+    """The top-level folders the distribution is built from (pyproject.toml's package-dir)."""
+    return {path.split("/")[0] for path in SETUPTOOLS["package-dir"].values()}
+
+
+def test_the_package_list_names_every_package_of_the_production_folders() -> None:
+    found = set()
+    for package, directory in SETUPTOOLS["package-dir"].items():
+        for init in (ROOT / directory).rglob("__init__.py"):
+            relative = init.parent.relative_to(ROOT / directory)
+            found.add(".".join([package, *relative.parts]))
+    assert found == set(SETUPTOOLS["packages"])
+    assert not production_folders() & set(DEVELOPMENT_FOLDERS)
+    for folder in DEVELOPMENT_FOLDERS:
+        assert (ROOT / folder / "machine_preservation" / folder / "__init__.py").is_file(), folder
+
+
+def test_the_image_copies_exactly_the_production_folders() -> None:
+    sources = set()
+    for instruction, arguments in dockerfile_instructions():
+        if instruction == "COPY" and not arguments.startswith("--from="):
+            sources.update(arguments.split()[:-1])
+    assert sources - {"pyproject.toml", "README.md", RUNTIME_LOCK, BUILD_LOCK} == production_folders()
     # Only the virtualenv built from the locks reaches the shipped stage.
     shipped = [a for i, a in dockerfile_instructions() if i == "COPY" and a.startswith("--from=")]
     assert shipped == ["--from=build /opt/venv /opt/venv"]
 
 
-def _imports(path: Path) -> set[str]:
-    modules: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            modules.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            modules.add(node.module)
-    return modules
+def test_the_wheel_holds_the_production_packages_and_its_console_script_starts(tmp_path: Path) -> None:
+    """The project as the image installs it: its wheel alone on the path, without the developer tools."""
+    wheels = tmp_path / "wheels"
+    build = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheels), str(ROOT)]
+    subprocess.run(build, check=True, capture_output=True, timeout=300)
+    (wheel,) = wheels.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        archive.extractall(tmp_path / "site")
+    packages = {name.rsplit("/", 1)[0].replace("/", ".") for name in names if name.endswith("/__init__.py")}
+    assert packages == set(SETUPTOOLS["packages"])
+    assert all(name.startswith(("machine_preservation/", "machine_preservation-")) for name in names)
 
-
-def test_production_code_never_imports_the_development_packages() -> None:
-    development_dirs = [PACKAGE.parent / p.replace(".", "/") for p in cli.DEVELOPMENT_PACKAGES]
-    found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if any(path.is_relative_to(d) for d in development_dirs):
-            continue
-        for module in _imports(path):
-            if any(module == p or module.startswith(p + ".") for p in cli.DEVELOPMENT_PACKAGES):
-                found.append(f"{path.relative_to(PACKAGE)} imports {module}")
-    assert found == []
-
-
-def test_a_missing_dependency_inside_a_development_package_is_not_mistaken_for_its_absence() -> None:
-    assert cli._is_left_out(ModuleNotFoundError(name="machine_preservation.cluster"))
-    assert cli._is_left_out(ModuleNotFoundError(name="machine_preservation.playground.stack"))
-    assert not cli._is_left_out(ModuleNotFoundError(name="kubernetes"))
-    assert not cli._is_left_out(ModuleNotFoundError(name="machine_preservation.clusters"))
-
-
-def test_the_console_script_starts_without_the_development_packages(tmp_path: Path) -> None:
-    """The package as the image installs it: a copy without the development packages, found first on the path."""
-    copy = tmp_path / "site"
-    shutil.copytree(PACKAGE, copy / "machine_preservation", ignore=shutil.ignore_patterns("__pycache__"))
-    for package in cli.DEVELOPMENT_PACKAGES:
-        shutil.rmtree(copy / package.replace(".", "/"))
-    env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
-    script = Path(sys.executable).parent / "machine-preservation"
+    # -S: no site directory is processed, so neither the editable install nor the developer tools' .pth file
+    # is seen; the third-party packages come from the virtualenv's site-packages as a plain path entry.
+    third_party = sysconfig.get_paths()["purelib"]
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), third_party]),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
 
     def run(*args: str) -> str:
-        result = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60, check=False)
+        result = subprocess.run(
+            [sys.executable, "-S", *args], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60
+        )
         assert result.returncode == 0, result.stderr
         return result.stdout
 
-    located = run(sys.executable, "-c", "import machine_preservation; print(machine_preservation.__file__)")
-    assert Path(located.strip()).is_relative_to(copy), "the copy is the one imported"
-    listed = run(str(script), "--help")
+    listed = run("-m", "machine_preservation.cli", "--help")
     commands = set(re.findall(r"^    (\w+) ", listed, re.MULTILINE))
     assert commands == {"certs", "webhook", "controller"}
     for command in (["webhook"], ["controller"], ["certs", "run"]):
-        assert "usage:" in run(str(script), *command, "--help")
+        assert "usage:" in run("-m", "machine_preservation.cli", *command, "--help")
+    for development_tool in DEVELOPMENT_FOLDERS:
+        result = subprocess.run(
+            [sys.executable, "-S", "-c", f"import machine_preservation.{development_tool}"],
+            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60,
+        )  # fmt: skip
+        assert f"No module named 'machine_preservation.{development_tool}'" in result.stderr

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from machine_preservation.cli import build_parser
+from machine_preservation.cli.main import build_parser
 from machine_preservation.core.mcm_generation import NativePreservationMode
 from machine_preservation.webhook.commands import write_self_signed
 
@@ -94,7 +94,7 @@ def test_the_command_serves_until_sigterm(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "machine_preservation",
+            "machine_preservation.cli",
             "webhook",
             "--host",
             "127.0.0.1",

@@ -1,0 +1,41 @@
+"""The `machine-preservation` command line: one console script, one subcommand per component.
+
+Each component registers its own subcommand (a `register(subcommands)` function next to its code); the chosen
+subcommand's handler returns the process exit code. The development tools (the local cluster, the playground)
+have command lines of their own (`python -m machine_preservation.localcluster`, `... .playground`), so the
+image's entry point knows nothing of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from machine_preservation.certs import commands as certs_commands
+from machine_preservation.controller import commands as controller_commands
+from machine_preservation.webhook import commands as webhook_commands
+
+Handler = Callable[[argparse.Namespace], int]
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="machine-preservation",
+        description="Preserve failed MCM machines for analysis: admission webhook, controller, certificates.",
+    )
+    parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS)
+    subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for register in (certs_commands.register, webhook_commands.register, controller_commands.register):
+        register(subcommands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler: Handler = args.handler
+    sys.exit(handler(args))

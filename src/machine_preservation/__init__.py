@@ -1,1 +1,0 @@
-"""Machine preservation for MCM-managed Kubernetes clusters: admission webhook and controller."""

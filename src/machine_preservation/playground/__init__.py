@@ -1,1 +1,0 @@
-"""`machine-preservation playground`: the product working end to end on a local control plane."""
