@@ -25,7 +25,7 @@ import datetime as dt
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -47,6 +47,7 @@ from machine_preservation.certs.rotation import (
     decide,
     summary,
 )
+from machine_preservation.core.clock import Clock, system_clock
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ class CertificateManager:
         settings: ManagerSettings,
         api_client: client.ApiClient,
         remote_clients: Mapping[Path, client.ApiClient],
-        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        clock: Clock = system_clock,
     ) -> None:
         self.settings = settings
         self._core = client.CoreV1Api(api_client)

@@ -14,7 +14,6 @@ webhook letting it through unchecked.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -37,6 +36,7 @@ from machine_preservation.core.admission.deletion import (
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.shoot import validate_shoot
 from machine_preservation.core.admission.verdict import Verdict, allow, deny, describe
+from machine_preservation.core.clock import Clock, system_clock
 from machine_preservation.core.models import KubeModel, Machine, Node
 from machine_preservation.webhook.machine_sets import MachineSetSource, SourceUnavailable
 from machine_preservation.webhook.metrics import CONTENT_TYPE, WebhookMetrics
@@ -93,7 +93,7 @@ class WebhookConfig:
     metrics: WebhookMetrics
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     body_timeout: float = DEFAULT_BODY_TIMEOUT_SECONDS
-    clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
+    clock: Clock = system_clock
 
 
 def failure_policy(path: str, kind: tuple[str, str] | None) -> FailurePolicy:

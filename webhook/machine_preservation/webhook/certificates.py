@@ -14,12 +14,12 @@ import datetime as dt
 import hashlib
 import logging
 import ssl
-from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
 from cryptography import x509
 
+from machine_preservation.core.clock import Clock, system_clock
 from machine_preservation.webhook.metrics import WebhookMetrics
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class CertificateStore:
         *,
         cert_dir: Path,
         metrics: WebhookMetrics,
-        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        clock: Clock = system_clock,
     ) -> None:
         self.cert_dir = cert_dir
         self._metrics = metrics

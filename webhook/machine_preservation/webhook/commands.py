@@ -18,6 +18,7 @@ from machine_preservation.core.admission.settings import (
     DEFAULT_MCM_USERNAMES,
     AdmissionSettings,
 )
+from machine_preservation.core.clock import system_clock
 from machine_preservation.core.durations import InvalidDuration, parse_go_duration
 from machine_preservation.core.mcm_generation import NativePreservationMode
 from machine_preservation.webhook.app import DEFAULT_MAX_BODY_BYTES
@@ -134,7 +135,7 @@ async def serve(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.self_signed:
         names = tuple(n for n in (args.host, *args.san) if n not in _WILDCARD_HOSTS) or ("localhost", "127.0.0.1")
-        if write_self_signed(cert_dir=args.cert_dir, names=names, now=dt.datetime.now(dt.UTC)):
+        if write_self_signed(cert_dir=args.cert_dir, names=names, now=system_clock()):
             logger.info("self-signed CA and serving certificate for %s written to %s", ", ".join(names), args.cert_dir)
     asyncio.run(serve(args))
     return 0

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
 from aiohttp import web
 
 from machine_preservation.core.admission.settings import AdmissionSettings
+from machine_preservation.core.clock import Clock, system_clock
 from machine_preservation.webhook.app import DEFAULT_MAX_BODY_BYTES, WebhookConfig, build_app
 from machine_preservation.webhook.certificates import CertificateStore
 from machine_preservation.webhook.connections import ConnectionLimits, TLSSite
@@ -35,7 +34,7 @@ class WebhookServer:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         cert_poll_interval: float = DEFAULT_CERT_POLL_INTERVAL,
         limits: ConnectionLimits | None = None,
-        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        clock: Clock = system_clock,
     ) -> None:
         self.host = host
         self.metrics = WebhookMetrics()
