@@ -5,12 +5,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import TypeVar
 
-from machine_preservation.core.apply import apply_machine_plan
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.lifecycle import plan_after_drain, plan_machine
 from machine_preservation.core.models import Machine, Node
 from machine_preservation.core.plan import DrainNode, MachinePlan, MachineStep, RecordEvent
 
+from .plan_simulator import apply_machine_plan
 from .preservation_objects import NOW
 
 CONFIG = PreservationConfig()

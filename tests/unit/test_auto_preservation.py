@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.apply import apply_machine_set_plan
 from machine_preservation.core.auto_preservation import (
     AutoPreservationPlan,
     is_being_replaced,
@@ -23,6 +22,7 @@ from machine_preservation.core.models import Machine, MachineDeployment, Machine
 from machine_preservation.core.plan import PatchMachineAnnotations, PatchMachineDeploymentStatus, PatchMachineSetStatus
 from machine_preservation.core.preserve_value import Preference, effective_preserve_value, is_auto_value
 
+from .plan_simulator import apply_machine_set_plan
 from .preservation_objects import ABSENT, HOUR, NOW, machine, machine_set, node
 
 FAILED, RUNNING = v.MachinePhase.FAILED, v.MachinePhase.RUNNING

@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.apply import apply_machine_set_plan
 from machine_preservation.core.auto_preservation import plan_machine_set
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.models import Machine, MachineSet, Node
@@ -17,6 +16,7 @@ from machine_preservation.core.preserve_value import is_auto_value
 from machine_preservation.core.priority import parse_priority, unpreserved_priority_ceiling
 
 from .lifecycle_helpers import CONFIG, execute, plan
+from .plan_simulator import apply_machine_set_plan
 from .preservation_objects import ABSENT, HOUR, NOW, machine, machine_set, node
 
 VALUES = [ABSENT, ABSENT, ABSENT, "", "now", "when-failed", "false", "auto-preserve"]

@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.apply import apply_machine_plan
 from machine_preservation.core.conditions import go_time_string
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.models import Machine, Node
@@ -26,6 +25,7 @@ from machine_preservation.core.plan import (
 from machine_preservation.core.preservation_record import DrainRecord
 
 from .lifecycle_helpers import event_reasons, of_type, only, writes
+from .plan_simulator import apply_machine_plan
 from .preservation_objects import ABSENT, HOUR, NOW, machine, node, preserved_condition
 
 CONFIG = PreservationConfig()

@@ -12,7 +12,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.apply import patched_annotations
 from machine_preservation.core.plan import PatchMachineAnnotations
 from machine_preservation.core.preservation_record import (
     DrainRecord,
@@ -24,6 +23,7 @@ from machine_preservation.core.preservation_record import (
     start_record,
 )
 
+from .plan_simulator import patched_annotations
 from .preservation_objects import HOUR, NOW
 
 SINCE, UNTIL, BY = v.PRESERVED_SINCE_ANNOTATION, v.PRESERVED_UNTIL_ANNOTATION, v.PRESERVED_BY_ANNOTATION

@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.apply import patched_annotations
 from machine_preservation.core.models import Machine
 from machine_preservation.core.plan import PatchMachineAnnotations
 from machine_preservation.core.preservation_record import parse_timestamp
@@ -22,6 +21,7 @@ from machine_preservation.core.priority import (
 )
 
 from .lifecycle_helpers import only, plan
+from .plan_simulator import patched_annotations
 from .preservation_objects import ABSENT, HOUR, NOW, machine, node
 
 PRIORITY, LAST = v.MACHINE_PRIORITY_ANNOTATION, v.LAST_MACHINE_PRIORITY_ANNOTATION

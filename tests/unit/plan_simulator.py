@@ -1,8 +1,7 @@
-"""What the objects look like after a plan's steps: the in-memory twin of the shell's API writes.
+"""What the objects look like after a plan's steps: an in-memory twin of the controller's API writes.
 
-The shell can use it to update its cache right after a successful write (so a reconcile that runs before
-the watch event arrives does not repeat the write); tests use it to check that planning again after a plan
-yields nothing. DrainNode changes no object here: its outcome is the condition of `plan_after_drain`.
+Tests use it to check that planning again after a plan yields nothing. DrainNode changes no object here: its
+outcome is the condition of `plan_after_drain`.
 """
 
 from __future__ import annotations
