@@ -28,12 +28,12 @@ from machine_preservation.core.admission.field_errors import ErrorType
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.localcluster.controlplane import ControlPlane, free_port
 from machine_preservation.localcluster.toolchain import Toolchain
-from machine_preservation.webhook import configuration as wc
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import WebhookServer
 from tests.integration.chart import CHART, helm, set_args
 from tests.integration.test_webhook import ServerThread, _serving_pair
 from tests.polling import eventually
+from tests.webhook import configurations as wc
 
 P = v.PRESERVE_ANNOTATION
 MARKER = v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION

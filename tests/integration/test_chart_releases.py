@@ -25,12 +25,12 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.localcluster.controlplane import ControlPlane, free_port
 from machine_preservation.localcluster.toolchain import Toolchain
-from machine_preservation.webhook import configuration as wc
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import WebhookServer
 from tests.integration.chart import CHART, helm, set_args
 from tests.integration.test_webhook import ServerThread, _serving_pair
 from tests.polling import eventually
+from tests.webhook import configurations as wc
 
 MACHINES = ("machine.sapcloud.io", "v1alpha1")
 MCM = "system:serviceaccount:kube-system:machine-controller-manager"

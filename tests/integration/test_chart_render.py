@@ -16,8 +16,8 @@ import yaml
 from machine_preservation.cli.main import build_parser
 from machine_preservation.core import vocabulary
 from machine_preservation.localcluster.toolchain import Toolchain
-from machine_preservation.webhook import configuration as builder
 from tests.integration.chart import CHART, NAMESPACE, find, helm, kinds, set_args, template, webhooks_by_name
+from tests.webhook import configurations as builder
 
 WEBHOOK = "mp-machine-preservation-webhook"
 CONTROLLER = "mp-machine-preservation-controller"

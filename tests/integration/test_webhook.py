@@ -32,10 +32,10 @@ from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.preservation_record import PreservationRecord
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.toolchain import Toolchain
-from machine_preservation.webhook import configuration as wc
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import WebhookServer
 from tests.polling import eventually
+from tests.webhook import configurations as wc
 
 CONTROLLER = "system:serviceaccount:mp-test:controller"
 MCM = "system:serviceaccount:kube-system:machine-controller-manager"

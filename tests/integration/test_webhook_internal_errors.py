@@ -26,14 +26,14 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.toolchain import Toolchain
-from machine_preservation.webhook import configuration as wc
 from machine_preservation.webhook.app import INTERNAL_ERROR_MESSAGE, INTERNAL_ERROR_WARNING, Endpoints
-from machine_preservation.webhook.configuration import FailurePolicy
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import WebhookServer
 from machine_preservation.webhook.wire import AdmissionRequest
 from tests.integration.test_webhook import ALICE, CONTROLLER, MCM, Env, P, ServerThread, _machine, _serving_pair
 from tests.polling import eventually
+from tests.webhook import configurations as wc
+from tests.webhook.configurations import FailurePolicy
 
 MACHINES = "machines.machine.sapcloud.io"
 LABEL = "machine-preservation.test/internal-errors"

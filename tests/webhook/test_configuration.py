@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.webhook import configuration as c
+from tests.webhook import configurations as c
 
 CLIENT = c.ClientConfig(ca_bundle=b"CA", url="https://127.0.0.1:9443/")
 SERVICE = c.ClientConfig(ca_bundle=b"CA", service_namespace="mp", service_name="webhook", service_port=443)

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.webhook import configuration as wc
 from machine_preservation.webhook.app import (
     CA_ANNOTATION_PATH,
     FAILURE_POLICIES,
@@ -28,6 +27,7 @@ from machine_preservation.webhook.app import (
 )
 from machine_preservation.webhook.metrics import WebhookMetrics
 from machine_preservation.webhook.wire import AdmissionRequest
+from tests.webhook import configurations as wc
 from tests.webhook.conftest import NOW, SETTINGS, AiohttpClient, StaticMachineSets, Webhook
 from tests.webhook.reviews import MACHINE_KIND, MCM, NODE_KIND, SHOOT_KIND, machine, node, review, shoot
 

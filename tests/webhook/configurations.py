@@ -1,7 +1,7 @@
-"""Validating/MutatingWebhookConfiguration builders: the one place the registration rules live.
+"""Validating/MutatingWebhookConfiguration builders: the registration the Helm chart must render.
 
-The Helm chart, the playground and the integration tests all register the webhook through these, so the
-narrowing below (DESIGN.md §4) is the same everywhere:
+tests/integration/test_chart_render.py compares the chart's webhook configurations with these, and the
+webhook and chart tests register the webhook in a test cluster with them. The narrowing they encode:
 - node rules (Nodes and nodes/status, which can carry metadata changes too) are called only when a relevant
   annotation changes (CEL `matchConditions`), never for kubelets (group `system:nodes`), MCM or the
   controller, with `failurePolicy: Ignore` and `timeoutSeconds` ≤ 5, so a webhook outage cannot block nodes;
