@@ -7,7 +7,6 @@ matter for preservation, and prints the differences with the time since the play
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import json
 import sys
 from collections.abc import Callable, Mapping
@@ -111,7 +110,3 @@ class Timeline:
 def _items(body: bytes) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = json.loads(body)["items"]
     return items
-
-
-def format_duration(seconds: float) -> str:
-    return str(dt.timedelta(seconds=round(seconds)))
