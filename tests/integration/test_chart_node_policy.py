@@ -26,6 +26,7 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.annotations import annotation_errors
 from machine_preservation.core.admission.field_errors import ErrorType
 from machine_preservation.core.admission.settings import AdmissionSettings
+from machine_preservation.core.preservation_record import format_timestamp
 from machine_preservation.localcluster.controlplane import ControlPlane, free_port
 from machine_preservation.localcluster.toolchain import Toolchain
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
@@ -206,7 +207,7 @@ class Change:
 
 
 def _ready_condition() -> dict[str, str]:
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = format_timestamp(dt.datetime.now(dt.UTC))
     return {
         "type": "Ready",
         "status": "True",

@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from machine_preservation.certs.authority import KeyPair, generate_ca, issue_serving_cert
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.settings import AdmissionSettings
-from machine_preservation.core.preservation_record import PreservationRecord
+from machine_preservation.core.preservation_record import PreservationRecord, format_timestamp
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.toolchain import Toolchain
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
@@ -323,7 +323,7 @@ def test_unrelated_updates_and_status_writes_do_not_call_the_webhook(env: Env) -
     node = env.create_node("quiet", {CA_KEY: "true", MARKER: "true"})
     endpoints = ("validate-preserve-annotation", "mutate-node-ca-annotation")
     before = [env.server.requests(e) for e in endpoints]
-    heartbeat = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    heartbeat = format_timestamp(dt.datetime.now(dt.UTC))
     status = {
         "status": {
             "conditions": [
@@ -371,7 +371,7 @@ def test_the_guard_also_covers_the_status_subresource(env: Env) -> None:
 
 def test_a_preserved_condition_protects_the_annotation_too(env: Env) -> None:
     node = env.create_node("condition", {CA_KEY: "true"})
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = format_timestamp(dt.datetime.now(dt.UTC))
     condition = {"type": "Preserved", "status": "True", "reason": "Preserved by user.", "lastTransitionTime": now}
     env.ok(
         CONTROLLER,
@@ -454,7 +454,7 @@ def _record(hours: float = 1.0) -> tuple[dict[str, str], str]:
     since = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=1)
     until = since + dt.timedelta(hours=hours)
     record = PreservationRecord(since=since, until=until, by=v.PreservedBy.USER)
-    return record.annotations(), until.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return record.annotations(), format_timestamp(until)
 
 
 def _machine_set(env: Env, name: str, *, replicas: int, max_: int = 0) -> tuple[str, str]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import json
 import logging
 import time
@@ -21,6 +20,9 @@ from typing import Any, Literal
 
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
+
+from machine_preservation.core.clock import system_clock
+from machine_preservation.core.preservation_record import format_timestamp
 
 logger = logging.getLogger(__name__)
 
@@ -33,10 +35,6 @@ STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 
 ConditionStatus = Literal["True", "False", "Unknown"]
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def pool_objects(
@@ -164,7 +162,7 @@ async def set_node_condition(api: client.ApiClient, name: str, status: Condition
     node = await read_node(api, name)
     if node is None:
         raise LookupError(f"node {name} does not exist")
-    now = _now()
+    now = format_timestamp(system_clock())
     current = next(
         (c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"),
         None,

@@ -16,6 +16,7 @@ from typing import Any
 from kubernetes.aio import client
 
 from machine_preservation.core import vocabulary as v
+from machine_preservation.core.clock import system_clock
 from machine_preservation.core.durations import InvalidDuration, format_go_duration, parse_go_duration
 from machine_preservation.core.models import Node
 from machine_preservation.core.pool_settings import (
@@ -24,6 +25,7 @@ from machine_preservation.core.pool_settings import (
     CLUSTER_PLURAL,
     WORKER_POOL_LABEL,
 )
+from machine_preservation.core.preservation_record import format_timestamp
 from machine_preservation.localcluster.mcm import DEFAULT_MCM_VERSION, ensure_mcm_binaries
 from machine_preservation.localcluster.toolchain import ToolchainError, ensure_toolchain
 from machine_preservation.playground import landscape
@@ -107,7 +109,7 @@ def _ready_and_labelled(node: Node | None) -> bool:
 
 async def _mark_ready(core: client.CoreV1Api, name: str) -> None:
     # What a kubelet would report; there is none here.
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = format_timestamp(system_clock())
     status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}]}
     await core.patch_namespaced_pod_status(name, landscape.WORKLOAD_NAMESPACE, {"status": status})
 
