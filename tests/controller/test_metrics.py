@@ -7,8 +7,7 @@ import datetime as dt
 import pytest
 from prometheus_client import generate_latest
 
-from machine_preservation.controller.manager import preserved_counts
-from machine_preservation.controller.metrics import Metrics, request_verb_and_resource
+from machine_preservation.controller.metrics import Metrics, preserved_counts, request_verb_and_resource
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.models import Machine

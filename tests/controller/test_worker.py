@@ -9,8 +9,8 @@ import datetime as dt
 from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.apply import StepFailed
-from machine_preservation.controller.manager import Controller, ControllerOptions
-from machine_preservation.controller.queue import Backoff, WorkQueue
+from machine_preservation.controller.metrics import Metrics
+from machine_preservation.controller.queue import Backoff, WorkQueue, run_worker
 from machine_preservation.core import plan as p
 from tests.controller.fakeclock import FakeClock
 
@@ -18,7 +18,7 @@ from tests.controller.fakeclock import FakeClock
 async def test_outcomes_drive_requeue_and_backoff() -> None:
     clock = FakeClock()
     queue: WorkQueue[str] = WorkQueue(name="machines", clock=clock, backoff=Backoff(base=1.0, cap=60.0))
-    controller = Controller(options=ControllerOptions(namespace="ns"))
+    metrics = Metrics()
     outcomes: list[BaseException | dt.timedelta | None] = [
         StepFailed(p.SetPreserveExpiry(expiry=None), ApiException(status=409, reason="Conflict"), conflict=True),
         ApiException(status=500, reason="Internal"),
@@ -36,7 +36,7 @@ async def test_outcomes_drive_requeue_and_backoff() -> None:
             raise outcome
         return outcome
 
-    worker = asyncio.create_task(controller._worker(queue, reconcile))
+    worker = asyncio.create_task(run_worker(queue, reconcile, metrics=metrics))
     start = clock.monotonic()
     queue.add("ns/m")
     await clock.advance(0)
@@ -61,7 +61,7 @@ async def test_outcomes_drive_requeue_and_backoff() -> None:
     await asyncio.wait_for(worker, 1)
     samples = {
         s.labels["result"]: s.value
-        for metric in controller.metrics.reconcile_duration.collect()
+        for metric in metrics.reconcile_duration.collect()
         for s in metric.samples
         if s.name.endswith("_count")
     }

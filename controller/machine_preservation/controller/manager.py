@@ -22,27 +22,29 @@ import logging
 import os
 import socket
 import uuid
-from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
 
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.apply import StepFailed, Writer
+from machine_preservation.controller.apply import Writer
+from machine_preservation.controller.caches import Caches, new_caches
 from machine_preservation.controller.clients import Clients, new_api_client
 from machine_preservation.controller.crd_check import inspect_crds
 from machine_preservation.controller.drain import Drainer
 from machine_preservation.controller.events import EventRecorder
-from machine_preservation.controller.informer import Informer, Source
 from machine_preservation.controller.leader import LeaderElector
-from machine_preservation.controller.metrics import Metrics, Probes, metrics_app, start_metrics_server
+from machine_preservation.controller.metrics import (
+    Metrics,
+    Probes,
+    metrics_app,
+    preserved_counts,
+    start_metrics_server,
+)
 from machine_preservation.controller.pools import PoolSettingsReader
-from machine_preservation.controller.queue import WorkQueue
+from machine_preservation.controller.queue import WorkQueue, run_worker
 from machine_preservation.controller.reconcile import (
-    Caches,
     MachineDeploymentReconciler,
     MachineReconciler,
     MachineSetReconciler,
@@ -50,25 +52,13 @@ from machine_preservation.controller.reconcile import (
     utc_now,
     wire_handlers,
 )
-from machine_preservation.core import vocabulary as v
 from machine_preservation.core.config import PreservationConfig
-from machine_preservation.core.decision import expiry_of
 from machine_preservation.core.mcm_evidence import MCM_DEPLOYMENT, mcm_image
 from machine_preservation.core.mcm_generation import ClusterEvidence, NativePreservationMode, decide_native_preservation
-from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, Pod
-from machine_preservation.core.native import observed_expiry
-from machine_preservation.core.pool_settings import (
-    CLUSTER_API_GROUP,
-    CLUSTER_API_VERSION,
-    CLUSTER_PLURAL,
-    PoolDefaults,
-    read_cluster,
-)
-from machine_preservation.core.preserve_value import is_auto_value
+from machine_preservation.core.pool_settings import CLUSTER_API_GROUP, CLUSTER_PLURAL, PoolDefaults
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 DEFAULT_DRAIN_ATTEMPT_TIMEOUT = dt.timedelta(minutes=2)
 
 EXIT_OK = 0
@@ -103,9 +93,6 @@ class ControllerOptions:
     native_preservation: NativePreservationMode = NativePreservationMode.AUTO
     max_drain_attempt: dt.timedelta = DEFAULT_DRAIN_ATTEMPT_TIMEOUT
     shutdown_grace: float = 30.0
-
-
-Reconcile = Callable[[str], Awaitable[dt.timedelta | None]]
 
 
 @dataclass
@@ -308,43 +295,10 @@ class Controller:
             if self.preservation.mirror_status:  # the counters are all a MachineDeployment plan writes
                 workers.append((queues.machine_deployments, deployments.reconcile, 1))
         return [
-            asyncio.create_task(self._worker(queue, reconcile), name=f"{queue.name}-worker-{n}")
+            asyncio.create_task(run_worker(queue, reconcile, metrics=self.metrics), name=f"{queue.name}-worker-{n}")
             for queue, reconcile, count in workers
             for n in range(count)
         ]
-
-    async def _worker(self, queue: WorkQueue[str], reconcile: Reconcile) -> None:
-        loop = asyncio.get_running_loop()
-        while (key := await queue.get()) is not None:
-            started = loop.time()
-            result = "success"
-            try:
-                requeue = await reconcile(key)
-            except StepFailed as failed:
-                result = "conflict" if failed.conflict else "error"
-                delay = queue.add_rate_limited(key)
-                logger.info("%s %s: %s; retry in %.1fs", queue.name, key, failed, delay)
-            except ApiException as error:
-                result = "conflict" if error.status == 409 else "error"
-                delay = queue.add_rate_limited(key)
-                logger.info("%s %s: %s %s; retry in %.1fs", queue.name, key, error.status, error.reason, delay)
-            except Exception:
-                result = "error"
-                delay = queue.add_rate_limited(key)
-                logger.exception("%s %s: reconcile failed; retry in %.1fs", queue.name, key, delay)
-            else:
-                queue.forget(key)
-                if requeue is not None:
-                    queue.add_after(key, requeue.total_seconds())
-            finally:
-                queue.done(key)
-                self.metrics.reconcile_duration.labels(controller=queue.name, result=result).observe(
-                    loop.time() - started
-                )
-            # A reconcile that plans nothing never suspends, and neither does `get` while keys are ready:
-            # without this yield one worker runs a whole resync's keys (2,000 machines: ~2 s) without
-            # letting the watches, the probes or the Lease renewal run.
-            await asyncio.sleep(0)
 
 
 async def has_crd(api_client: client.ApiClient, name: str) -> bool:
@@ -366,47 +320,6 @@ async def has_crd(api_client: client.ApiClient, name: str) -> bool:
     return False
 
 
-def new_caches(
-    *,
-    control: client.ApiClient,
-    target: client.ApiClient,
-    namespace: str,
-    resync_period: float,
-    with_cluster: bool = False,
-) -> Caches:
-    """The informers the controller reconciles from: MCM's objects in `namespace` of the control cluster (and
-    Gardener's `Cluster` resource named after it, `with_cluster`), Nodes and Pods of the target cluster."""
-    custom_objects, core = client.CustomObjectsApi(control), client.CoreV1Api(target)
-    group, version = v.MACHINE_API_GROUP, v.MACHINE_API_VERSION
-
-    def control_informer(plural: str, parse: Callable[[Mapping[str, Any]], T]) -> Informer[T]:
-        source = Source(custom_objects.list_namespaced_custom_object, (group, version, namespace, plural))
-        return Informer(name=plural, source=source, parse=parse, resync_period=resync_period)
-
-    def target_informer(name: str, source: Source, parse: Callable[[Mapping[str, Any]], T]) -> Informer[T]:
-        return Informer(name=name, source=source, parse=parse, resync_period=resync_period)
-
-    return Caches(
-        machines=control_informer("machines", Machine.model_validate),
-        machine_sets=control_informer("machinesets", MachineSet.model_validate),
-        machine_deployments=control_informer("machinedeployments", MachineDeployment.model_validate),
-        nodes=target_informer("nodes", Source(core.list_node), Node.model_validate),
-        pods=target_informer("pods", Source(core.list_pod_for_all_namespaces), Pod.model_validate),
-        clusters=Informer(
-            name="clusters",
-            source=Source(
-                custom_objects.list_cluster_custom_object,
-                (CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL),
-                {"field_selector": f"metadata.name={namespace}"},
-            ),
-            parse=read_cluster,
-            resync_period=resync_period,
-        )
-        if with_cluster
-        else None,
-    )
-
-
 async def read_mcm_image(api_client: client.ApiClient, *, namespace: str) -> str | None:
     """The image of MCM's Deployment in the control namespace (as Gardener runs it), if it can be read."""
     response = await client.AppsV1Api(api_client).read_namespaced_deployment_without_preload_content(
@@ -418,19 +331,6 @@ async def read_mcm_image(api_client: client.ApiClient, *, namespace: str) -> str
     if response.status != 200:
         raise ApiException(status=response.status, reason=response.reason, body=body.decode(errors="replace"))
     return mcm_image(json.loads(body))
-
-
-def preserved_counts(
-    machines: list[Machine], now: dt.datetime, config: PreservationConfig, native: bool
-) -> Counter[tuple[str, str]]:
-    """Preserved machines by kind (auto/manual) and phase: from our records, or what MCM shows when native."""
-    counts: Counter[tuple[str, str]] = Counter()
-    for machine in machines:
-        expiry = observed_expiry(machine, now) if native else expiry_of(machine, config)
-        if expiry is not None and expiry > now:
-            auto = is_auto_value(machine.metadata.annotations.get(v.PRESERVE_ANNOTATION))
-            counts["auto" if auto else "manual", machine.phase or "Unknown"] += 1
-    return counts
 
 
 async def _set_when_synced(caches: Caches, synced: asyncio.Event) -> None:

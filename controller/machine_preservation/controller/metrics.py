@@ -6,6 +6,8 @@ every call (lists, watches, writes, evictions, leases) is seen without wrapping 
 
 from __future__ import annotations
 
+import collections
+import datetime as dt
 import logging
 import re
 import types
@@ -18,6 +20,13 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.config import PreservationConfig
+from machine_preservation.core.decision import expiry_of
+from machine_preservation.core.models import Machine
+from machine_preservation.core.native import observed_expiry
+from machine_preservation.core.preserve_value import is_auto_value
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +127,19 @@ class Metrics:
                 if sample.name.endswith("_total") and sample.labels.get("verb") in WRITE_VERBS:
                     total += sample.value
         return total
+
+
+def preserved_counts(
+    machines: list[Machine], now: dt.datetime, config: PreservationConfig, native: bool
+) -> collections.Counter[tuple[str, str]]:
+    """Preserved machines by kind (auto/manual) and phase: from our records, or what MCM shows when native."""
+    counts: collections.Counter[tuple[str, str]] = collections.Counter()
+    for machine in machines:
+        expiry = observed_expiry(machine, now) if native else expiry_of(machine, config)
+        if expiry is not None and expiry > now:
+            auto = is_auto_value(machine.metadata.annotations.get(v.PRESERVE_ANNOTATION))
+            counts["auto" if auto else "manual", machine.phase or "Unknown"] += 1
+    return counts
 
 
 class _PreservedCollector(Collector):

@@ -11,11 +11,18 @@ import datetime as dt
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from machine_preservation.controller.apply import ObjectGone, Snapshot, Writer, execute_machine_plan
-from machine_preservation.controller.drain import POD_NODE_INDEX, Drainer, DrainResult
-from machine_preservation.controller.informer import Informer
+from machine_preservation.controller.caches import (
+    DEPLOYMENT_INDEX,
+    MACHINE_NODE_INDEX,
+    MACHINE_SET_INDEX,
+    Caches,
+    key_of,
+    owner_name,
+)
+from machine_preservation.controller.drain import Drainer, DrainResult
 from machine_preservation.controller.metrics import Metrics
 from machine_preservation.controller.queue import WorkQueue
 from machine_preservation.core import plan as p
@@ -26,17 +33,9 @@ from machine_preservation.core.lifecycle import plan_after_drain, plan_machine
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, ObjectMeta, Pod
 from machine_preservation.core.native import plan_native
 from machine_preservation.core.pool_settings import ClusterView
-from machine_preservation.core.priority import (
-    UnpreservedPriorities,
-    unpreserved_priorities,
-    unpreserved_priority_ceiling,
-)
 
 logger = logging.getLogger(__name__)
 
-MACHINE_NODE_INDEX = "node"
-MACHINE_SET_INDEX = "machineset"
-DEPLOYMENT_INDEX = "machinedeployment"
 # MCM's eviction retry interval: the default number of 429 retries is the drain timeout / 20s.
 EVICTION_RETRY_INTERVAL = dt.timedelta(seconds=20)
 
@@ -45,80 +44,6 @@ WallClock = Callable[[], dt.datetime]
 
 def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-def owner_name(metadata_owner_kind: str) -> Callable[[Machine | MachineSet], list[str]]:
-    def index(obj: Machine | MachineSet) -> list[str]:
-        owner = obj.metadata.controller_owner()
-        return [owner.name] if owner is not None and owner.kind == metadata_owner_kind else []
-
-    return index
-
-
-@dataclass
-class Caches:
-    machines: Informer[Machine]
-    machine_sets: Informer[MachineSet]
-    machine_deployments: Informer[MachineDeployment]
-    nodes: Informer[Node]
-    pods: Informer[Pod]
-    # Gardener's Cluster resource of the control namespace (None: not a Gardener seed, no such CRD).
-    clusters: Informer[ClusterView] | None = None
-    # MachineSet name -> summary, valid for the machines cache's generation; see priority_ceiling.
-    _priorities: dict[str, UnpreservedPriorities] = field(default_factory=dict)
-    _priorities_generation: int = -1
-
-    def __post_init__(self) -> None:
-        self.machines.add_indexer(MACHINE_NODE_INDEX, lambda m: [m.node_name])
-        self.machines.add_indexer(MACHINE_SET_INDEX, owner_name("MachineSet"))
-        self.machine_sets.add_indexer(DEPLOYMENT_INDEX, owner_name("MachineDeployment"))
-        self.pods.add_indexer(POD_NODE_INDEX, lambda pod: [pod.node_name])
-
-    @property
-    def all(self) -> tuple[Informer[Any], ...]:
-        informers: tuple[Informer[Any], ...] = (
-            self.machines,
-            self.machine_sets,
-            self.machine_deployments,
-            self.nodes,
-            self.pods,
-        )
-        return (*informers, self.clusters) if self.clusters is not None else informers
-
-    def cluster(self, name: str) -> ClusterView | None:
-        return self.clusters.get(name) if self.clusters is not None else None
-
-    def synced(self) -> bool:
-        return all(informer.synced for informer in self.all)
-
-    def machine_set_of(self, machine: Machine) -> list[Machine]:
-        owner = owner_name("MachineSet")(machine)
-        return self.machines.by_index(MACHINE_SET_INDEX, owner[0]) if owner else [machine]
-
-    def priority_ceiling(self, machine: Machine, *, now: dt.datetime, max_timeout: dt.timedelta) -> int:
-        """`unpreserved_priority_ceiling` over the machine's MachineSet, summarised once per MachineSet and
-        reused until the machines change or a preservation in it runs out: a resync reconciles every machine
-        of a set, and a scan of the set for each of them would make it quadratic."""
-        owner = owner_name("MachineSet")(machine)
-        if not owner:
-            return unpreserved_priority_ceiling(
-                machine=machine, machine_set_machines=[machine], now=now, max_timeout=max_timeout
-            )
-        if self._priorities_generation != self.machines.generation:
-            self._priorities.clear()  # any machine change may move any set's ceiling (and sets come and go)
-            self._priorities_generation = self.machines.generation
-        summary = self._priorities.get(owner[0])
-        if summary is None or not summary.holds_at(now):
-            summary = self._priorities[owner[0]] = unpreserved_priorities(
-                machine_set_machines=self.machines.by_index(MACHINE_SET_INDEX, owner[0]),
-                now=now,
-                max_timeout=max_timeout,
-            )
-        return summary.ceiling_for(machine.metadata.name)
-
-
-def key_of(namespace: str, name: str) -> str:
-    return f"{namespace}/{name}" if namespace else name
 
 
 # The pool's machinePreserveTimeout for a machine, where one is known (None: the configured default).
