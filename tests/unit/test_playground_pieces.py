@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pytest
+
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.shoot import validate_shoot
 from machine_preservation.core.models import MachineDeployment
@@ -17,6 +19,7 @@ from machine_preservation.core.pool_settings import (
     resolve_pool_settings,
 )
 from machine_preservation.playground import landscape
+from machine_preservation.playground.commands import build_parser
 from machine_preservation.playground.timeline import diff
 from machine_preservation.playground.walkthrough import StepResult, summary_table
 
@@ -89,3 +92,17 @@ def test_summary_table_lists_every_step_and_marks_the_ones_not_run() -> None:
     assert table[2].split() == ["1", "first", "passed", "1s"]
     assert table[3].split() == ["2", "second", "FAILED", "30s"]
     assert table[4].split() == ["3", "(not", "run)", "skipped", "-"]
+
+
+def test_the_preserve_timeout_is_a_go_duration() -> None:
+    assert build_parser().parse_args(["--preserve-timeout", "2m"]).preserve_timeout == dt.timedelta(minutes=2)
+
+
+@pytest.mark.parametrize("value", ["0s", "1ns", "-90s"])
+def test_a_preserve_timeout_that_is_not_positive_is_a_usage_error(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args([f"--preserve-timeout={value}"])
+    assert exited.value.code == 2
+    assert f"must be positive: {value}" in capsys.readouterr().err

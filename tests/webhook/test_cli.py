@@ -55,6 +55,11 @@ def test_flags_and_defaults() -> None:
     assert defaults.control_namespace is None
 
 
+def test_a_zero_max_preserve_timeout_is_accepted() -> None:
+    args = build_parser().parse_args(["webhook", "--cert-dir", "/x", "--max-preserve-timeout", "0s"])
+    assert args.max_preserve_timeout == dt.timedelta(0)
+
+
 @pytest.mark.parametrize("mode", ["auto", "true", "false"])
 def test_the_native_preservation_mode(mode: str) -> None:
     args = build_parser().parse_args(
@@ -73,19 +78,20 @@ def test_a_bad_native_preservation_mode_lists_the_allowed_ones(capsys: pytest.Ca
 
 
 @pytest.mark.parametrize(
-    "flags",
+    ("flags", "message"),
     [
-        ["--max-preserve-timeout", "3d"],
-        ["--max-preserve-timeout", "-1h"],
-        ["--max-body-bytes", "0"],
-        ["--mcm-native-preservation", "yes"],
+        (["--max-preserve-timeout", "3d"], 'time: unknown unit "d"'),
+        (["--max-preserve-timeout=-1h"], "must not be negative: -1h"),
+        (["--max-preserve-timeout=-1ns"], "must not be negative: -1ns"),
+        (["--max-body-bytes", "0"], "must be positive: 0"),
+        (["--mcm-native-preservation", "yes"], "invalid choice: 'yes'"),
     ],
 )
-def test_bad_flags_are_refused(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_flags_are_refused(flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         build_parser().parse_args(["webhook", "--cert-dir", "/x", *flags])
     assert exited.value.code == 2
-    assert "error" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
 
 
 def test_the_command_serves_until_sigterm(tmp_path: Path) -> None:

@@ -19,16 +19,9 @@ from kubernetes.aio import client, config
 from machine_preservation.certs.authority import service_dns_names
 from machine_preservation.certs.manager import CertificateManager, ManagerSettings, WebhookConfigurationRef
 from machine_preservation.certs.rotation import RotationPolicy, split_names
-from machine_preservation.core.durations import InvalidDuration, parse_go_duration
+from machine_preservation.core.duration_arguments import go_duration_argument
 
 DEFAULTS = RotationPolicy()
-
-
-def _duration(text: str) -> dt.timedelta:
-    try:
-        return parse_go_duration(text)
-    except InvalidDuration as error:
-        raise argparse.ArgumentTypeError(str(error)) from error
 
 
 def _secret(text: str) -> tuple[str, str]:
@@ -151,11 +144,13 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
         "@KUBECONFIG for a configuration in another cluster",
     )
     loop.add_argument("--ca-common-name", default="", help="default: <service>.<namespace>-ca")
-    loop.add_argument("--ca-validity", type=_duration, default=DEFAULTS.ca_validity, metavar="DURATION")
-    loop.add_argument("--ca-rotate-before", type=_duration, default=DEFAULTS.ca_rotate_before, metavar="DURATION")
-    loop.add_argument("--ca-overlap", type=_duration, default=DEFAULTS.ca_overlap, metavar="DURATION")
-    loop.add_argument("--propagation-delay", type=_duration, default=DEFAULTS.propagation_delay, metavar="DURATION")
-    loop.add_argument("--serving-validity", type=_duration, default=DEFAULTS.serving_validity, metavar="DURATION")
+    # RotationPolicy checks these durations against each other, with messages that name both.
+    duration = go_duration_argument(accept="any")
+    loop.add_argument("--ca-validity", type=duration, default=DEFAULTS.ca_validity, metavar="DURATION")
+    loop.add_argument("--ca-rotate-before", type=duration, default=DEFAULTS.ca_rotate_before, metavar="DURATION")
+    loop.add_argument("--ca-overlap", type=duration, default=DEFAULTS.ca_overlap, metavar="DURATION")
+    loop.add_argument("--propagation-delay", type=duration, default=DEFAULTS.propagation_delay, metavar="DURATION")
+    loop.add_argument("--serving-validity", type=duration, default=DEFAULTS.serving_validity, metavar="DURATION")
     loop.add_argument("--serving-renew-fraction", type=float, default=DEFAULTS.serving_renew_fraction)
     loop.add_argument("--resync", type=float, default=60.0, help="seconds between passes at most")
     loop.add_argument("--once", action="store_true", help="exit after the first successful pass")

@@ -17,7 +17,8 @@ from kubernetes.aio import client
 
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.clock import system_clock
-from machine_preservation.core.durations import InvalidDuration, format_go_duration, parse_go_duration
+from machine_preservation.core.duration_arguments import go_duration_argument
+from machine_preservation.core.durations import format_go_duration
 from machine_preservation.core.models import Node
 from machine_preservation.core.pool_settings import (
     CLUSTER_API_GROUP,
@@ -221,16 +222,6 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def _duration(text: str) -> dt.timedelta:
-    try:
-        value = parse_go_duration(text)
-    except InvalidDuration as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    if value <= dt.timedelta(0):
-        raise argparse.ArgumentTypeError(f"must be positive: {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m machine_preservation.playground",
@@ -239,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--dir", type=Path, default=Path(".local/playground"), help="state directory")
     parser.add_argument(
-        "--preserve-timeout", type=_duration, default=dt.timedelta(seconds=90),
+        "--preserve-timeout", type=go_duration_argument(accept="positive"), default=dt.timedelta(seconds=90),
         help="machinePreserveTimeout of the Shoot's pools (Go duration, default 90s)",
     )  # fmt: skip
     parser.add_argument("--interactive", action="store_true", help="keep running for kubectl; Ctrl-C tears down")

@@ -19,7 +19,7 @@ from machine_preservation.core.admission.settings import (
     AdmissionSettings,
 )
 from machine_preservation.core.clock import system_clock
-from machine_preservation.core.durations import InvalidDuration, parse_go_duration
+from machine_preservation.core.duration_arguments import go_duration_argument
 from machine_preservation.core.mcm_generation import NativePreservationMode
 from machine_preservation.webhook.app import DEFAULT_MAX_BODY_BYTES
 from machine_preservation.webhook.certificates import CA_FILE, CERT_FILE, KEY_FILE
@@ -37,16 +37,6 @@ logger = logging.getLogger(__name__)
 
 SELF_SIGNED_VALIDITY = dt.timedelta(days=365)
 _WILDCARD_HOSTS = ("", "0.0.0.0", "::")
-
-
-def _duration(text: str) -> dt.timedelta:
-    try:
-        value = parse_go_duration(text)
-    except InvalidDuration as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    if value < dt.timedelta(0):
-        raise argparse.ArgumentTypeError(f"must not be negative: {text}")
-    return value
 
 
 def _positive_int(text: str) -> int:
@@ -195,7 +185,7 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
     )
     parser.add_argument(
         "--max-preserve-timeout",
-        type=_duration,
+        type=go_duration_argument(accept="not negative"),
         default=dt.timedelta(hours=720),
         help="upper bound for machinePreserveTimeout in Shoots (Go duration, default 720h)",
     )
