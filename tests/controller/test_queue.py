@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from machine_preservation.controller.queue import Backoff, WorkQueue
-from machine_preservation.controller.reconcile import is_resync
+from machine_preservation.controller.backoff import Backoff
+from machine_preservation.controller.handlers import is_resync
+from machine_preservation.controller.queue import WorkQueue
 from machine_preservation.core.models import Machine
 from tests.controller.fakeclock import FakeClock
 

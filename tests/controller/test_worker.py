@@ -9,8 +9,9 @@ import datetime as dt
 from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.apply import StepFailed
+from machine_preservation.controller.backoff import Backoff
 from machine_preservation.controller.metrics import Metrics
-from machine_preservation.controller.queue import Backoff, WorkQueue, run_worker
+from machine_preservation.controller.queue import WorkQueue, run_worker
 from machine_preservation.core import plan as p
 from tests.controller.fakeclock import FakeClock
 

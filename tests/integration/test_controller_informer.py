@@ -11,8 +11,8 @@ from typing import Any
 
 from kubernetes.aio import client
 
+from machine_preservation.controller.backoff import Backoff
 from machine_preservation.controller.informer import Informer, Source
-from machine_preservation.controller.queue import Backoff
 from machine_preservation.core.models import Machine
 from machine_preservation.localcluster.controlplane import ControlPlane
 from tests.controller.support import GROUP, VERSION, aio_client, create_machine, eventually

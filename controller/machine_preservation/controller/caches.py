@@ -1,5 +1,5 @@
 """The controller's caches: one informer per resource it reads, the indices it looks objects up by, and the
-per-MachineSet priority summary derived from them."""
+per-MachineSet priority summary derived from them. The reconcilers read them as a `reader.CacheReader`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,14 @@ from typing import Any, TypeVar
 
 from kubernetes.aio import client
 
-from machine_preservation.controller.drain import POD_NODE_INDEX
 from machine_preservation.controller.informer import Informer, Source
+from machine_preservation.controller.reader import (
+    DEPLOYMENT_INDEX,
+    MACHINE_NODE_INDEX,
+    MACHINE_SET_INDEX,
+    POD_NODE_INDEX,
+    owner_name,
+)
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, Pod
 from machine_preservation.core.pool_settings import (
@@ -28,22 +34,6 @@ from machine_preservation.core.priority import (
 )
 
 T = TypeVar("T")
-
-MACHINE_NODE_INDEX = "node"
-MACHINE_SET_INDEX = "machineset"
-DEPLOYMENT_INDEX = "machinedeployment"
-
-
-def owner_name(metadata_owner_kind: str) -> Callable[[Machine | MachineSet], list[str]]:
-    def index(obj: Machine | MachineSet) -> list[str]:
-        owner = obj.metadata.controller_owner()
-        return [owner.name] if owner is not None and owner.kind == metadata_owner_kind else []
-
-    return index
-
-
-def key_of(namespace: str, name: str) -> str:
-    return f"{namespace}/{name}" if namespace else name
 
 
 @dataclass

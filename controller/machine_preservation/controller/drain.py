@@ -26,13 +26,11 @@ from dataclasses import dataclass, field
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.informer import Informer
-from machine_preservation.controller.queue import Backoff
+from machine_preservation.controller.backoff import Backoff
+from machine_preservation.controller.reader import POD_NODE_INDEX, Store
 from machine_preservation.core.models import Node, Pod
 
 logger = logging.getLogger(__name__)
-
-POD_NODE_INDEX = "node"
 
 
 @dataclass(frozen=True)
@@ -64,7 +62,7 @@ def pod_name(pod: Pod) -> str:
 @dataclass
 class Drainer:
     target: client.ApiClient
-    pods: Informer[Pod]  # indexed by POD_NODE_INDEX
+    pods: Store[Pod]  # indexed by POD_NODE_INDEX
     eviction_backoff: Backoff = field(default_factory=lambda: Backoff(base=1.0, cap=20.0))
     poll_interval: float = 0.5
     wall_clock: Callable[[], dt.datetime] = field(default=lambda: dt.datetime.now(dt.UTC))

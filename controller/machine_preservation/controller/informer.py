@@ -23,7 +23,7 @@ import aiohttp
 from kubernetes.aio import watch
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.queue import Backoff
+from machine_preservation.controller.backoff import Backoff
 
 logger = logging.getLogger(__name__)
 

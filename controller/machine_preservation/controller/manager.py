@@ -34,6 +34,7 @@ from machine_preservation.controller.clients import Clients, new_api_client
 from machine_preservation.controller.crd_check import inspect_crds
 from machine_preservation.controller.drain import Drainer
 from machine_preservation.controller.events import EventRecorder
+from machine_preservation.controller.handlers import Queues, wire_handlers
 from machine_preservation.controller.leader import LeaderElector
 from machine_preservation.controller.metrics import (
     Metrics,
@@ -48,9 +49,7 @@ from machine_preservation.controller.reconcile import (
     MachineDeploymentReconciler,
     MachineReconciler,
     MachineSetReconciler,
-    Queues,
     utc_now,
-    wire_handlers,
 )
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.mcm_evidence import MCM_DEPLOYMENT, mcm_image

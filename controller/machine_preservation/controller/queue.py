@@ -30,12 +30,12 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
-from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.apply import StepFailed
+from machine_preservation.controller.backoff import Backoff
 from machine_preservation.controller.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -57,19 +57,6 @@ class SystemClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(seconds, 0.0))
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Exponential per-key backoff: base, 2·base, 4·base, … capped."""
-
-    base: float = 0.2
-    cap: float = 300.0
-
-    def delay(self, failures: int) -> float:
-        if failures <= 0:
-            return 0.0
-        return float(min(self.base * (2 ** min(failures - 1, 62)), self.cap))
 
 
 class WorkQueue(Generic[K]):
