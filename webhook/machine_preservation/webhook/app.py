@@ -44,6 +44,7 @@ from machine_preservation.webhook.wire import (
     AdmissionRequest,
     BadRequest,
     bad_request_response,
+    first_problem,
     parse_review,
     review_response,
 )
@@ -140,11 +141,7 @@ def _parse(model: type[M], document: dict[str, Any] | None, *, field: str, uid: 
     try:
         return model.model_validate(document)
     except ValidationError as error:
-        problem = error.errors()[0]
-        location = ".".join(str(part) for part in problem["loc"])
-        raise BadRequest(
-            f"request.{field} is not a valid {model.__name__}: {location}: {problem['msg']}", uid=uid
-        ) from None
+        raise BadRequest(f"request.{field} is not a valid {model.__name__}: {first_problem(error)}", uid=uid) from None
 
 
 def _annotations_present(document: dict[str, Any] | None) -> bool:

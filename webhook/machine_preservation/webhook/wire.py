@@ -120,9 +120,14 @@ def parse_review(body: bytes) -> AdmissionReviewIn:
     try:
         return AdmissionReviewIn.model_validate(document)
     except ValidationError as error:
-        problem = error.errors()[0]
-        location = ".".join(str(part) for part in problem["loc"])
-        raise BadRequest(f"malformed AdmissionReview: {location}: {problem['msg']}", uid=uid) from None
+        raise BadRequest(f"malformed AdmissionReview: {first_problem(error)}", uid=uid) from None
+
+
+def first_problem(error: ValidationError) -> str:
+    """The first thing pydantic found wrong, as `location: message`: one is enough to fix a request."""
+    problem = error.errors()[0]
+    location = ".".join(str(part) for part in problem["loc"])
+    return f"{location}: {problem['msg']}"
 
 
 def review_response(*, uid: str, verdict: Verdict) -> AdmissionReviewOut:
