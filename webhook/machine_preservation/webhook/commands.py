@@ -6,13 +6,13 @@ import argparse
 import asyncio
 import datetime as dt
 import gc
-import ipaddress
 import logging
 import signal
 from pathlib import Path
 from typing import Any
 
 from machine_preservation.certs.authority import generate_ca, issue_serving_cert
+from machine_preservation.certs.rotation import split_names
 from machine_preservation.core.admission.settings import (
     DEFAULT_CONTROLLER_USERNAME,
     DEFAULT_MCM_USERNAMES,
@@ -65,15 +65,14 @@ def write_self_signed(*, cert_dir: Path, names: tuple[str, ...], now: dt.datetim
     cert_dir.mkdir(parents=True, exist_ok=True)
     if any(cert_dir.iterdir()):
         return False
-    dns_names, ip_addresses = [], []
-    for name in dict.fromkeys(names):
-        try:
-            ip_addresses.append(str(ipaddress.ip_address(name)))
-        except ValueError:
-            dns_names.append(name)
+    identity = split_names(tuple(dict.fromkeys(names)))
     ca = generate_ca(common_name="machine-preservation-webhook-ca", now=now, valid_for=SELF_SIGNED_VALIDITY)
     serving = issue_serving_cert(
-        ca=ca, dns_names=tuple(dns_names), ip_addresses=tuple(ip_addresses), now=now, valid_for=SELF_SIGNED_VALIDITY
+        ca=ca,
+        dns_names=identity.dns_names,
+        ip_addresses=identity.ip_addresses,
+        now=now,
+        valid_for=SELF_SIGNED_VALIDITY,
     )
     (cert_dir / CA_FILE).write_bytes(ca.cert_pem)
     (cert_dir / CERT_FILE).write_bytes(serving.cert_pem)
