@@ -46,7 +46,6 @@ from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.crds import install_crds
 from machine_preservation.localcluster.mcm_pool import GROUP, VERSION, machine_phase
 from machine_preservation.localcluster.toolchain import Toolchain
-from tests.controller.support import eventually
 from tests.e2e.harness import (
     RealMcm,
     annotate_node,
@@ -58,6 +57,7 @@ from tests.e2e.harness import (
     preserved_condition,
 )
 from tests.e2e.product import Product, mcm_control_plane
+from tests.polling import eventually_async
 
 OLD, NEW = "v0.61.3", "v0.62.1"
 pytestmark = pytest.mark.parametrize("mcm_version", [OLD], indirect=True)
@@ -137,7 +137,7 @@ async def preserved_by_us(real_mcm: RealMcm, name: str, by: v.PreservedBy) -> Pr
         record = await record_of(real_mcm, name)
         return record if record is not None and record.by == by else None
 
-    found: PreservationRecord = await eventually(check, limit=60, interval=0.25)
+    found: PreservationRecord = await eventually_async(check, limit=60, interval=0.25)
     return found
 
 
@@ -204,7 +204,7 @@ async def test_upgrade_hands_running_preservations_over_to_mcm(
         condition = preserved_condition(node) if node else None
         return condition is not None and v.DRAINED_SUCCESSFULLY_MESSAGE in condition.get("message", "")
 
-    await eventually(drained, limit=60, interval=0.25)
+    await eventually_async(drained, limit=60, interval=0.25)
     progress(f"v0.61.3: {healthy} preserved by us (now), {failing} Failed and auto-preserved by us, drained")
 
     # --- 1. the seed's reconcile: MCM's new CRDs, the old MCM still running ----------------------------------
@@ -234,10 +234,10 @@ async def test_upgrade_hands_running_preservations_over_to_mcm(
         return preserve_expiry(machine) if machine else None
 
     # MCM preserves the `now` machine itself, with its own default timeout: not the expiry asked for.
-    mcm_expiry = await eventually(mcm_expiry_on_healthy, limit=60, interval=0.25)
+    mcm_expiry = await eventually_async(mcm_expiry_on_healthy, limit=60, interval=0.25)
     assert mcm_expiry > expiries[healthy] + dt.timedelta(hours=1), (mcm_expiry, expiries[healthy])
     # It reads our `auto-preserve` as no value and would replace the Failed machine: our webhook refuses.
-    await eventually(lambda: mcm_denials(real_mcm, failing, version=NEW), limit=60, interval=0.25)
+    await eventually_async(lambda: mcm_denials(real_mcm, failing, version=NEW), limit=60, interval=0.25)
     assert {m["metadata"]["name"] for m in await real_mcm.machines(POOL)} == {healthy, failing}
     # Our processes as they were do not fight MCM meanwhile: the controller writes nothing.
     assert (await product.controller_writes())[ours_before_window:] == []
@@ -269,7 +269,7 @@ async def test_upgrade_hands_running_preservations_over_to_mcm(
         return machine
 
     for name in (healthy, failing):
-        await eventually(lambda name=name: handed_over(name), limit=60, interval=0.25)  # type: ignore[misc]
+        await eventually_async(lambda name=name: handed_over(name), limit=60, interval=0.25)  # type: ignore[misc]
     progress("our webhook and controller restarted, native; both preservations handed over")
     assert (await machine_annotations(real_mcm, failing))[v.PRESERVE_ANNOTATION] == "auto-preserved"
     # The nodes keep what the preservation put there (MCM carries on from it).
@@ -292,17 +292,17 @@ async def test_upgrade_hands_running_preservations_over_to_mcm(
         removed = {w.name for w in writes if w.kind == "Machine" and w.code == 200 and removes_record(w.body)}
         return writes if {healthy, failing} <= removed else None
 
-    writes_at_hand_over = len(await eventually(hand_over_written, limit=30, interval=0.25))
+    writes_at_hand_over = len(await eventually_async(hand_over_written, limit=30, interval=0.25))
 
     # MCM carries both on: it counts the Failed machine as its own auto-preserved one, keeps the expiry.
     async def mcm_counts_it() -> bool:
         status = await machine_set_status(real_mcm)
         return status.get("autoPreserveFailedMachineCount") == 1 and status.get("preservedFailedReplicas") == 1
 
-    await eventually(mcm_counts_it, limit=60, interval=0.5)
+    await eventually_async(mcm_counts_it, limit=60, interval=0.5)
 
     # --- the Failed machine is kept until its expiry, then replaced -------------------------------------------
-    await eventually(
+    await eventually_async(
         lambda: dt.datetime.now(dt.UTC) > expiries[failing] + dt.timedelta(seconds=1), limit=120, interval=0.5
     )
     for name in (healthy, failing):
@@ -325,7 +325,7 @@ async def test_upgrade_hands_running_preservations_over_to_mcm(
         going = not old or bool(old[0]["metadata"].get("deletionTimestamp"))
         return fresh[0] if len(fresh) == 1 and going else None
 
-    replacement: dict[str, Any] = await eventually(replaced, limit=60, interval=0.25)
+    replacement: dict[str, Any] = await eventually_async(replaced, limit=60, interval=0.25)
     created = dt.datetime.fromisoformat(replacement["metadata"]["creationTimestamp"])
     assert created >= expiries[failing].replace(microsecond=0)
     deleted_at = next(

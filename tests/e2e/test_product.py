@@ -10,9 +10,9 @@ from kubernetes.aio.client.exceptions import ApiException
 from machine_preservation.controller.clients import MERGE_PATCH, new_api_client
 from machine_preservation.core import vocabulary as v
 from machine_preservation.localcluster.mcm_pool import GROUP, VERSION, machine_node
-from tests.controller.support import eventually
 from tests.e2e.harness import RealMcm
 from tests.e2e.product import Product, field_paths
+from tests.polling import eventually_async
 
 
 def test_field_paths_key_annotations_by_their_keys() -> None:
@@ -58,8 +58,8 @@ async def test_product_runs_as_the_chart_release_and_is_seen_writing(real_mcm: R
         machine = await real_mcm.machine(name)
         return bool(machine and v.PRESERVED_UNTIL_ANNOTATION in machine["metadata"].get("annotations", {}))
 
-    await eventually(preserved, limit=30)
-    writes = await eventually(product.controller_writes, limit=10)
+    await eventually_async(preserved, limit=30)
+    writes = await eventually_async(product.controller_writes, limit=10)
     annotated = [w for w in writes if w.kind == "Machine" and w.name == name]
     assert any(f"metadata.annotations[{v.PRESERVED_UNTIL_ANNOTATION}]" in w.fields for w in annotated), writes
 
@@ -68,7 +68,7 @@ async def test_product_runs_as_the_chart_release_and_is_seen_writing(real_mcm: R
         starts = [e for e in await product.events("Machine", name) if e.reason == "PreservationStarted"]
         return [(e.count, e.source) for e in starts] == [(1, "machine-preservation-controller")]
 
-    await eventually(announced, limit=10)
+    await eventually_async(announced, limit=10)
 
     # Killed and started again, the webhook restarted: both ready once more.
     await product.kill_controller()

@@ -10,8 +10,8 @@ import pytest
 
 from machine_preservation.localcluster.mcm import DEFAULT_MCM_VERSION
 from machine_preservation.localcluster.mcm_pool import machine_node
-from tests.controller.support import eventually
 from tests.e2e.harness import ALL_MCM_VERSIONS, RealMcm
+from tests.polling import eventually_async
 
 MCM_NODE_FINALIZER = "node.machine.sapcloud.io/machine-controller"
 
@@ -41,7 +41,7 @@ async def test_pool_gets_running_machines_with_nodes(real_mcm: RealMcm) -> None:
         nodes = [await real_mcm.node(m["metadata"]["name"]) for m in machines]
         return all(n and n["metadata"]["labels"].get("worker.gardener.cloud/pool") == "pool-a" for n in nodes)
 
-    await eventually(labelled, limit=60)
+    await eventually_async(labelled, limit=60)
     print(f"MCM {real_mcm.version}: pool label on both Nodes after {time.monotonic() - started:.1f}s")
     # MCM's identity has every permission MCM uses.
     assert "forbidden" not in real_mcm.logs().lower()
@@ -97,7 +97,7 @@ async def test_restart_keeps_machines(real_mcm: RealMcm) -> None:
         since_restart = real_mcm.runner.log("machine-controller").read_text().rsplit("=== ", 1)[-1]
         return f'reconcileClusterMachine: Stop for "{name}"' in since_restart
 
-    await eventually(resynced, limit=60)
+    await eventually_async(resynced, limit=60)
     (after,) = await real_mcm.wait_for_pool("pool-c", 1)
     assert after["metadata"]["name"] == name
     assert all(e.phase == "Running" for e in real_mcm.recorder.events if e.name == name and e.at >= restarted_at)

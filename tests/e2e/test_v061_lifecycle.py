@@ -19,9 +19,9 @@ from kubernetes.aio.client.exceptions import ApiException
 from machine_preservation.controller.clients import MERGE_PATCH, new_api_client
 from machine_preservation.core import vocabulary as v
 from machine_preservation.localcluster.mcm_pool import machine_phase
-from tests.controller.support import eventually
 from tests.e2e.harness import RealMcm, fail_machine
 from tests.e2e.product import Product, Write
+from tests.polling import eventually_async
 
 # v0.61.3: a failed machine is replaced only once it is gone, its termination takes ~30 s.
 REPLACE_LIMIT = 150.0
@@ -57,7 +57,7 @@ async def set_node_preserve(product: Product, real_mcm: RealMcm, node: str, valu
             return True  # a preservation it ended by deleting the Failed machine
         return annotations(machine).get(v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION) == value
 
-    await eventually(taken_over, limit=30, interval=0.2)
+    await eventually_async(taken_over, limit=30, interval=0.2)
 
 
 async def bind_pod(real_mcm: RealMcm, node: str, name: str = "workload") -> str:
@@ -133,7 +133,7 @@ async def wait_preserved_and_failed(real_mcm: RealMcm, name: str) -> dict[str, s
         record = record_of(machine)
         return record if machine_phase(machine or {}) == "Failed" and v.PRESERVED_UNTIL_ANNOTATION in record else None
 
-    record: dict[str, str] = await eventually(preserved_failed, limit=30, interval=0.2)
+    record: dict[str, str] = await eventually_async(preserved_failed, limit=30, interval=0.2)
     return record
 
 
@@ -148,7 +148,7 @@ async def wait_replaced(real_mcm: RealMcm, pool: str, gone: str, replicas: int) 
 
     started = time.monotonic()
     try:
-        machines = await eventually(replaced, limit=REPLACE_LIMIT, interval=0.5)
+        machines = await eventually_async(replaced, limit=REPLACE_LIMIT, interval=0.5)
         print(f"{gone}: replaced after {time.monotonic() - started:.1f} s")
         return machines
     except AssertionError as error:
@@ -214,7 +214,7 @@ async def test_when_failed_node_is_preserved_drained_and_not_replaced(real_mcm: 
         done = condition is not None and condition["status"] == "True"
         return node if done and condition["message"].startswith(v.DRAINED_SUCCESSFULLY_MESSAGE) else None
 
-    node = await eventually(drained, limit=60, interval=0.25)
+    node = await eventually_async(drained, limit=60, interval=0.25)
     assert annotations(node)[v.CA_SCALE_DOWN_DISABLED_ANNOTATION] == "true"
     assert has_preserved_taint(node)
     assert not node["spec"].get("unschedulable")
@@ -231,7 +231,7 @@ async def test_when_failed_node_is_preserved_drained_and_not_replaced(real_mcm: 
     async def drained_event() -> bool:  # recorded after the condition
         return [e.reason for e in await product.events("Node", victim)].count("PreservedNodeDrained") == 1
 
-    await eventually(drained_event, limit=10)
+    await eventually_async(drained_event, limit=10)
 
     # MCM tries to replace the Failed machine; our webhook denies its delete (more than once: MCM retries on
     # its next MachineSet sync), MCM reports it, and no replacement appears.
@@ -239,13 +239,13 @@ async def test_when_failed_node_is_preserved_drained_and_not_replaced(real_mcm: 
         denied = [w for w in mcm_deletes(await product.writes_by(product.mcm_user), victim) if w.code >= 400]
         return denied if len(denied) >= 2 else None
 
-    denied = await eventually(denied_twice, limit=90, interval=0.5)
+    denied = await eventually_async(denied_twice, limit=90, interval=0.5)
     assert {w.code for w in denied} == {403}, denied
 
     async def failed_delete_event() -> bool:
         return any(e.reason == "FailedDelete" for e in await product.events("MachineSet", machine_set))
 
-    await eventually(failed_delete_event, limit=30)
+    await eventually_async(failed_delete_event, limit=30)
     assert "denied the request" in real_mcm.logs()
 
     machines = {m["metadata"]["name"]: m for m in await real_mcm.machines("pool")}
@@ -322,7 +322,7 @@ async def test_now_preserves_a_healthy_node_without_draining_it(real_mcm: RealMc
         condition = preserved_condition(node)
         return node if condition is not None and condition["status"] == "True" else None
 
-    node = await eventually(preserved_running, limit=30, interval=0.25)
+    node = await eventually_async(preserved_running, limit=30, interval=0.25)
     machine = await real_mcm.machine(victim)
     record = record_of(machine)
     until = parse_time(record[v.PRESERVED_UNTIL_ANNOTATION])
@@ -360,7 +360,7 @@ async def test_killed_controller_continues_the_same_preservation(real_mcm: RealM
     async def announced() -> bool:
         return await reasons(product, victim, "PreservationStarted") == [(1, CONTROLLER_SOURCE)]
 
-    await eventually(announced, limit=30)
+    await eventually_async(announced, limit=30)
     await product.kill_controller()
     killed_at = dt.datetime.now(dt.UTC)
     assert killed_at < until, "killed while the preservation runs"

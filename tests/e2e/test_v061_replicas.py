@@ -47,9 +47,9 @@ from machine_preservation.localcluster.mcm_pool import (
     machine_phase,
     node_ready_status,
 )
-from tests.controller.support import eventually
 from tests.e2e.harness import RealMcm, annotate_machine
 from tests.e2e.product import Product
+from tests.polling import eventually_async
 
 pytestmark = pytest.mark.parametrize("mcm_version", [DEFAULT_MCM_VERSION], indirect=True)
 
@@ -183,7 +183,7 @@ async def preserved(real_mcm: RealMcm, name: str, by: v.PreservedBy) -> Preserva
         record = await record_of(real_mcm, name)
         return record if record is not None and record.by == by else None
 
-    found: PreservationRecord = await eventually(check, limit=60, interval=0.25)
+    found: PreservationRecord = await eventually_async(check, limit=60, interval=0.25)
     return found
 
 
@@ -198,11 +198,11 @@ async def failed(real_mcm: RealMcm, name: str, *, until: Callable[[], bool] | No
     await real_mcm.set_node_ready(name, False)
     health_timeout = float(real_mcm.runner.settings.machine_health_timeout.removesuffix("s"))
     with contextlib.suppress(AssertionError):
-        await eventually(done, limit=health_timeout + 4, interval=0.2)
+        await eventually_async(done, limit=health_timeout + 4, interval=0.2)
         return
     await real_mcm.set_node_ready(name, "Unknown")
     try:
-        await eventually(done, limit=60, interval=0.25)
+        await eventually_async(done, limit=60, interval=0.25)
     except AssertionError as error:
         said = [line for line in real_mcm.logs().splitlines() if name in line][-15:]
         history = real_mcm.recorder.history(name)
@@ -311,7 +311,7 @@ async def test_lowering_the_max_releases_exactly_the_excess(
     async def released() -> bool:
         return RELEASED in await reasons(product, excess)
 
-    await eventually(released, limit=30, interval=0.25)
+    await eventually_async(released, limit=30, interval=0.25)
     await replaced(real_mcm, f"{pool}-zone-b", excess, 1)
     # Exactly the excess: zone-a's machine keeps its auto value and its preservation.
     assert RELEASED not in await reasons(product, kept)
@@ -336,7 +336,7 @@ async def test_a_scale_down_takes_unpreserved_machines_first(real_mcm: RealMcm, 
         annotations = await annotations_of(real_mcm, oldest)
         return int(annotations.get(v.MACHINE_PRIORITY_ANNOTATION, "3")) > v.DEFAULT_MACHINE_PRIORITY
 
-    await eventually(raised, limit=30, interval=0.25)
+    await eventually_async(raised, limit=30, interval=0.25)
 
     await real_mcm.scale(pool, 2)
     remaining = set(names(await real_mcm.wait_for_pool(pool, 2, limit=120)))
@@ -358,7 +358,7 @@ async def preserve_a_healthy_and_a_failed_machine(real_mcm: RealMcm, pool: str) 
     await preserved(real_mcm, healthy, v.PreservedBy.USER)
     await failed(real_mcm, broken)
     await preserved(real_mcm, broken, v.PreservedBy.USER)
-    await eventually(lambda: denials(mcm_log(real_mcm), broken), limit=60, interval=0.25)
+    await eventually_async(lambda: denials(mcm_log(real_mcm), broken), limit=60, interval=0.25)
     return healthy, broken
 
 
@@ -370,7 +370,7 @@ async def all_gone(real_mcm: RealMcm, machines: list[str]) -> None:
             return False
         return all([await real_mcm.node(name) is None for name in machines])
 
-    await eventually(check, limit=120, interval=0.5)
+    await eventually_async(check, limit=120, interval=0.5)
 
 
 async def test_scale_to_zero_deletes_every_machine_preserved_ones_included(real_mcm: RealMcm, product: Product) -> None:
@@ -403,7 +403,7 @@ async def test_deleting_the_machine_deployment_deletes_every_machine(real_mcm: R
     async def no_sets() -> bool:
         return not await list_kind(real_mcm, "machinesets") and not await list_kind(real_mcm, "machinedeployments")
 
-    await eventually(no_sets, limit=60, interval=0.5)
+    await eventually_async(no_sets, limit=60, interval=0.5)
     for name in (healthy, broken):
         assert real_mcm.recorder.history(name)[-1] == "deleted"
 
@@ -423,7 +423,7 @@ async def new_machine_set(real_mcm: RealMcm, deployment: str, old: str) -> str:
     async def check() -> str | None:
         return next((name for name in await machine_sets(real_mcm, deployment) if name != old), None)
 
-    found: str = await eventually(check, limit=30, interval=0.1)
+    found: str = await eventually_async(check, limit=30, interval=0.1)
     return found
 
 
@@ -448,7 +448,7 @@ async def rollout_done(real_mcm: RealMcm, deployment: str, replicas: int, new: s
         return current if not any(others) else None
 
     try:
-        done: list[dict[str, Any]] = await eventually(check, limit=120, interval=0.5)
+        done: list[dict[str, Any]] = await eventually_async(check, limit=120, interval=0.5)
     except AssertionError as error:
         raise AssertionError(f"{error}\n{real_mcm.log_tail()}") from None
     return done
@@ -477,7 +477,7 @@ async def test_a_rollout_completes_and_does_not_auto_preserve_the_old_machine_se
 
     await asyncio.gather(failed(real_mcm, victim), failed(real_mcm, control))
     # MCM deletes the victim as it deletes any Failed machine: the guard does not keep it. Zone-b's is kept.
-    await eventually(lambda: any(e.deleting for e in real_mcm.recorder.events if e.name == victim), limit=30)
+    await eventually_async(lambda: any(e.deleting for e in real_mcm.recorder.events if e.name == victim), limit=30)
     await preserved(real_mcm, control, v.PreservedBy.AUTO)
     await patch_deployment(real_mcm, rolling, {"spec": {"paused": False}})
     await rollout_done(real_mcm, rolling, 2, new)
@@ -538,8 +538,8 @@ async def test_with_the_webhook_down_healthy_machines_go_and_failed_ones_wait(
         return [n for n in names_ if any(e.deleting for e in real_mcm.recorder.events if e.name == n)]
 
     # MCM's deletes of healthy machines never wait for the webhook: the scale-down and the rollout proceed.
-    await eventually(lambda: deleting(shrinking), limit=60, interval=0.25)
-    await eventually(lambda: deleting([rolled]), limit=60, interval=0.25)
+    await eventually_async(lambda: deleting(shrinking), limit=60, interval=0.25)
+    await eventually_async(lambda: deleting([rolled]), limit=60, interval=0.25)
     # The delete of a Failed machine needs the webhook's answer: the API server refuses it without one.
     await failed(real_mcm, broken, until=lambda: bool(webhook_refusals(real_mcm, failing_set)))
     current = await real_mcm.machine(broken)
@@ -560,7 +560,7 @@ async def test_with_the_webhook_down_healthy_machines_go_and_failed_ones_wait(
         await nudge(real_mcm, broken)
         return False
 
-    await eventually(deleted_once_retried, limit=30, interval=2)
+    await eventually_async(deleted_once_retried, limit=30, interval=2)
     (replacement,) = names(await real_mcm.wait_for_pool("failing", 1, limit=120))
     assert replacement != broken
     assert real_mcm.recorder.history(broken)[-1] == "deleted"

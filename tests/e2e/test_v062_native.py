@@ -30,7 +30,6 @@ from machine_preservation.controller.clients import new_api_client
 from machine_preservation.core import vocabulary as v
 from machine_preservation.localcluster.mcm_pool import GROUP, MERGE_PATCH, VERSION, machine_phase
 from machine_preservation.localcluster.mcm_runner import McmSettings
-from tests.controller.support import eventually
 from tests.e2e.harness import (
     RealMcm,
     annotate_machine,
@@ -43,6 +42,7 @@ from tests.e2e.harness import (
     preserved_condition,
 )
 from tests.e2e.product import Product
+from tests.polling import eventually_async
 
 NATIVE_VERSION = "v0.62.1"
 pytestmark = pytest.mark.parametrize("mcm_version", [NATIVE_VERSION], indirect=True)
@@ -99,7 +99,7 @@ async def preserved_by_mcm(real_mcm: RealMcm, name: str, *, phase: str) -> dt.da
             return None
         return expiry
 
-    found: dt.datetime = await eventually(check, limit=90, interval=0.25)
+    found: dt.datetime = await eventually_async(check, limit=90, interval=0.25)
     return found
 
 
@@ -163,7 +163,7 @@ async def test_mcm_preserves_natively_and_the_controller_only_observes(real_mcm:
                 assert events[0].count == 1, events
         return True
 
-    await eventually(each_started_once, limit=30, interval=0.5)
+    await eventually_async(each_started_once, limit=30, interval=0.5)
 
     # A restarted controller reconciles every machine again and records nothing twice: each of the six
     # Events it sees again is answered "already exists" (409), and none is created anew.
@@ -175,7 +175,7 @@ async def test_mcm_preserves_natively_and_the_controller_only_observes(real_mcm:
         metrics = await controller_metrics(product)
         return metrics.get(("create", "events", "409"), 0) >= 2 * len(expiries)
 
-    await eventually(events_seen_again, limit=30, interval=0.5)
+    await eventually_async(events_seen_again, limit=30, interval=0.5)
     assert (await controller_metrics(product)).get(("create", "events", "201"), 0) == 0
     progress("controller restarted, every Event seen again, none recorded twice")
     for name in expiries:
@@ -190,7 +190,9 @@ async def test_mcm_preserves_natively_and_the_controller_only_observes(real_mcm:
     # After the expiry MCM lets them go and replaces them. MCM acts on an expiry at its next reconcile of the
     # machine (its periodic one comes every 10 minutes): an update of the Machine stands in for it.
     last_expiry = max(when_failed_expiry, auto_expiry)
-    await eventually(lambda: dt.datetime.now(dt.UTC) > last_expiry + dt.timedelta(seconds=1), limit=90, interval=0.5)
+    await eventually_async(
+        lambda: dt.datetime.now(dt.UTC) > last_expiry + dt.timedelta(seconds=1), limit=90, interval=0.5
+    )
     progress("both expiries passed, both Failed machines still there")
     for name in (when_failed_name, auto_name):
         await nudge_machine(real_mcm, name)
@@ -206,7 +208,7 @@ async def test_mcm_preserves_natively_and_the_controller_only_observes(real_mcm:
         )
         return fresh if len(fresh) == 2 and going else None
 
-    replacements: list[dict[str, Any]] = await eventually(replaced, limit=90, interval=0.25)
+    replacements: list[dict[str, Any]] = await eventually_async(replaced, limit=90, interval=0.25)
     progress("both replaced")
     for replacement in replacements:
         created = dt.datetime.fromisoformat(replacement["metadata"]["creationTimestamp"])

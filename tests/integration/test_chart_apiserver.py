@@ -163,10 +163,6 @@ async def call(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return await asyncio.to_thread(function, *args, **kwargs)
 
 
-async def eventually_async(check: Callable[[], T]) -> T:
-    return await asyncio.to_thread(eventually, check)
-
-
 def _client_for(kubeconfig: Path) -> client.ApiClient:
     api_client: client.ApiClient = config.new_client_from_config(config_file=str(kubeconfig))
     return api_client
@@ -370,7 +366,7 @@ async def _exercise(
             )
         )
 
-    message = await eventually_async(bogus_node_denied)
+    message = await asyncio.to_thread(eventually, bogus_node_denied)
     assert "preserve-annotation.nodes.machine-preservation.sapcloud.io" in message
     assert "bogus" in message
 

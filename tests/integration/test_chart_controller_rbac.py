@@ -26,7 +26,7 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.localcluster.controlplane import ControlPlane, free_port
 from machine_preservation.localcluster.toolchain import Toolchain
 from tests.integration.chart import CHART, find, helm, set_args, template
-from tests.integration.test_control_plane import eventually
+from tests.polling import eventually
 
 MACHINES = ("machine.sapcloud.io", "v1alpha1")
 

@@ -365,7 +365,7 @@ def test_controller_needs_and_uses_only_the_writable_temporary_directory(seed: S
     log = tmp_path / "controller.log"
     process = sandbox.start(command, writable=writable, tmpdir=writable, cwd=tmp_path, log=log)
     try:
-        eventually(lambda: process.poll() is not None or _controller_ready(port), timeout=120)
+        eventually(lambda: process.poll() is not None or _controller_ready(port), limit=120)
         assert process.poll() is None, log.read_text()
     finally:
         sandbox.stop(process)

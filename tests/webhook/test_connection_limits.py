@@ -18,6 +18,7 @@ from machine_preservation.certs.authority import KeyPair
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.webhook.connections import ConnectionLimits
 from machine_preservation.webhook.server import WebhookServer
+from tests.polling import eventually_async
 from tests.webhook.conftest import StaticMachineSets
 from tests.webhook.test_server_tls import client_context, install, make_ca, serving
 
@@ -114,16 +115,8 @@ def open_connections(server: WebhookServer) -> float:
     return value or 0.0
 
 
-async def until(check: Callable[[], bool]) -> None:
-    for _ in range(int(SLACK / 0.02)):
-        if check():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"condition not met within {SLACK:g} s")
-
-
 async def eventually_no_connections(server: WebhookServer) -> None:
-    await until(lambda: open_connections(server) == 0)
+    await eventually_async(lambda: open_connections(server) == 0, limit=SLACK)
 
 
 # A partial ClientHello: a TLS handshake record header announcing more than is sent.
@@ -218,7 +211,7 @@ async def test_over_the_limit_a_new_connection_is_refused_and_the_established_on
         assert await get_healthz(stream) == b"ok"
     established[0][1].close()
     await established[0][1].wait_closed()
-    await until(lambda: open_connections(server) < 3)
+    await eventually_async(lambda: open_connections(server) < 3, limit=SLACK)
     assert await get_healthz(await connect_tls(server, ca)) == b"ok"
 
 

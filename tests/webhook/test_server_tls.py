@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -15,6 +15,7 @@ from cryptography import x509
 from machine_preservation.certs.authority import KeyPair, generate_ca, issue_serving_cert
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.webhook.server import WebhookServer
+from tests.polling import eventually_async
 from tests.webhook.conftest import StaticMachineSets
 from tests.webhook.reviews import NODE_KIND, node, review
 
@@ -38,15 +39,6 @@ def install(cert_dir: Path, pair: KeyPair) -> None:
 
 def client_context(ca: KeyPair) -> ssl.SSLContext:
     return ssl.create_default_context(cadata=ca.cert_pem.decode())
-
-
-async def eventually(check: Callable[[], Awaitable[bool]]) -> None:
-    """Wait for the poller to notice a change (bounded so a broken reload fails instead of hanging)."""
-    for _ in range(400):
-        if await check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not met within 20 s")
 
 
 async def served_serial(port: int) -> int:
@@ -139,7 +131,7 @@ async def test_a_changed_certificate_is_served_to_new_connections_without_restar
     async def changed() -> bool:
         return await served_serial(server.port) != first
 
-    await eventually(changed)
+    await eventually_async(changed)
     assert await served_serial(server.port) == replacement.certificate.serial_number
     assert await get(server.port, "/readyz", client_context(other_ca)) == (200, "ok")
     with pytest.raises(aiohttp.ClientConnectorCertificateError):
@@ -168,7 +160,7 @@ async def test_a_broken_replacement_is_rejected_and_the_old_one_kept(
         )
         return bool(value)
 
-    await eventually(rejected)
+    await eventually_async(rejected)
     assert await served_serial(server.port) == first
     assert server.certificates.ready()
     assert await get(server.port, "/readyz", client_context(ca)) == (200, "ok")
@@ -184,5 +176,5 @@ async def test_without_a_certificate_it_is_not_ready_until_one_appears(tmp_path:
         async def ready() -> bool:
             return running.certificates.ready()
 
-        await eventually(ready)
+        await eventually_async(ready)
         assert await get(running.port, "/readyz", client_context(ca)) == (200, "ok")
