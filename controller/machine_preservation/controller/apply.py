@@ -20,6 +20,7 @@ from typing import Any
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
+from machine_preservation.controller.api_errors import ApiError, classify
 from machine_preservation.controller.clients import JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH
 from machine_preservation.controller.events import EventRecorder, Regarding
 from machine_preservation.core import plan as p
@@ -54,7 +55,8 @@ def _version_of(custom_object: object) -> str:
 
 def _is_conflict(error: ApiException, *, guarded_json_patch: bool = False) -> bool:
     # A failed JSON-patch `test` op is answered 422; for our guarded patches that means "changed".
-    return error.status == 409 or (guarded_json_patch and error.status == 422)
+    meaning = classify(error.status)
+    return meaning is ApiError.CONFLICT or (guarded_json_patch and meaning is ApiError.INVALID)
 
 
 @dataclass
@@ -131,9 +133,10 @@ class Writer:
                 ),
             )
         except ApiException as error:
-            if error.status == 404:
+            meaning = classify(error.status)
+            if meaning is ApiError.NOT_FOUND:
                 return
-            if error.status == 409 and await self._deleted_by_someone_else(snap):
+            if meaning is ApiError.CONFLICT and await self._deleted_by_someone_else(snap):
                 # Once the preservation is over, MCM's next delete passes the webhook and often comes first
                 # (our node writes just before make it look again): the machine goes, as this step wants,
                 # and the plan's Events after it still say why.
@@ -298,7 +301,7 @@ async def execute_machine_plan(
         try:
             await _execute_one(writer=writer, snap=snap, step=step, now=now)
         except ApiException as error:
-            if error.status == 404 and not isinstance(step, p.RecordEvent):
+            if classify(error.status) is ApiError.NOT_FOUND and not isinstance(step, p.RecordEvent):
                 raise ObjectGone(f"{type(step).__name__}: {error.reason}") from error
             guarded = isinstance(step, p.SetPreservedTaint)
             raise StepFailed(step, error, conflict=_is_conflict(error, guarded_json_patch=guarded)) from error

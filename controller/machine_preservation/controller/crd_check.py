@@ -19,6 +19,7 @@ from typing import Any
 
 from kubernetes.aio import client
 
+from machine_preservation.controller.api_errors import ApiError, classify
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.mcm_evidence import AUTO_MAX_PATH, EXPIRY_PATH, MACHINE_CRD, MACHINE_SET_CRD, keeps
 
@@ -62,7 +63,7 @@ async def inspect_crds(api_client: client.ApiClient) -> CrdFacts:
     """Read MCM's Machine and MachineSet CRDs from the control cluster and say what they keep."""
     api = client.ApiextensionsV1Api(api_client)
     status, body = await _read_crd(api, MACHINE_CRD)
-    if status == 404:
+    if classify(status) is ApiError.NOT_FOUND:
         raise CrdCheckFailed(f"The Machine CRD {MACHINE_CRD} is not installed in the control cluster.")
     if status != 200:
         raise CrdCheckFailed(

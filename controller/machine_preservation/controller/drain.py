@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
+from machine_preservation.controller.api_errors import ApiError, classify
 from machine_preservation.controller.backoff import Backoff
 from machine_preservation.controller.reader import POD_NODE_INDEX, Store
 from machine_preservation.core.models import Node, Pod
@@ -102,9 +103,10 @@ class Drainer:
                     await api.create_namespaced_pod_eviction(pod.name, pod.namespace, eviction)
                     logger.info("evicted %s from node %s", key, node.metadata.name)
                 except ApiException as error:
-                    if error.status == 404:
+                    meaning = classify(error.status)
+                    if meaning is ApiError.NOT_FOUND:
                         continue
-                    if error.status != 429:
+                    if meaning is not ApiError.TOO_MANY_REQUESTS:
                         # e.g. 500 "more than one PodDisruptionBudget": retrying does not help.
                         logger.warning("eviction of %s failed: %s %s", key, error.status, error.reason)
                         refusals[key] = max_evict_retries + 1

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
+from machine_preservation.controller.api_errors import ApiError, classify
 from machine_preservation.controller.clients import MERGE_PATCH
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.preservation_record import format_timestamp
@@ -90,7 +91,7 @@ class EventRecorder:
             await api.create_namespaced_event(namespace, body)
             return
         except ApiException as error:
-            if error.status != 409:
+            if classify(error.status) is not ApiError.CONFLICT:
                 raise
         if once:
             return

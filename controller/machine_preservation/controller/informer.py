@@ -23,6 +23,7 @@ import aiohttp
 from kubernetes.aio import watch
 from kubernetes.aio.client.exceptions import ApiException
 
+from machine_preservation.controller.api_errors import ApiError, classify
 from machine_preservation.controller.backoff import Backoff
 
 logger = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ class Informer(Generic[T]):
                     await self._watch()
                     failures = 0
                 except ApiException as error:
-                    if error.status == 410:
+                    if classify(error.status) is ApiError.GONE:
                         self.stats.expired += 1
                         logger.info("%s: resourceVersion %s expired, re-listing", self.name, self.resource_version)
                         self.resource_version = ""

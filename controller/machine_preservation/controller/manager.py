@@ -28,6 +28,7 @@ from pathlib import Path
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
+from machine_preservation.controller.api_errors import ApiError, classify
 from machine_preservation.controller.apply import Writer
 from machine_preservation.controller.caches import Caches, new_caches
 from machine_preservation.controller.clients import Clients, new_api_client
@@ -307,7 +308,7 @@ async def has_crd(api_client: client.ApiClient, name: str) -> bool:
     if response.status == 200:
         logger.info("CRD %s is installed", name)
         return True
-    if response.status == 404:
+    if classify(response.status) is ApiError.NOT_FOUND:
         logger.info("CRD %s is not installed", name)
     else:
         logger.warning(
@@ -325,7 +326,7 @@ async def read_mcm_image(api_client: client.ApiClient, *, namespace: str) -> str
         MCM_DEPLOYMENT, namespace
     )
     body = await response.read()
-    if response.status in (403, 404):
+    if classify(response.status) in (ApiError.FORBIDDEN, ApiError.NOT_FOUND):
         return None  # not a Gardener-style install, or no right to look: the CRDs decide
     if response.status != 200:
         raise ApiException(status=response.status, reason=response.reason, body=body.decode(errors="replace"))

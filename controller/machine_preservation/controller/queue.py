@@ -34,6 +34,7 @@ from typing import Generic, Protocol, TypeVar
 
 from kubernetes.aio.client.exceptions import ApiException
 
+from machine_preservation.controller.api_errors import ApiError, classify
 from machine_preservation.controller.apply import StepFailed
 from machine_preservation.controller.backoff import Backoff
 from machine_preservation.controller.metrics import Metrics
@@ -223,7 +224,7 @@ async def run_worker(queue: WorkQueue[str], reconcile: Reconcile, *, metrics: Me
             delay = queue.add_rate_limited(key)
             logger.info("%s %s: %s; retry in %.1fs", queue.name, key, failed, delay)
         except ApiException as error:
-            result = "conflict" if error.status == 409 else "error"
+            result = "conflict" if classify(error.status) is ApiError.CONFLICT else "error"
             delay = queue.add_rate_limited(key)
             logger.info("%s %s: %s %s; retry in %.1fs", queue.name, key, error.status, error.reason, delay)
         except Exception:

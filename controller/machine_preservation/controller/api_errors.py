@@ -1,0 +1,33 @@
+"""What an answer of the Kubernetes API means to the controller, decided in one place: every status the
+controller tells apart has a meaning here, and everything else is OTHER (kopf's `check_response` does the
+same)."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ApiError(enum.Enum):
+    NOT_FOUND = "not found"  # 404: the object (or its namespace) does not exist
+    CONFLICT = "conflict"  # 409: a stale resourceVersion or precondition, or a name already taken
+    INVALID = "invalid"  # 422: refused as invalid, which includes a JSON patch whose `test` op failed
+    TOO_MANY_REQUESTS = "too many requests"  # 429: e.g. an eviction a PodDisruptionBudget does not allow now
+    GONE = "gone"  # 410: a watch's resourceVersion is too old to resume from
+    FORBIDDEN = "forbidden"  # 403: no right to it
+    OTHER = "other"
+
+
+_BY_STATUS = {
+    403: ApiError.FORBIDDEN,
+    404: ApiError.NOT_FOUND,
+    409: ApiError.CONFLICT,
+    410: ApiError.GONE,
+    422: ApiError.INVALID,
+    429: ApiError.TOO_MANY_REQUESTS,
+}
+
+
+def classify(status: int | None) -> ApiError:
+    """The meaning of an HTTP status of an API answer (an `ApiException`'s or a raw response's) that is not a
+    success."""
+    return _BY_STATUS.get(status or 0, ApiError.OTHER)
