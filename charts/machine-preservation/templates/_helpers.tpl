@@ -128,7 +128,7 @@ app.kubernetes.io/component: {{ .component }}
 /etc/machine-preservation/{{ . }}/kubeconfig
 {{- end -}}
 
-{{/* CEL building blocks: must stay identical to machine_preservation.webhook.configuration (a test compares them). */}}
+{{/* CEL building blocks: must stay identical to tests/webhook/configurations.py (a test compares them). */}}
 
 {{- define "mp.cel.string" -}}
 '{{ . | replace "\\" "\\\\" | replace "'" "\\'" }}'
