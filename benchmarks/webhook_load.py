@@ -2,7 +2,7 @@
 
 Starts two servers, each in its own single-threaded process (so it uses one CPU core at most; `--pin` also
 pins it to CPU 0 and the load to CPU 1): the real `machine-preservation webhook` command, and a minimal
-aiohttp handler that only parses the review and answers (DESIGN.md §4 calibration). The load generator (this
+aiohttp handler that only parses the review and answers (the floor our validation adds to). The load generator (this
 process) sends ~66 KB Node UPDATE reviews (two ~30 KB Nodes) open-loop at a fixed rate to
 POST /validate-preserve-annotation; latency is measured from each request's *scheduled* send time, so queueing
 shows up in the figures. For each server: a warm-up, a sustained 500 req/s phase (20 s), then a ramp from
