@@ -76,7 +76,7 @@ async def negotiate(port: int, context: ssl.SSLContext) -> tuple[str, str]:
         await writer.wait_closed()
 
 
-async def test_a_default_client_gets_tls_1_3(server: tuple[str, WebhookServer]) -> None:
+async def test_a_default_client_gets_tls13(server: tuple[str, WebhookServer]) -> None:
     _, running = server
     version, cipher = await negotiate(running.port, client())
     assert version == "TLSv1.3"
@@ -84,9 +84,7 @@ async def test_a_default_client_gets_tls_1_3(server: tuple[str, WebhookServer]) 
 
 
 @pytest.mark.parametrize("cipher", ["AES128-GCM-SHA256", "AES256-GCM-SHA384", "CHACHA20-POLY1305"])
-async def test_tls_1_2_with_ecdhe_and_an_aead_cipher_is_accepted(
-    server: tuple[str, WebhookServer], cipher: str
-) -> None:
+async def test_tls12_with_ecdhe_and_an_aead_cipher_is_accepted(server: tuple[str, WebhookServer], cipher: str) -> None:
     key_type, running = server
     suite = f"ECDHE-{'ECDSA' if key_type == 'ecdsa' else 'RSA'}-{cipher}"
     assert await negotiate(running.port, client(ciphers=suite, tls12_only=True)) == ("TLSv1.2", suite)
