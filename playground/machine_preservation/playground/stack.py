@@ -39,7 +39,7 @@ from machine_preservation.localcluster.toolchain import Toolchain
 
 logger = logging.getLogger(__name__)
 
-# The chart installed as release "mp" into namespace "mp" (see cluster/product.py for the identities).
+# The chart installed as release "mp" into namespace "mp" (see localcluster/product.py for the identities).
 IDENTITIES = {**component_users(RELEASE_NAMESPACE), "mcm": MCM_USERNAME}
 # The controller's own default: the timeouts the walk-through shows must come from the Shoot's pools.
 CONTROLLER_PRESERVE_TIMEOUT = "72h"
