@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from machine_preservation.localcluster.toolchain import ToolchainError, cache_dir, configured_bin_dir
+from machine_preservation.localcluster.toolchain import ToolchainError, configured_bin_dir, run_build_script
 
 MCM_MODULE = "github.com/gardener/machine-controller-manager"
 # The generation without native preservation, the one the product exists for.
@@ -61,15 +61,7 @@ def ensure_mcm_binaries(version: str = DEFAULT_MCM_VERSION) -> Path:
         )
     if version not in mcm_versions():
         raise ToolchainError(f"MCM version {version!r} is not built here; known versions: {', '.join(mcm_versions())}")
-    env = {**os.environ, "MP_CACHE_DIR": str(cache_dir())}
-    # build.sh prints the directory on stdout; its progress goes to stderr, straight to the user.
-    script = tools / "build.sh"
-    result = subprocess.run(
-        ["bash", str(script), version], env=env, stdout=subprocess.PIPE, stderr=None, text=True, check=False
-    )
-    if result.returncode != 0:
-        raise ToolchainError(f"{script} {version} failed with exit code {result.returncode}")
-    return Path(result.stdout.strip().splitlines()[-1])
+    return run_build_script(tools / "build.sh", version)
 
 
 @functools.cache

@@ -80,11 +80,17 @@ def ensure_control_plane_binaries() -> Path:
             "kube-apiserver, kube-controller-manager and etcd, or run from a source checkout "
             "(localcluster/go/k8s-testbin/build.sh builds them with Go)"
         )
+    return run_build_script(script)
+
+
+def run_build_script(script: Path, *args: str) -> Path:
+    """Run a `build.sh` with the shared cache; the directory it printed last holds what it built."""
     env = {**os.environ, "MP_CACHE_DIR": str(cache_dir())}
     # build.sh prints the directory on stdout; its progress goes to stderr, straight to the user.
-    result = subprocess.run(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=None, text=True, check=False)
+    command = ["bash", str(script), *args]
+    result = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=None, text=True, check=False)
     if result.returncode != 0:
-        raise ToolchainError(f"{script} failed with exit code {result.returncode}")
+        raise ToolchainError(f"{' '.join(command[1:])} failed with exit code {result.returncode}")
     return Path(result.stdout.strip().splitlines()[-1])
 
 
