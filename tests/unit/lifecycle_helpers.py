@@ -6,8 +6,8 @@ import datetime as dt
 from typing import TypeVar
 
 from machine_preservation.core.config import PreservationConfig
-from machine_preservation.core.lifecycle import plan_after_drain, plan_machine
-from machine_preservation.core.models import Machine, Node
+from machine_preservation.core.lifecycle import MachineContext, plan_after_drain, plan_machine
+from machine_preservation.core.models import Machine, Node, NoNode
 from machine_preservation.core.plan import DrainNode, MachinePlan, MachineStep, RecordEvent
 
 from .plan_simulator import apply_machine_plan
@@ -19,9 +19,8 @@ StepT = TypeVar("StepT")
 
 def plan(
     machine: Machine,
-    node: Node | None = None,
+    node: Node | NoNode = NoNode.NO_LABEL,
     *,
-    node_missing: bool = False,
     now: dt.datetime = NOW,
     ceiling: int = 3,
     config: PreservationConfig = CONFIG,
@@ -29,14 +28,15 @@ def plan(
     pods_to_evict: tuple[str, ...] = (),
 ) -> MachinePlan:
     return plan_machine(
-        machine=machine,
-        node=node,
-        node_missing=node_missing,
-        config=config,
-        now=now,
-        unpreserved_priority_ceiling=ceiling,
-        pool_timeout=pool_timeout,
-        pods_to_evict=pods_to_evict,
+        MachineContext(
+            machine=machine,
+            node=node,
+            config=config,
+            now=now,
+            unpreserved_priority_ceiling=ceiling,
+            pool_timeout=pool_timeout,
+            pods_to_evict=pods_to_evict,
+        )
     )
 
 

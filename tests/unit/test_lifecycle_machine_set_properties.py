@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.auto_preservation import plan_machine_set
 from machine_preservation.core.config import PreservationConfig
+from machine_preservation.core.lifecycle import labelled_node
 from machine_preservation.core.models import Machine, MachineSet, Node
 from machine_preservation.core.preserve_value import is_auto_value
 from machine_preservation.core.priority import parse_priority, unpreserved_priority_ceiling
@@ -61,7 +62,7 @@ def one_round(world: World, config: PreservationConfig = CONFIG) -> tuple[World,
     for m in machines:
         n = nodes.get(m.node_name)
         ceiling = unpreserved_priority_ceiling(machine=m, machine_set_machines=machines, now=NOW)
-        result = plan(m, n, node_missing=n is None, ceiling=ceiling, config=config)
+        result = plan(m, labelled_node(machine=m, found=n), ceiling=ceiling, config=config)
         changed |= bool(result.steps)
         m, n = execute(m, n, result)
         if n is not None:

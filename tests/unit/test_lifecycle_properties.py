@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.models import Machine, Node
+from machine_preservation.core.models import Machine, Node, NoNode
 from machine_preservation.core.plan import (
     DeleteMachine,
     DrainNode,
@@ -83,8 +83,8 @@ def snapshots(draw: st.DrawFn, timeouts: tuple[str | None, ...] = (None, "1h", "
         deleting=draw(st.integers(0, 9)) == 0,
         **draw(PRIORITY_SETTINGS),
     )
-    n = None
-    node_missing = False
+    n: Node | None = None
+    no_node = NoNode.NO_LABEL
     if has_label and draw(st.integers(0, 4)) > 0:
         n = node(
             preserve=draw(st.sampled_from(VALUES)),
@@ -96,11 +96,11 @@ def snapshots(draw: st.DrawFn, timeouts: tuple[str | None, ...] = (None, "1h", "
             condition=draw(st.sampled_from(CONDITIONS)),
         )
     elif has_label:
-        node_missing = draw(st.booleans())
+        no_node = draw(st.sampled_from(NoNode))
     return {
         "machine": m,
         "node": n,
-        "node_missing": node_missing,
+        "no_node": no_node,  # why there is no node, when there is none
         "ceiling": draw(st.integers(3, 12)),
         "config": draw(st.sampled_from(CONFIGS)),
         "drained": draw(st.booleans()),
@@ -113,8 +113,9 @@ def plan_of(s: dict[str, Any]) -> MachinePlan:
 
 
 def replan(s: dict[str, Any], m: Machine, n: Node | None) -> MachinePlan:
-    """Plan the snapshot's machine as it is now (same node_missing, ceiling and time)."""
-    return plan(m, n, node_missing=s["node_missing"], ceiling=s["ceiling"], now=s["now"], config=s["config"])
+    """Plan the snapshot's machine as it is now (same absence of a node, ceiling and time)."""
+    node_value = n if n is not None else s["no_node"]
+    return plan(m, node_value, ceiling=s["ceiling"], now=s["now"], config=s["config"])
 
 
 def pending(

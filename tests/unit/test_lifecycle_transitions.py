@@ -8,7 +8,7 @@ import datetime as dt
 import pytest
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.models import Machine
+from machine_preservation.core.models import Machine, NoNode
 from machine_preservation.core.plan import (
     DeleteMachine,
     DrainNode,
@@ -354,22 +354,20 @@ def test_16_deleted_machine_gets_no_plan(m: object) -> None:
 
 # 17, 19: the node label names a node that does not exist: the machine's value, expiry only
 def test_19_missing_node_uses_machine_value_and_sets_only_the_record() -> None:
-    result = plan(machine(phase=FAILED, preserve="now", last_applied="false"), None, node_missing=True)
+    result = plan(machine(phase=FAILED, preserve="now", last_applied="false"), NoNode.NOT_FOUND)
     assert write_kinds(result) == ["PatchMachineAnnotations"]
     assert record_written(result) == dataclasses.replace(STARTED_RECORD, added_ca_annotation=False).annotations()
     assert 'Node "n1" not found' in of_type(result, RecordEvent)[0].message
 
 
 def test_19_missing_node_stop_removes_the_preserve_annotation_then_the_record() -> None:
-    result = plan(machine(preserve="now", expiry=NOW - HOUR), None, node_missing=True)
+    result = plan(machine(preserve="now", expiry=NOW - HOUR), NoNode.NOT_FOUND)
     assert writes(result) == [PatchMachineAnnotations(remove=(v.PRESERVE_ANNOTATION,)), RECORD_REMOVED]
 
 
-def test_node_missing_must_describe_a_named_node_that_was_not_found() -> None:
-    with pytest.raises(ValueError, match="node_missing"):
-        plan(machine(preserve="now"), node(), node_missing=True)
-    with pytest.raises(ValueError, match="node_missing"):
-        plan(machine(node="", preserve="now"), None, node_missing=True)
+def test_a_node_not_found_needs_a_node_label_naming_it() -> None:
+    with pytest.raises(ValueError, match="node label naming a Node"):
+        plan(machine(node="", preserve="now"), NoNode.NOT_FOUND)
 
 
 # 20: no node label: only the record is written and removed

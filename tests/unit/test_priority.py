@@ -95,8 +95,8 @@ def test_priority_patch(
 
 
 def test_machine_plan_raises_auto_below_manual() -> None:
-    manual = plan(machine(phase="Failed", preserve="now"), None, ceiling=6)
-    auto = plan(machine(phase="Failed", preserve="auto-preserve"), None, ceiling=6)
+    manual = plan(machine(phase="Failed", preserve="now"), ceiling=6)
+    auto = plan(machine(phase="Failed", preserve="auto-preserve"), ceiling=6)
     assert only(manual, PatchMachineAnnotations).set[PRIORITY] == "8"
     assert only(auto, PatchMachineAnnotations).set[PRIORITY] == "7"
 

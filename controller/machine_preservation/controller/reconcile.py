@@ -20,7 +20,7 @@ from machine_preservation.core import plan as p
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.auto_preservation import is_being_replaced, plan_machine_deployment, plan_machine_set
 from machine_preservation.core.config import PreservationConfig
-from machine_preservation.core.lifecycle import plan_after_drain, plan_machine
+from machine_preservation.core.lifecycle import MachineContext, labelled_node, plan_after_drain, plan_machine
 from machine_preservation.core.models import Machine, MachineSet, Node
 from machine_preservation.core.native import plan_native
 
@@ -76,16 +76,17 @@ class MachineReconciler:
         else:
             failed = machine.phase == v.MachinePhase.FAILED
             plan = plan_machine(
-                machine=machine,
-                node=node,
-                node_missing=bool(machine.node_name) and node is None,
-                config=self.config,
-                now=now,
-                unpreserved_priority_ceiling=self.caches.priority_ceiling(
-                    machine, now=now, max_timeout=self.config.max_preserve_timeout
-                ),
-                pool_timeout=self.pool_timeout(machine),
-                pods_to_evict=self.drainer.look(node).blocking if failed and node is not None else (),
+                MachineContext(
+                    machine=machine,
+                    node=labelled_node(machine=machine, found=node),
+                    config=self.config,
+                    now=now,
+                    unpreserved_priority_ceiling=self.caches.priority_ceiling(
+                        machine, now=now, max_timeout=self.config.max_preserve_timeout
+                    ),
+                    pool_timeout=self.pool_timeout(machine),
+                    pods_to_evict=self.drainer.look(node).blocking if failed and node is not None else (),
+                )
             )
         if plan.steps:
             logger.info("machine %s: %s", key, ", ".join(type(step).__name__ for step in plan.steps))

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.conditions import gave_up_message, go_time_string
 from machine_preservation.core.decision import StopCause
-from machine_preservation.core.models import Machine, Node
+from machine_preservation.core.models import Machine, Node, NoNode
 from machine_preservation.core.plan import RecordEvent
 from machine_preservation.core.preserve_value import EffectivePreserveValue, InvalidValue
 
@@ -46,19 +46,19 @@ def observed(*, machine: Machine, node: Node | None, reason: v.EventReason, mess
 
 
 def started(
-    *, machine: Machine, node: Node | None, node_missing: bool, effective: EffectivePreserveValue, expiry: dt.datetime
+    *, machine: Machine, node: Node | NoNode, effective: EffectivePreserveValue, expiry: dt.datetime
 ) -> tuple[RecordEvent, ...]:
     message = (
         f'Machine preserved until {go_time_string(expiry)} (preserve value "{effective.value}" '
         f"from the {effective.source})."
     )
-    if node_missing:
+    if node is NoNode.NOT_FOUND:
         message += f' Node "{machine.node_name}" not found: only the expiry is set.'
-    elif node is None:
+    elif node is NoNode.NO_LABEL:
         message += " The machine has no node: only the expiry is set."
     return on_machine_and_node(
         machine=machine,
-        node=node,
+        node=node if isinstance(node, Node) else None,
         event_type=v.EventType.NORMAL,
         reason=v.EventReason.PRESERVATION_STARTED,
         message=message,

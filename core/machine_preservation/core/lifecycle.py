@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from machine_preservation.core import conditions, events
 from machine_preservation.core import vocabulary as v
@@ -45,7 +46,7 @@ from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.decision import PreservationDecision, decide_preservation
 from machine_preservation.core.durations import duration_or_default
 from machine_preservation.core.invalid_values import report_invalid_values
-from machine_preservation.core.models import Machine, Node
+from machine_preservation.core.models import Machine, Node, NoNode
 from machine_preservation.core.plan import (
     DeleteMachine,
     DrainNode,
@@ -69,52 +70,75 @@ from machine_preservation.core.preserve_value import (
 from machine_preservation.core.priority import priority_patch
 
 __all__ = [
+    "MachineContext",
     "condition_after_drain",
     "drain_timeout",
     "is_machines_node",
+    "labelled_node",
     "node_is_healthy",
     "plan_after_drain",
     "plan_machine",
 ]
 
 
-def plan_machine(
-    *,
-    machine: Machine,
-    node: Node | None,
-    node_missing: bool,
-    config: PreservationConfig,
-    now: dt.datetime,
-    unpreserved_priority_ceiling: int,
-    pool_timeout: dt.timedelta | None = None,
-    pods_to_evict: Sequence[str] = (),
-) -> MachinePlan:
-    """Decide one machine.
+@dataclass(frozen=True)
+class MachineContext:
+    """Everything one machine's plan looks at."""
 
-    `node` is the Node named by the machine's `node` label (None when there is no label or it was not
-    found); `node_missing` is True when the label names a Node that does not exist: the machine's own value
-    is in force and only the record is written or removed. `unpreserved_priority_ceiling` comes from
-    `priority.unpreserved_priority_ceiling` over the machine's MachineSet; `pool_timeout` is the pool's
-    machinePreserveTimeout where one is known; `pods_to_evict` names (`namespace/name`) the pods a drain of
-    the node would evict now, for the condition shown while it runs.
-    """
-    if node_missing and (node is not None or not machine.node_name):
-        raise ValueError("node_missing means: the machine names a node, and that node was not found (node=None)")
+    machine: Machine
+    # The Node the machine's `node` label names, or why there is none: without a Node the machine's own value
+    # is in force and only the record is written or removed.
+    node: Node | NoNode
+    config: PreservationConfig
+    now: dt.datetime
+    # `priority.unpreserved_priority_ceiling` over the machine's MachineSet.
+    unpreserved_priority_ceiling: int
+    # The pool's machinePreserveTimeout, where one is known.
+    pool_timeout: dt.timedelta | None = None
+    # The pods (`namespace/name`) a drain of the node would evict now, for the condition shown while it runs.
+    pods_to_evict: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        if self.node is NoNode.NOT_FOUND and not self.machine.node_name:
+            raise ValueError("NoNode.NOT_FOUND stands for a node label naming a Node that does not exist")
+
+    @property
+    def existing_node(self) -> Node | None:
+        return self.node if isinstance(self.node, Node) else None
+
+
+def labelled_node(*, machine: Machine, found: Node | None) -> Node | NoNode:
+    """The node value of a plan: `found` is the Node the machine's `node` label names (None if not found)."""
+    if found is not None:
+        return found
+    return NoNode.NOT_FOUND if machine.node_name else NoNode.NO_LABEL
+
+
+def plan_machine(context: MachineContext) -> MachinePlan:
+    """Decide one machine."""
+    machine, config, now = context.machine, context.config, context.now
     if machine.metadata.deletion_timestamp is not None or machine.phase == v.MachinePhase.TERMINATING:
         return MachinePlan()  # MCM's deletion flow owns it now
 
     steps: list[MachineStep] = []
+    node = context.existing_node
     if node is not None and not is_machines_node(machine=machine, node=node):
         # The label names another machine's node (a mistake, or an attempt to have us taint and drain it):
         # that node is left alone, and the machine is planned as one without a node.
         steps += events.node_of_another_machine(machine=machine, node=node)
+        context = dataclasses.replace(context, node=NoNode.NO_LABEL)
         node = None
     effective = effective_preserve_value(machine=machine, node=node)
     phase = machine.phase
 
     def decide() -> PreservationDecision:
         return decide_preservation(
-            machine=machine, value=effective.value, phase=phase, config=config, now=now, pool_timeout=pool_timeout
+            machine=machine,
+            value=effective.value,
+            phase=phase,
+            config=config,
+            now=now,
+            pool_timeout=context.pool_timeout,
         )
 
     decision = decide()
@@ -129,37 +153,23 @@ def plan_machine(
         (PatchMachineAnnotations(), ())  # the Machine goes: nothing to write on it
         if decision.delete_machine
         else _machine_annotations(
-            machine=machine, effective=effective, decision=decision, ceiling=unpreserved_priority_ceiling
+            machine=machine, effective=effective, decision=decision, ceiling=context.unpreserved_priority_ceiling
         )
     )
-    if decision.preserve:
-        preserve_steps, retry_at = _preserve(
-            machine=machine,
-            node=node,
-            node_missing=node_missing,
-            effective=effective,
-            decision=decision,
-            phase=phase,
-            machine_patch=machine_patch,
-            invalid_events=invalid_events,
-            config=config,
-            now=now,
-            pods_to_evict=pods_to_evict,
-        )
-        steps += preserve_steps
-        assert decision.expiry is not None  # a preserve decision always carries its expiry
-        wake_at = decision.expiry if retry_at is None else min(decision.expiry, retry_at)
-        return MachinePlan(steps=tuple(steps), requeue_after=max(wake_at - now, dt.timedelta(0)))
-    steps += _stop_or_idle(
-        machine=machine,
-        node=node,
+    verdict = _Verdict(
+        phase=phase,
         effective=effective,
         decision=decision,
         machine_patch=machine_patch,
         invalid_events=invalid_events,
-        config=config,
-        now=now,
     )
+    if decision.preserve:
+        preserve_steps, retry_at = _preserve(context, verdict)
+        steps += preserve_steps
+        assert decision.expiry is not None  # a preserve decision always carries its expiry
+        wake_at = decision.expiry if retry_at is None else min(decision.expiry, retry_at)
+        return MachinePlan(steps=tuple(steps), requeue_after=max(wake_at - now, dt.timedelta(0)))
+    steps += _stop_or_idle(context, verdict)
     return MachinePlan(steps=tuple(steps))
 
 
@@ -289,25 +299,25 @@ def _sync_from_node(*, machine: Machine, effective: EffectivePreserveValue) -> P
     return PatchMachineAnnotations(set=set_, remove=remove)
 
 
-def _preserve(
-    *,
-    machine: Machine,
-    node: Node | None,
-    node_missing: bool,
-    effective: EffectivePreserveValue,
-    decision: PreservationDecision,
-    phase: str,
-    machine_patch: PatchMachineAnnotations,
-    invalid_events: tuple[RecordEvent, ...],
-    config: PreservationConfig,
-    now: dt.datetime,
-    pods_to_evict: Sequence[str],
-) -> tuple[list[MachineStep], dt.datetime | None]:
+@dataclass(frozen=True)
+class _Verdict:
+    """What the plan decided for the machine: the start and the stop writes both follow it."""
+
+    phase: str  # Running once the plan recovers a Failed machine
+    effective: EffectivePreserveValue
+    decision: PreservationDecision
+    machine_patch: PatchMachineAnnotations  # every Machine annotation change of the plan, as one write
+    invalid_events: tuple[RecordEvent, ...]
+
+
+def _preserve(context: MachineContext, verdict: _Verdict) -> tuple[list[MachineStep], dt.datetime | None]:
     """The writes that make the machine preserved, and when a waiting drain retry is due (else None)."""
+    machine, node, config, now = context.machine, context.existing_node, context.config, context.now
+    effective, decision = verdict.effective, verdict.decision
     expiry, record = decision.expiry, decision.record
     assert expiry is not None  # a preserve decision always carries its record and expiry
     assert record is not None
-    failed = phase == v.MachinePhase.FAILED
+    failed = verdict.phase == v.MachinePhase.FAILED
     if not failed and record.drain is not None:
         record = dataclasses.replace(record, drain=None)  # the drain belongs to one failure
     adds_ca = (
@@ -318,16 +328,14 @@ def _preserve(
         record = dataclasses.replace(record, added_ca_annotation=True)  # recorded before the node write
     to_set, to_remove = record_patch(current=machine.metadata.annotations, record=record)
     steps: list[MachineStep] = []
-    machine_patch = _merge([PatchMachineAnnotations(set=to_set, remove=to_remove), machine_patch])
+    machine_patch = _merge([PatchMachineAnnotations(set=to_set, remove=to_remove), verdict.machine_patch])
     if not _is_empty(machine_patch):
         steps.append(machine_patch)
     if config.mirror_status and machine.mirrored_expiry != expiry:
         steps.append(SetPreserveExpiry(expiry=expiry))
     if decision.starts:
-        steps += events.started(
-            machine=machine, node=node, node_missing=node_missing, effective=effective, expiry=expiry
-        )
-    steps += invalid_events
+        steps += events.started(machine=machine, node=context.node, effective=effective, expiry=expiry)
+    steps += verdict.invalid_events
     if node is None:
         return steps, None
 
@@ -372,7 +380,7 @@ def _preserve(
                 current=current,
                 status=conditions.FALSE,
                 reason=reason,
-                message=conditions.draining_message(expiry, pods_to_evict),
+                message=conditions.draining_message(expiry, context.pods_to_evict),
                 now=now,
             )
             steps += [draining] if draining is not None else []
@@ -384,26 +392,18 @@ def _preserve(
     return steps, None
 
 
-def _stop_or_idle(
-    *,
-    machine: Machine,
-    node: Node | None,
-    effective: EffectivePreserveValue,
-    decision: PreservationDecision,
-    machine_patch: PatchMachineAnnotations,
-    invalid_events: tuple[RecordEvent, ...],
-    config: PreservationConfig,
-    now: dt.datetime,
-) -> list[MachineStep]:
+def _stop_or_idle(context: MachineContext, verdict: _Verdict) -> list[MachineStep]:
     """The writes that end a preservation (if there is one to end) and keep an unpreserved machine clean."""
+    machine, node, config, now = context.machine, context.existing_node, context.config, context.now
+    effective, decision = verdict.effective, verdict.decision
     record = machine.preservation
     current = node.preserved_condition if node is not None else None
     # The record is the state; a condition still saying "preserved" is a leftover to clean up as well.
     stopping = record is not None or conditions.shows_preservation(current)
     steps: list[MachineStep] = []
-    if not _is_empty(machine_patch):
-        steps.append(machine_patch)
-    steps += invalid_events
+    if not _is_empty(verdict.machine_patch):
+        steps.append(verdict.machine_patch)
+    steps += verdict.invalid_events
     if node is not None:
         if stopping:
             node_patch = _node_annotations_on_stop(

@@ -8,6 +8,7 @@ core decides on snapshots and returns desired changes; it never mutates its inpu
 from __future__ import annotations
 
 import datetime as dt
+from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -86,6 +87,15 @@ class Node(KubeModel):
 
     def has_taint(self, key: str, effect: str) -> bool:
         return any(t.key == key and t.effect == effect for t in self.spec.taints)
+
+
+class NoNode(Enum):
+    """Why a machine has no Node to act on."""
+
+    # No `node` label, or one naming another machine's Node (which is left alone).
+    NO_LABEL = "no node label"
+    # The `node` label names a Node that does not exist.
+    NOT_FOUND = "node not found"
 
 
 class MachineCurrentStatus(KubeModel):
