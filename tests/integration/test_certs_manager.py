@@ -34,6 +34,7 @@ from machine_preservation.certs.manager import (
 from machine_preservation.certs.pairs import load_certificates, validate_serving_pair
 from machine_preservation.certs.rotation import RotationPolicy, ServingIdentity
 from machine_preservation.localcluster.controlplane import ControlPlane, free_port
+from tests.integration import kube
 
 POLICY = RotationPolicy(
     ca_validity=dt.timedelta(hours=10),
@@ -45,28 +46,16 @@ POLICY = RotationPolicy(
 IDENTITY = ServingIdentity(dns_names=("mp.ns.svc",), ip_addresses=("127.0.0.1",))
 
 
-def _webhook(name: str) -> dict[str, Any]:
-    # Matches nothing that happens in the tests: the configuration only has to exist.
-    return {
-        "name": name,
-        "clientConfig": {"url": "https://127.0.0.1:9/unused"},
-        "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["configmaps"]}],
-        "namespaceSelector": {"matchLabels": {"machine-preservation.test/never": "true"}},
-        "sideEffects": "None",
-        "admissionReviewVersions": ["v1"],
-        "failurePolicy": "Ignore",
-        "timeoutSeconds": 1,
-    }
-
-
 @pytest.fixture
 def configurations(kube_client: sync_client.ApiClient, namespace: str) -> Iterator[tuple[WebhookConfigurationRef, ...]]:
     api = sync_client.AdmissionregistrationV1Api(kube_client)
     name = f"certs-{namespace}"
     api.create_validating_webhook_configuration(
-        {"metadata": {"name": name}, "webhooks": [_webhook("a.mp.test"), _webhook("b.mp.test")]}
+        {"metadata": {"name": name}, "webhooks": [kube.unused_webhook("a.mp.test"), kube.unused_webhook("b.mp.test")]}
     )
-    api.create_mutating_webhook_configuration({"metadata": {"name": name}, "webhooks": [_webhook("c.mp.test")]})
+    api.create_mutating_webhook_configuration(
+        {"metadata": {"name": name}, "webhooks": [kube.unused_webhook("c.mp.test")]}
+    )
     yield (
         WebhookConfigurationRef(kind=WebhookKind.VALIDATING, name=name),
         WebhookConfigurationRef(kind=WebhookKind.MUTATING, name=name),

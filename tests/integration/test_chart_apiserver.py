@@ -31,6 +31,7 @@ from machine_preservation.localcluster.controlplane import ControlPlane, free_po
 from machine_preservation.localcluster.toolchain import Toolchain
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import WebhookServer
+from tests.integration import kube
 from tests.integration.chart import CHART, find, helm, set_args, template
 from tests.integration.test_chart_render import VALUE_SETS
 from tests.polling import eventually
@@ -166,17 +167,6 @@ async def call(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 def _client_for(kubeconfig: Path) -> client.ApiClient:
     api_client: client.ApiClient = config.new_client_from_config(config_file=str(kubeconfig))
     return api_client
-
-
-def _forbidden_message(action: Callable[[], object]) -> str:
-    """The API server's denial message, or "" if the action was allowed."""
-    try:
-        action()
-    except ApiException as error:
-        if error.status in (400, 403, 422):
-            return str(json.loads(error.body)["message"])
-        raise
-    return ""
 
 
 class Calls:
@@ -359,8 +349,8 @@ async def _exercise(
     preserve = "validate-preserve-annotation"
 
     # The API server picks the configurations (and the injected caBundle) up through an informer.
-    def bogus_node_denied() -> str:
-        return _forbidden_message(
+    def bogus_node_denied() -> str | None:
+        return kube.denial(
             lambda: core.create_node(
                 {"metadata": {"name": kubelet_node, "annotations": {v.PRESERVE_ANNOTATION: "bogus"}}}, dry_run="All"
             )
@@ -378,12 +368,12 @@ async def _exercise(
         assert calls(preserve) == count
         # A relevant change by an SRE does, through the main resource and through nodes/status.
         denial = await call(
-            _forbidden_message,
+            kube.denial,
             lambda: core.patch_node(kubelet_node, {"metadata": {"annotations": {v.PRESERVE_ANNOTATION: "Now"}}}),
         )
         assert "Now" in denial
         denial = await call(
-            _forbidden_message,
+            kube.denial,
             lambda: core.patch_node_status(
                 kubelet_node, {"metadata": {"annotations": {v.PRESERVE_ANNOTATION: "forever"}}}
             ),
@@ -430,7 +420,7 @@ async def _exercise(
         }
 
     denial = await call(
-        _forbidden_message,
+        kube.denial,
         lambda: custom.create_namespaced_custom_object(
             *MACHINES, namespace, "machines", machine("bad", "auto-preserve")
         ),
@@ -481,7 +471,7 @@ async def _exercise(
         {"status": {"currentStatus": {"phase": "Failed"}}},
     )
     denial = await call(
-        _forbidden_message,
+        kube.denial,
         lambda: mcm_custom.delete_namespaced_custom_object(*MACHINES, namespace, "machines", "m-failed"),
     )
     assert "deletion.machines.machine-preservation.sapcloud.io" in denial
@@ -502,7 +492,7 @@ async def _exercise(
     await call(custom.patch_namespaced_custom_object, *shoots, "s", {"metadata": {"labels": {"x": "y"}}})
     assert calls("validate-shoot") == before + 1
     denial = await call(
-        _forbidden_message,
+        kube.denial,
         lambda: custom.patch_namespaced_custom_object(
             *shoots,
             "s",

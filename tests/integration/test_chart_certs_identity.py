@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
 
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.toolchain import Toolchain
+from tests.integration import kube
 from tests.integration.chart import CHART, helm, set_args
 
 
@@ -139,14 +139,6 @@ def test_the_certs_identity_may_do_exactly_its_work(kube_client: client.ApiClien
     assert not allowed(kube_client, user, verb="patch", resource="nodes")
 
 
-def _status(action: Callable[[], object]) -> int:
-    try:
-        action()
-    except ApiException as error:
-        return int(error.status)
-    return 200
-
-
 def test_requests_as_each_identity_get_what_the_authorizer_decided(
     kube_client: client.ApiClient, install: Install, kubeconfig_for: Callable[..., Path]
 ) -> None:
@@ -161,9 +153,12 @@ def test_requests_as_each_identity_get_what_the_authorizer_decided(
         for api_client, expected in ((webhook, 403), (certs, 200)):
             core = client.CoreV1Api(api_client)
             registration = client.AdmissionregistrationV1Api(api_client)
-            assert _status(lambda c=core: c.read_namespaced_secret(install.ca_secret, install.namespace)) == expected
             assert (
-                _status(
+                kube.status_of(lambda c=core: c.read_namespaced_secret(install.ca_secret, install.namespace))
+                == expected
+            )
+            assert (
+                kube.status_of(
                     lambda r=registration: r.patch_validating_webhook_configuration(
                         install.configuration, patch, dry_run="All"
                     )

@@ -25,6 +25,7 @@ from machine_preservation.cli.main import build_parser
 from machine_preservation.core import vocabulary as v
 from machine_preservation.localcluster.controlplane import ControlPlane, free_port
 from machine_preservation.localcluster.toolchain import Toolchain
+from tests.integration import kube
 from tests.integration.chart import CHART, find, helm, set_args, template
 from tests.polling import eventually
 
@@ -228,14 +229,6 @@ def gardener_clusters(kube_client: client.ApiClient, namespace: str) -> Iterator
             extensions.delete_custom_resource_definition(CLUSTER_CRD["metadata"]["name"])  # type: ignore[index]
 
 
-def _status(action: Callable[[], object]) -> int:
-    try:
-        action()
-    except ApiException as error:
-        return int(error.status)
-    return 200
-
-
 def _granted(api_client: client.ApiClient, *, namespace: str, other_cluster: str) -> set[str]:
     """What this identity may do among the rights granted by name; asserts everything else is forbidden."""
     custom = client.CustomObjectsApi(api_client)
@@ -259,7 +252,7 @@ def _granted(api_client: client.ApiClient, *, namespace: str, other_cluster: str
             "machine-preservation-controller", namespace
         ),
     }
-    statuses = {name: _status(call) for name, call in calls.items()}
+    statuses = {name: kube.status_of(call) for name, call in calls.items()}
     assert set(statuses.values()) <= {200, 403, 404}, statuses
     # Any other Cluster, a list or watch without the name, another Deployment, another Lease: forbidden.
     forbidden: dict[str, Callable[[], object]] = {
@@ -274,7 +267,7 @@ def _granted(api_client: client.ApiClient, *, namespace: str, other_cluster: str
             "another-lease", namespace
         ),
     }
-    assert {name: _status(call) for name, call in forbidden.items()} == dict.fromkeys(forbidden, 403)
+    assert {name: kube.status_of(call) for name, call in forbidden.items()} == dict.fromkeys(forbidden, 403)
     return {name for name, status in statuses.items() if status != 403}
 
 

@@ -12,14 +12,13 @@ import base64
 import datetime as dt
 import json
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
 
 from machine_preservation.certs.authority import KeyPair, generate_ca
 from machine_preservation.core import vocabulary as v
@@ -31,6 +30,7 @@ from machine_preservation.localcluster.controlplane import ControlPlane, free_po
 from machine_preservation.localcluster.toolchain import Toolchain
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import WebhookServer
+from tests.integration import kube
 from tests.integration.chart import CHART, helm, set_args
 from tests.integration.test_webhook import ServerThread, _serving_pair
 from tests.polling import eventually
@@ -68,24 +68,13 @@ class Release:
         return self.legacy.pop()
 
 
-def _denial(action: Callable[[], object]) -> str | None:
-    """The API server's message for a refused request, or None if it was allowed."""
-    try:
-        action()
-    except ApiException as error:
-        if error.status in (400, 403, 422):
-            return str(json.loads(error.body)["message"])
-        raise
-    return None
-
-
 def _node(name: str, annotations: Mapping[str, str]) -> dict[str, Any]:
     return {"metadata": {"name": name, "annotations": dict(annotations)}}
 
 
 def _auto_value_probe(core: client.CoreV1Api) -> str | None:
     """A dry-run create by the admin that only the policy refuses."""
-    return _denial(lambda: core.create_node(_node(f"{PREFIX}probe", {P: "auto-preserve"}), dry_run="All"))
+    return kube.denial(lambda: core.create_node(_node(f"{PREFIX}probe", {P: "auto-preserve"}), dry_run="All"))
 
 
 @pytest.fixture(scope="module")
@@ -268,12 +257,12 @@ def _apply(change: Change, role: str, *, release: Release, identities: Identitie
     api = identities.api(role, node, mcm=mcm)
     if change.create:
         created = {key: value for key, value in change.annotations.items() if value is not None}
-        return Outcome(_denial(lambda: api.create_node(_node(node, created))), node, before)
+        return Outcome(kube.denial(lambda: api.create_node(_node(node, created))), node, before)
     body: dict[str, Any] = {"metadata": {"annotations": dict(change.annotations)}} if change.annotations else {}
     if change.status:
         body["status"] = {"conditions": [_ready_condition()]}
-        return Outcome(_denial(lambda: api.patch_node_status(node, body)), node, before)
-    return Outcome(_denial(lambda: api.patch_node(node, body)), node, before)
+        return Outcome(kube.denial(lambda: api.patch_node_status(node, body)), node, before)
+    return Outcome(kube.denial(lambda: api.patch_node(node, body)), node, before)
 
 
 def _expected_annotations(before: Mapping[str, str], change: Change) -> dict[str, str]:
@@ -403,7 +392,9 @@ def test_what_the_node_webhook_no_longer_sees_the_policy_catches(
         admin.create_node(_node(probe, {}))
         # The webhook is up and judging: a value no policy knows is refused by it.
         bogus = eventually(
-            lambda: _denial(lambda: admin.patch_node(probe, {"metadata": {"annotations": {P: "bogus"}}}, dry_run="All"))
+            lambda: kube.denial(
+                lambda: admin.patch_node(probe, {"metadata": {"annotations": {P: "bogus"}}}, dry_run="All")
+            )
         )
         assert wc.NODE_PRESERVE_WEBHOOK in bogus, bogus
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
 
 from machine_preservation.certs.authority import KeyPair, generate_ca
 from machine_preservation.core import vocabulary as v
@@ -27,6 +26,7 @@ from machine_preservation.localcluster.controlplane import ControlPlane, free_po
 from machine_preservation.localcluster.toolchain import Toolchain
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import WebhookServer
+from tests.integration import kube
 from tests.integration.chart import CHART, helm, set_args
 from tests.integration.test_webhook import ServerThread, _serving_pair
 from tests.polling import eventually
@@ -86,17 +86,6 @@ def _machine(name: str, annotations: dict[str, str] | None = None) -> dict[str, 
     }
 
 
-def _denial(action: Callable[[], object]) -> str:
-    """The API server's message for a refused request, or "" if it was allowed."""
-    try:
-        action()
-    except ApiException as error:
-        if error.status in (400, 403, 422, 500):
-            return str(json.loads(error.body)["message"])
-        raise
-    return ""
-
-
 def _requests(thread: ServerThread, endpoint: str) -> float:
     assert thread.server is not None
     value = thread.server.metrics.registry.get_sample_value(
@@ -147,8 +136,8 @@ def test_two_releases_in_one_cluster_each_judge_only_their_own_namespace(
         for namespace in namespaces:
             other = next(n for n in namespaces if n != namespace)
 
-            def bad_value_denied(namespace: str = namespace) -> str:
-                return _denial(
+            def bad_value_denied(namespace: str = namespace) -> str | None:
+                return kube.denial(
                     lambda: custom.create_namespaced_custom_object(
                         *MACHINES,
                         namespace,
@@ -199,8 +188,8 @@ def test_with_the_webhook_unreachable_mcm_still_deletes_healthy_machines(
                     *MACHINES, namespace, "machines", name, {"status": {"currentStatus": {"phase": phase}}}
                 )
 
-        def guard_in_force() -> str:
-            return _denial(
+        def guard_in_force() -> str | None:
+            return kube.denial(
                 lambda: mcm.delete_namespaced_custom_object(*MACHINES, namespace, "machines", "failed", dry_run="All")
             )
 

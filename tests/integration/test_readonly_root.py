@@ -27,6 +27,7 @@ from kubernetes.client.exceptions import ApiException
 
 from machine_preservation.localcluster.controlplane import free_port
 from machine_preservation.localcluster.toolchain import Toolchain
+from tests.integration import kube
 from tests.integration import readonly_root as sandbox
 from tests.integration.chart import find, template
 from tests.polling import eventually
@@ -127,7 +128,7 @@ def seed(
         elif document["kind"] == "ValidatingWebhookConfiguration":
             registration.create_validating_webhook_configuration(document)
     for name, kind in remote.items():
-        body = {"metadata": {"name": name}, "webhooks": [_unused_webhook(f"{kind}.{namespace}.mp.test")]}
+        body = {"metadata": {"name": name}, "webhooks": [kube.unused_webhook(f"{kind}.{namespace}.mp.test")]}
         if kind == "validating":
             registration.create_validating_webhook_configuration(body)
         else:
@@ -150,20 +151,6 @@ def seed(
                 registration.delete_validating_webhook_configuration(name)
             else:
                 registration.delete_mutating_webhook_configuration(name)
-
-
-def _unused_webhook(name: str) -> dict[str, Any]:
-    # The configuration only has to exist: it matches nothing the tests do.
-    return {
-        "name": name,
-        "clientConfig": {"url": "https://127.0.0.1:9/unused"},
-        "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["configmaps"]}],
-        "namespaceSelector": {"matchLabels": {"machine-preservation.test/never": "true"}},
-        "sideEffects": "None",
-        "admissionReviewVersions": ["v1"],
-        "failurePolicy": "Ignore",
-        "timeoutSeconds": 1,
-    }
 
 
 def _certs_command(seed: Seed) -> list[str]:
