@@ -30,9 +30,10 @@ from machine_preservation.localcluster.controlplane import ControlPlane, free_po
 from machine_preservation.localcluster.toolchain import Toolchain
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import WebhookServer
+from tests.certificates import install, local_serving_pair
 from tests.integration import kube
 from tests.integration.chart import CHART, helm, set_args
-from tests.integration.test_webhook import ServerThread, _serving_pair
+from tests.integration.test_webhook import ServerThread
 from tests.polling import eventually
 from tests.webhook import configurations as wc
 
@@ -364,9 +365,7 @@ def test_what_the_node_webhook_no_longer_sees_the_policy_catches(
     """With the webhook running: requests by kubelets, MCM and the controller never reach it (the chart's
     matchConditions exclude them), and every one of them its rules would forbid on the auto value or the
     marker is refused by the policy; a plain user's still reaches the webhook."""
-    serving = _serving_pair(release.ca)
-    (tmp_path / "tls.crt").write_bytes(serving.cert_pem)
-    (tmp_path / "tls.key").write_bytes(serving.key_pem)
+    install(tmp_path, local_serving_pair(release.ca))
     settings = AdmissionSettings(controller_username=release.controller, mcm_usernames=frozenset({MCM, SEED_MCM}))
     thread = ServerThread(
         lambda: WebhookServer(

@@ -26,9 +26,10 @@ from machine_preservation.localcluster.controlplane import ControlPlane, free_po
 from machine_preservation.localcluster.toolchain import Toolchain
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import WebhookServer
+from tests.certificates import install, local_serving_pair
 from tests.integration import kube
 from tests.integration.chart import CHART, helm, set_args
-from tests.integration.test_webhook import ServerThread, _serving_pair
+from tests.integration.test_webhook import ServerThread
 from tests.polling import eventually
 from tests.webhook import configurations as wc
 
@@ -101,9 +102,7 @@ def test_two_releases_in_one_cluster_each_judge_only_their_own_namespace(
     ca: KeyPair,
     tmp_path: Path,
 ) -> None:
-    serving = _serving_pair(ca)
-    (tmp_path / "tls.crt").write_bytes(serving.cert_pem)
-    (tmp_path / "tls.key").write_bytes(serving.key_pem)
+    install(tmp_path, local_serving_pair(ca))
     custom = client.CustomObjectsApi(kube_client)
     registration = client.AdmissionregistrationV1Api(kube_client)
     with contextlib.ExitStack() as stack:

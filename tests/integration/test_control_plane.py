@@ -19,8 +19,8 @@ from aiohttp import web
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from machine_preservation.certs.authority import issue_serving_cert
 from machine_preservation.localcluster.controlplane import ControlPlane, free_port
+from tests.certificates import install, local_serving_pair
 from tests.polling import eventually
 
 
@@ -108,18 +108,9 @@ async def test_apiserver_calls_a_validating_webhook_and_the_denial_reaches_the_c
             response["status"] = {"code": 403, "reason": "Forbidden", "message": "probe says no"}
         return web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
 
-    now = dt.datetime.now(dt.UTC)
-    serving = issue_serving_cert(
-        ca=control_plane.ca,
-        dns_names=("localhost",),
-        ip_addresses=("127.0.0.1",),
-        now=now,
-        valid_for=dt.timedelta(hours=1),
-    )
     cert_dir = control_plane.directory / f"webhook-{uuid.uuid4().hex[:6]}"
     cert_dir.mkdir()
-    (cert_dir / "tls.crt").write_bytes(serving.cert_pem)
-    (cert_dir / "tls.key").write_bytes(serving.key_pem)
+    install(cert_dir, local_serving_pair(control_plane.ca, valid_for=dt.timedelta(hours=1)))
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     tls.load_cert_chain(cert_dir / "tls.crt", cert_dir / "tls.key")
 

@@ -26,7 +26,7 @@ import yaml
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from machine_preservation.certs.authority import KeyPair, generate_ca, issue_serving_cert
+from machine_preservation.certs.authority import generate_ca
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.preservation_record import PreservationRecord, format_timestamp
@@ -34,6 +34,7 @@ from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.toolchain import Toolchain
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import WebhookServer
+from tests.certificates import install, local_serving_pair
 from tests.polling import eventually
 from tests.webhook import configurations as wc
 
@@ -146,16 +147,6 @@ class Env:
         return dict(metadata.annotations or {})
 
 
-def _serving_pair(ca: KeyPair) -> KeyPair:
-    return issue_serving_cert(
-        ca=ca,
-        dns_names=("localhost",),
-        ip_addresses=("127.0.0.1",),
-        now=dt.datetime.now(dt.UTC),
-        valid_for=dt.timedelta(hours=2),
-    )
-
-
 @pytest.fixture(scope="module")
 def env(
     control_plane: ControlPlane,
@@ -166,9 +157,7 @@ def env(
     token = uuid.uuid4().hex[:8]
     directory = tmp_path_factory.mktemp("webhook")
     ca = generate_ca(common_name="webhook-test-ca", now=dt.datetime.now(dt.UTC), valid_for=dt.timedelta(hours=3))
-    serving = _serving_pair(ca)
-    (directory / "tls.crt").write_bytes(serving.cert_pem)
-    (directory / "tls.key").write_bytes(serving.key_pem)
+    install(directory, local_serving_pair(ca))
 
     settings = AdmissionSettings(controller_username=CONTROLLER, mcm_usernames=frozenset({MCM}))
     thread = ServerThread(

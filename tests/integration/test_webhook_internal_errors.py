@@ -30,7 +30,8 @@ from machine_preservation.webhook.app import INTERNAL_ERROR_MESSAGE, INTERNAL_ER
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import WebhookServer
 from machine_preservation.webhook.wire import AdmissionRequest
-from tests.integration.test_webhook import ALICE, CONTROLLER, MCM, Env, P, ServerThread, _machine, _serving_pair
+from tests.certificates import install, local_serving_pair
+from tests.integration.test_webhook import ALICE, CONTROLLER, MCM, Env, P, ServerThread, _machine
 from tests.polling import eventually
 from tests.webhook import configurations as wc
 from tests.webhook.configurations import FailurePolicy
@@ -70,9 +71,7 @@ def setup(
     token = uuid.uuid4().hex[:8]
     directory = tmp_path_factory.mktemp("webhook-internal-errors")
     ca = generate_ca(common_name="internal-errors-ca", now=dt.datetime.now(dt.UTC), valid_for=dt.timedelta(hours=3))
-    serving = _serving_pair(ca)
-    (directory / "tls.crt").write_bytes(serving.cert_pem)
-    (directory / "tls.key").write_bytes(serving.key_pem)
+    install(directory, local_serving_pair(ca))
     core = client.CoreV1Api(kube_client)
     registration = client.AdmissionregistrationV1Api(kube_client)
     name = f"mp-internal-errors-{token}"

@@ -19,6 +19,7 @@ from cryptography import x509
 from machine_preservation.certs.authority import KeyPair, generate_ca, issue_serving_cert, service_dns_names
 from machine_preservation.certs.bundle import compose_bundle
 from machine_preservation.certs.pairs import CertificateProblem, Problem, load_certificates, validate_serving_pair
+from tests.certificates import install
 
 NOW = dt.datetime.now(dt.UTC)
 DAY = dt.timedelta(days=1)
@@ -60,8 +61,7 @@ CASES = {
 
 async def handshake(*, pair: KeyPair, bundle: bytes, server_hostname: str, directory: Path) -> None:
     """Serve `pair` on 127.0.0.1 and connect with a client trusting `bundle`; raise what the client sees."""
-    (directory / "tls.crt").write_bytes(pair.cert_pem)
-    (directory / "tls.key").write_bytes(pair.key_pem)
+    install(directory, pair)
     server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server_context.minimum_version = ssl.TLSVersion.TLSv1_2
     server_context.load_cert_chain(directory / "tls.crt", directory / "tls.key")

@@ -18,9 +18,10 @@ from machine_preservation.certs.authority import KeyPair
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.webhook.connections import ConnectionLimits
 from machine_preservation.webhook.server import WebhookServer
+from tests.certificates import install, local_serving_pair
 from tests.polling import eventually_async
 from tests.webhook.conftest import StaticMachineSets
-from tests.webhook.test_server_tls import client_context, install, make_ca, serving
+from tests.webhook.test_server_tls import client_context, make_ca
 
 HEADER_TIMEOUT = 1.0
 IDLE_TIMEOUT = 4.0
@@ -39,7 +40,7 @@ def ca() -> KeyPair:
 @pytest.fixture
 async def start(tmp_path: Path, ca: KeyPair) -> AsyncIterator[Start]:
     """Starts the server with the given limits; stops it at the end of the test."""
-    install(tmp_path, serving(ca))
+    install(tmp_path, local_serving_pair(ca))
     started: list[WebhookServer] = []
 
     async def run(

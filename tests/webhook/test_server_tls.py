@@ -12,9 +12,10 @@ import aiohttp
 import pytest
 from cryptography import x509
 
-from machine_preservation.certs.authority import KeyPair, generate_ca, issue_serving_cert
+from machine_preservation.certs.authority import KeyPair, generate_ca
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.webhook.server import WebhookServer
+from tests.certificates import install, local_serving_pair
 from tests.polling import eventually_async
 from tests.webhook.conftest import StaticMachineSets
 from tests.webhook.reviews import NODE_KIND, node, review
@@ -24,17 +25,6 @@ NOW = dt.datetime.now(dt.UTC)
 
 def make_ca(name: str) -> KeyPair:
     return generate_ca(common_name=name, now=NOW, valid_for=dt.timedelta(days=1))
-
-
-def serving(ca: KeyPair, *, now: dt.datetime = NOW, valid_for: dt.timedelta = dt.timedelta(hours=2)) -> KeyPair:
-    return issue_serving_cert(
-        ca=ca, dns_names=("localhost",), ip_addresses=("127.0.0.1",), now=now, valid_for=valid_for
-    )
-
-
-def install(cert_dir: Path, pair: KeyPair) -> None:
-    (cert_dir / "tls.key").write_bytes(pair.key_pem)
-    (cert_dir / "tls.crt").write_bytes(pair.cert_pem)
 
 
 def client_context(ca: KeyPair) -> ssl.SSLContext:
@@ -74,7 +64,7 @@ def webhook_server(cert_dir: Path) -> WebhookServer:
 
 @pytest.fixture
 async def server(tmp_path: Path, ca: KeyPair) -> AsyncIterator[WebhookServer]:
-    install(tmp_path, serving(ca))
+    install(tmp_path, local_serving_pair(ca))
     async with webhook_server(tmp_path) as running:
         yield running
 
@@ -125,7 +115,7 @@ async def test_a_changed_certificate_is_served_to_new_connections_without_restar
 ) -> None:
     first = await served_serial(server.port)
     other_ca = make_ca("test-ca-2")
-    replacement = serving(other_ca, valid_for=dt.timedelta(hours=3))
+    replacement = local_serving_pair(other_ca, valid_for=dt.timedelta(hours=3))
     install(tmp_path, replacement)
 
     async def changed() -> bool:
@@ -150,9 +140,9 @@ async def test_a_broken_replacement_is_rejected_and_the_old_one_kept(
     if broken == "garbage":
         (tmp_path / "tls.crt").write_bytes(b"-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n")
     elif broken == "expired":
-        install(tmp_path, serving(ca, now=NOW - dt.timedelta(hours=5), valid_for=dt.timedelta(hours=1)))
+        install(tmp_path, local_serving_pair(ca, now=NOW - dt.timedelta(hours=5), valid_for=dt.timedelta(hours=1)))
     else:
-        (tmp_path / "tls.key").write_bytes(serving(ca).key_pem)
+        (tmp_path / "tls.key").write_bytes(local_serving_pair(ca).key_pem)
 
     async def rejected() -> bool:
         value = server.metrics.registry.get_sample_value(
@@ -171,7 +161,7 @@ async def test_without_a_certificate_it_is_not_ready_until_one_appears(tmp_path:
         assert not running.certificates.ready()
         with pytest.raises(aiohttp.ClientConnectorError):
             await get(running.port, "/readyz", client_context(ca))
-        install(tmp_path, serving(ca))
+        install(tmp_path, local_serving_pair(ca))
 
         async def ready() -> bool:
             return running.certificates.ready()

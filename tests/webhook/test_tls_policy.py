@@ -17,7 +17,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
 from machine_preservation.webhook.server import WebhookServer
-from tests.webhook.test_server_tls import NOW, install, make_ca, serving, webhook_server
+from tests.certificates import install, local_serving_pair
+from tests.webhook.test_server_tls import NOW, make_ca, webhook_server
 
 
 def rsa_pair_files(cert_dir: Path) -> None:
@@ -44,7 +45,7 @@ def rsa_pair_files(cert_dir: Path) -> None:
 @pytest.fixture(params=["ecdsa", "rsa"])
 async def server(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[str, WebhookServer]]:
     if request.param == "ecdsa":
-        install(tmp_path, serving(make_ca("tls-policy-ca")))
+        install(tmp_path, local_serving_pair(make_ca("tls-policy-ca")))
     else:
         rsa_pair_files(tmp_path)
     async with webhook_server(tmp_path) as running:
