@@ -8,7 +8,7 @@ import datetime as dt
 
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.apply import StepFailed
+from machine_preservation.controller.apply import ObjectGone, StepFailed
 from machine_preservation.controller.backoff import Backoff
 from machine_preservation.controller.metrics import Metrics
 from machine_preservation.controller.queue import WorkQueue, run_worker
@@ -67,3 +67,34 @@ async def test_outcomes_drive_requeue_and_backoff() -> None:
         if s.name.endswith("_count")
     }
     assert samples == {"conflict": 1.0, "error": 2.0, "success": 2.0}
+
+
+async def test_a_plan_whose_object_is_gone_ends_without_a_retry() -> None:
+    clock = FakeClock()
+    queue: WorkQueue[str] = WorkQueue(name="machinesets", clock=clock, backoff=Backoff(base=1.0, cap=60.0))
+    metrics = Metrics()
+    outcomes: list[BaseException] = [ApiException(status=500, reason="Internal"), ObjectGone("machine m: Not Found")]
+    calls: list[float] = []
+
+    async def reconcile(key: str) -> dt.timedelta | None:
+        calls.append(clock.monotonic())
+        raise outcomes.pop(0)
+
+    worker = asyncio.create_task(run_worker(queue, reconcile, metrics=metrics))
+    queue.add("ns/s")
+    await clock.advance(0)
+    await clock.advance(1.0)  # the error's backoff
+    assert len(calls) == 2
+    assert queue.failures("ns/s") == 0, "gone resets the backoff"
+    await clock.advance(3600)
+    assert len(calls) == 2, "nothing is retried for an object that is gone"
+
+    queue.shutdown()
+    await asyncio.wait_for(worker, 1)
+    samples = {
+        s.labels["result"]: s.value
+        for metric in metrics.reconcile_duration.collect()
+        for s in metric.samples
+        if s.name.endswith("_count")
+    }
+    assert samples == {"error": 1.0, "success": 1.0}

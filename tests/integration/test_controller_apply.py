@@ -17,12 +17,13 @@ from machine_preservation.controller.apply import (
     StepFailed,
     Writer,
     execute_machine_plan,
+    execute_machine_set_plan,
 )
 from machine_preservation.controller.events import EventRecorder, Regarding
 from machine_preservation.core import plan as p
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.lifecycle import plan_after_drain
-from machine_preservation.core.models import Machine, Node
+from machine_preservation.core.models import Machine, MachineSet, Node
 from machine_preservation.core.preservation_record import start_record
 from tests.controller.support import (
     GROUP,
@@ -30,6 +31,7 @@ from tests.controller.support import (
     create_machine,
     create_node,
     get_machine,
+    machine_set_owner,
     read_node_model,
 )
 
@@ -309,6 +311,46 @@ async def test_a_missing_machine_ends_the_plan_as_gone(api: client.ApiClient, wr
             steps=[p.SetPreserveExpiry(expiry=NOW)],
             now=NOW,
         )
+
+
+async def test_a_machine_set_plan_writes_in_order_and_fails_as_a_machine_plan_does(
+    api: client.ApiClient, writer: Writer, namespace: str
+) -> None:
+    custom = client.CustomObjectsApi(api)
+    owner = await machine_set_owner(api, namespace, "ms")
+    await create_machine(custom, namespace, "a", owner=owner)
+    await create_machine(custom, namespace, "b", owner=owner)
+    machine_set = MachineSet.model_validate(
+        await custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "machinesets", "ms")
+    )
+    machines = [Machine.model_validate(await get_machine(custom, namespace, name)) for name in ("a", "b")]
+    status = p.PatchMachineSetStatus(auto_preserve_failed_machine_count=1, preserved_failed_replicas=1)
+    plan = p.MachineSetPlan(
+        machine_annotations={
+            "a": p.PatchMachineAnnotations(set={"x": "1"}),
+            "b": p.PatchMachineAnnotations(set={"x": "2"}),
+        },
+        status=status,
+    )
+    await execute_machine_set_plan(writer=writer, machine_set=machine_set, machines=machines, plan=plan, now=NOW)
+    assert [(await get_machine(custom, namespace, n))["metadata"]["annotations"]["x"] for n in ("a", "b")] == ["1", "2"]
+    written = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "machinesets", "ms")
+    assert written["status"]["autoPreserveFailedMachineCount"] == 1
+
+    # The status was written at a newer resourceVersion than the plan saw: a conflict, retried with backoff.
+    with pytest.raises(StepFailed) as failed:
+        await execute_machine_set_plan(
+            writer=writer, machine_set=machine_set, machines=[], plan=p.MachineSetPlan(status=status), now=NOW
+        )
+    assert failed.value.conflict
+    # A machine deleted since the plan ends it as gone, before the status is written.
+    await custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "machines", "b")
+    fresh = MachineSet.model_validate(written)
+    only_b = p.MachineSetPlan(machine_annotations={"b": plan.machine_annotations["b"]}, status=status)
+    with pytest.raises(ObjectGone):
+        await execute_machine_set_plan(writer=writer, machine_set=fresh, machines=machines, plan=only_b, now=NOW)
+    unchanged = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "machinesets", "ms")
+    assert unchanged["metadata"]["resourceVersion"] == written["metadata"]["resourceVersion"]
 
 
 async def test_a_drain_step_ends_the_plan_and_is_handed_back_to_the_caller(

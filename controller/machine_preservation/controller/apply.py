@@ -25,7 +25,7 @@ from machine_preservation.controller.clients import JSON_PATCH, MERGE_PATCH, STR
 from machine_preservation.controller.events import EventRecorder, Regarding
 from machine_preservation.core import plan as p
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.models import Machine, Node
+from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node
 from machine_preservation.core.preservation_record import format_timestamp
 
 logger = logging.getLogger(__name__)
@@ -288,18 +288,23 @@ class Writer:
         return snap.node
 
 
-async def execute_machine_plan(
-    *, writer: Writer, snap: Snapshot, steps: Sequence[p.MachineStep], now: dt.datetime
-) -> p.DrainNode | None:
-    """Run the steps in order, up to a DrainNode, which is returned for the caller to run (None: no drain).
-    Raises StepFailed or ObjectGone."""
-    if any(isinstance(step, p.DrainNode) for step in steps[:-1]):
+# What a step writes: a Machine plan's steps act on its Snapshot; a status step on the object it is the status of.
+Target = Snapshot | MachineSet | MachineDeployment
+Step = p.MachineStep | p.PatchMachineSetStatus | p.PatchMachineDeploymentStatus
+
+
+async def execute(*, writer: Writer, writes: Sequence[tuple[Target, Step]], now: dt.datetime) -> p.DrainNode | None:
+    """Write the steps in order, up to a DrainNode, which is returned for the caller to run (None: no drain).
+
+    The first failure ends the plan: ObjectGone if the object a step writes no longer exists (an Event's 404 is
+    not that), else StepFailed."""
+    if any(isinstance(step, p.DrainNode) for _, step in writes[:-1]):
         raise ValueError("a DrainNode must be the last step of a plan")  # before anything is written
-    for step in steps:
+    for target, step in writes:
         if isinstance(step, p.DrainNode):
             return step
         try:
-            await _execute_one(writer=writer, snap=snap, step=step, now=now)
+            await _execute_one(writer=writer, target=target, step=step, now=now)
         except ApiException as error:
             if classify(error.status) is ApiError.NOT_FOUND and not isinstance(step, p.RecordEvent):
                 raise ObjectGone(f"{type(step).__name__}: {error.reason}") from error
@@ -308,23 +313,47 @@ async def execute_machine_plan(
     return None
 
 
-async def _execute_one(*, writer: Writer, snap: Snapshot, step: p.MachineStep, now: dt.datetime) -> None:
-    match step:
-        case p.PatchMachineAnnotations():
-            await writer.patch_machine_annotations(snap, step)
-        case p.SetPreserveExpiry():
-            await writer.set_preserve_expiry(snap, step, now=now)
-        case p.SetMachinePhase():
-            await writer.set_machine_phase(snap, step, now=now)
-        case p.DeleteMachine():
-            await writer.delete_machine(snap)
-        case p.PatchNodeAnnotations():
-            await writer.patch_node_annotations(snap, step)
-        case p.SetPreservedTaint():
-            await writer.set_preserved_taint(snap, step, now=now)
-        case p.SetPreservedCondition():
-            await writer.set_preserved_condition(snap, step)
-        case p.RecordEvent():
-            await writer.record_event(snap, step, now=now)
+async def execute_machine_plan(
+    *, writer: Writer, snap: Snapshot, steps: Sequence[p.MachineStep], now: dt.datetime
+) -> p.DrainNode | None:
+    """A Machine plan's steps, on its snapshot (see `execute`)."""
+    return await execute(writer=writer, writes=[(snap, step) for step in steps], now=now)
+
+
+async def execute_machine_set_plan(
+    *, writer: Writer, machine_set: MachineSet, machines: Sequence[Machine], plan: p.MachineSetPlan, now: dt.datetime
+) -> None:
+    """A MachineSet plan: the machines' annotations, the Events about them, then the MachineSet's status (see
+    `execute`)."""
+    snaps = {m.metadata.name: Snapshot(machine=m, node=None) for m in machines}
+    writes: list[tuple[Target, Step]] = [(snaps[name], patch) for name, patch in plan.machine_annotations.items()]
+    writes += [(snaps[event.name], event) for event in plan.events if event.name in snaps]
+    if plan.status is not None:
+        writes.append((machine_set, plan.status))
+    await execute(writer=writer, writes=writes, now=now)
+
+
+async def _execute_one(*, writer: Writer, target: Target, step: Step, now: dt.datetime) -> None:
+    match target, step:
+        case MachineSet(), p.PatchMachineSetStatus():
+            await writer.patch_machine_set_status(target.metadata.name, target.metadata.resource_version, step)
+        case MachineDeployment(), p.PatchMachineDeploymentStatus():
+            await writer.patch_machine_deployment_status(target.metadata.name, target.metadata.resource_version, step)
+        case Snapshot(), p.PatchMachineAnnotations():
+            await writer.patch_machine_annotations(target, step)
+        case Snapshot(), p.SetPreserveExpiry():
+            await writer.set_preserve_expiry(target, step, now=now)
+        case Snapshot(), p.SetMachinePhase():
+            await writer.set_machine_phase(target, step, now=now)
+        case Snapshot(), p.DeleteMachine():
+            await writer.delete_machine(target)
+        case Snapshot(), p.PatchNodeAnnotations():
+            await writer.patch_node_annotations(target, step)
+        case Snapshot(), p.SetPreservedTaint():
+            await writer.set_preserved_taint(target, step, now=now)
+        case Snapshot(), p.SetPreservedCondition():
+            await writer.set_preserved_condition(target, step)
+        case Snapshot(), p.RecordEvent():
+            await writer.record_event(target, step, now=now)
         case _:
-            raise TypeError(f"no executor for plan step {step!r}")
+            raise TypeError(f"no executor for plan step {step!r} on {type(target).__name__}")

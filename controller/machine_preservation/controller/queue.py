@@ -35,7 +35,7 @@ from typing import Generic, Protocol, TypeVar
 from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.api_errors import ApiError, classify
-from machine_preservation.controller.apply import StepFailed
+from machine_preservation.controller.apply import ObjectGone, StepFailed
 from machine_preservation.controller.backoff import Backoff
 from machine_preservation.controller.metrics import Metrics
 
@@ -212,13 +212,17 @@ Reconcile = Callable[[str], Awaitable[dt.timedelta | None]]
 
 async def run_worker(queue: WorkQueue[str], reconcile: Reconcile, *, metrics: Metrics) -> None:
     """Reconcile keys from the queue until it shuts down. A key whose reconcile failed comes back after its
-    backoff; one that succeeded has its backoff reset and comes back when the reconcile asked for."""
+    backoff; one that succeeded has its backoff reset and comes back when the reconcile asked for; one whose
+    plan found its object gone is done with."""
     loop = asyncio.get_running_loop()
     while (key := await queue.get()) is not None:
         started = loop.time()
         result = "success"
         try:
             requeue = await reconcile(key)
+        except ObjectGone as gone:
+            queue.forget(key)  # what the plan writes is gone: its deletion is an event of its own
+            logger.info("%s %s: %s; nothing more to do", queue.name, key, gone)
         except StepFailed as failed:
             result = "conflict" if failed.conflict else "error"
             delay = queue.add_rate_limited(key)

@@ -12,7 +12,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from machine_preservation.controller.apply import ObjectGone, Snapshot, Writer, execute_machine_plan
+from machine_preservation.controller.apply import (
+    ObjectGone,
+    Snapshot,
+    Writer,
+    execute,
+    execute_machine_plan,
+    execute_machine_set_plan,
+)
 from machine_preservation.controller.drain import Drainer, DrainResult
 from machine_preservation.controller.metrics import Metrics
 from machine_preservation.controller.reader import DEPLOYMENT_INDEX, MACHINE_SET_INDEX, CacheReader, owner_name
@@ -91,31 +98,27 @@ class MachineReconciler:
         if plan.steps:
             logger.info("machine %s: %s", key, ", ".join(type(step).__name__ for step in plan.steps))
         snap = Snapshot(machine=machine, node=node)
-        try:
-            drain = await execute_machine_plan(writer=self.writer, snap=snap, steps=plan.steps, now=now)
-            if drain is None:
-                return plan.requeue_after
-            if snap.node is None:
-                raise ObjectGone(f"machine {machine.metadata.name} has no node to drain")
-            if not self._drain_slot_free(snap.node):
-                logger.info("machine %s: drain deferred (slots busy); again in %s", key, self.drain_deferral)
-                return self.drain_deferral
-            result = await self._drain(snap.node, drain, machine.spec.max_evict_retries)
-            # The outcome's writes (its Events too) carry the time the attempt ended, which may be minutes
-            # after the plan.
-            ended = self.now()
-            after = plan_after_drain(
-                machine=snap.machine,
-                node=snap.node,
-                drain=drain,
-                drained=result.drained,
-                blocking_pods=result.blocking,
-                now=ended,
-            )
-            await execute_machine_plan(writer=self.writer, snap=snap, steps=after.steps, now=ended)
-        except ObjectGone as gone:
-            logger.info("machine %s: %s; nothing more to do", key, gone)
-            return None
+        drain = await execute_machine_plan(writer=self.writer, snap=snap, steps=plan.steps, now=now)
+        if drain is None:
+            return plan.requeue_after
+        if snap.node is None:
+            raise ObjectGone(f"machine {machine.metadata.name} has no node to drain")
+        if not self._drain_slot_free(snap.node):
+            logger.info("machine %s: drain deferred (slots busy); again in %s", key, self.drain_deferral)
+            return self.drain_deferral
+        result = await self._drain(snap.node, drain, machine.spec.max_evict_retries)
+        # The outcome's writes (its Events too) carry the time the attempt ended, which may be minutes
+        # after the plan.
+        ended = self.now()
+        after = plan_after_drain(
+            machine=snap.machine,
+            node=snap.node,
+            drain=drain,
+            drained=result.drained,
+            blocking_pods=result.blocking,
+            now=ended,
+        )
+        await execute_machine_plan(writer=self.writer, snap=snap, steps=after.steps, now=ended)
         return plan.requeue_after
 
     def _drain_slot_free(self, node: Node) -> bool:
@@ -180,19 +183,11 @@ class MachineSetReconciler:
             now=now,
             limit=self.pool_limit(machine_set),
         )
-        by_name = {m.metadata.name: m for m in machines}
         for name, patch in plan.machine_annotations.items():
-            machine = by_name[name]
             logger.info("machineset %s: machine %s %s", key, name, patch)
-            await self.writer.patch_machine_annotations(Snapshot(machine=machine, node=None), patch)
-        for event in plan.events:
-            target = by_name.get(event.name)
-            if target is not None:
-                await self.writer.record_event(Snapshot(machine=target, node=None), event, now=now)
-        if plan.status is not None:
-            await self.writer.patch_machine_set_status(
-                machine_set.metadata.name, machine_set.metadata.resource_version, plan.status
-            )
+        await execute_machine_set_plan(
+            writer=self.writer, machine_set=machine_set, machines=machines, plan=plan, now=now
+        )
         logger.debug("machineset %s/%s reconciled", namespace, machine_set.metadata.name)
         return None
 
@@ -201,6 +196,7 @@ class MachineSetReconciler:
 class MachineDeploymentReconciler:
     caches: CacheReader
     writer: Writer
+    now: WallClock = utc_now
 
     async def reconcile(self, key: str) -> dt.timedelta | None:
         deployment = self.caches.machine_deployments.get(key)
@@ -209,7 +205,5 @@ class MachineDeploymentReconciler:
         machine_sets = self.caches.machine_sets.by_index(DEPLOYMENT_INDEX, deployment.metadata.name)
         status = plan_machine_deployment(machine_deployment=deployment, machine_sets=machine_sets)
         if status is not None:
-            await self.writer.patch_machine_deployment_status(
-                deployment.metadata.name, deployment.metadata.resource_version, status
-            )
+            await execute(writer=self.writer, writes=[(deployment, status)], now=self.now())
         return None
