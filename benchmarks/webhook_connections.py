@@ -17,21 +17,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import re
 import ssl
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from machine_preservation.certs.authority import generate_ca, issue_serving_cert
+from local_webhook import HOST, announced_port, webhook_command, write_certificates
 from machine_preservation.webhook.connections import DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS
 
-HOST = "127.0.0.1"
 HALF_HEAD = b"POST /validate-preserve-annotation HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\n"
 UNBOUNDED = ["--header-timeout", "3600", "--idle-timeout", "3600", "--max-connections", "1000000"]
 OPEN_CONCURRENCY = 50
@@ -40,31 +37,9 @@ MiB = 1024 * 1024
 Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
-def write_certificates(directory: Path) -> ssl.SSLContext:
-    now = dt.datetime.now(dt.UTC)
-    ca = generate_ca(common_name="benchmark-ca", now=now, valid_for=dt.timedelta(hours=1))
-    pair = issue_serving_cert(
-        ca=ca, dns_names=("localhost",), ip_addresses=(HOST,), now=now, valid_for=dt.timedelta(hours=1)
-    )
-    (directory / "tls.crt").write_bytes(pair.cert_pem)
-    (directory / "tls.key").write_bytes(pair.key_pem)
-    return ssl.create_default_context(cadata=ca.cert_pem.decode())
-
-
 def start_webhook(cert_dir: Path, flags: list[str]) -> tuple[subprocess.Popen[str], int]:
-    command = [sys.executable, "-m", "machine_preservation.cli", "--log-level", "INFO", "webhook"]
-    command += ["--host", HOST, "--port", "0", "--cert-dir", str(cert_dir), *flags]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
-    assert process.stderr is not None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = process.stderr.readline()
-        if match := re.search(r"serving on https://127\.0\.0\.1:(\d+)", line):
-            return process, int(match.group(1))
-        if not line and process.poll() is not None:
-            break
-    process.kill()
-    raise RuntimeError("webhook did not start")
+    process = subprocess.Popen(webhook_command(cert_dir, *flags), stderr=subprocess.PIPE, text=True)
+    return process, announced_port(process, "webhook")
 
 
 def rss_bytes(pid: int) -> int:

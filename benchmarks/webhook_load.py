@@ -21,17 +21,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import os
-import re
 import signal
 import ssl
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +37,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from machine_preservation.certs.authority import generate_ca, issue_serving_cert
+from local_webhook import announced_port, webhook_command, write_certificates
 
 ENDPOINT = "/validate-preserve-annotation"
 SERVER_CPU, CLIENT_CPU = 0, 1  # the target is stated for one CPU core
@@ -193,24 +190,14 @@ def _pin_to_server_cpu() -> None:
 
 def start_server(kind: str, cert_dir: Path, *, pin: bool) -> tuple[subprocess.Popen[str], int]:
     if kind == "webhook":
-        # INFO for the startup line that reports the port; nothing is logged per request.
-        command = [sys.executable, "-m", "machine_preservation.cli", "--log-level", "INFO", "webhook"]
-        command += ["--host", "127.0.0.1", "--port", "0", "--cert-dir", str(cert_dir)]
+        # Nothing is logged per request; INFO only adds the startup line that reports the port.
+        command = webhook_command(cert_dir)
     else:
         command = [sys.executable, __file__, "serve-baseline", "--cert-dir", str(cert_dir)]
     process = subprocess.Popen(
         command, stderr=subprocess.PIPE, text=True, preexec_fn=_pin_to_server_cpu if pin else None
     )
-    assert process.stderr is not None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = process.stderr.readline()
-        if match := re.search(r"serving on https://127\.0\.0\.1:(\d+)", line):
-            return process, int(match.group(1))
-        if not line and process.poll() is not None:
-            break
-    process.kill()
-    raise RuntimeError(f"{kind} server did not start")
+    return process, announced_port(process, f"{kind} server")
 
 
 # --- load ------------------------------------------------------------------------------------------------------
@@ -343,14 +330,7 @@ def main() -> int:
     body = review_body()
     with tempfile.TemporaryDirectory() as directory:
         cert_dir = Path(directory)
-        now = dt.datetime.now(dt.UTC)
-        ca = generate_ca(common_name="bench-ca", now=now, valid_for=dt.timedelta(hours=1))
-        serving = issue_serving_cert(
-            ca=ca, dns_names=("localhost",), ip_addresses=("127.0.0.1",), now=now, valid_for=dt.timedelta(hours=1)
-        )
-        (cert_dir / "tls.crt").write_bytes(serving.cert_pem)
-        (cert_dir / "tls.key").write_bytes(serving.key_pem)
-        context = ssl.create_default_context(cadata=ca.cert_pem.decode())
+        context = write_certificates(cert_dir)
         placement = f"server on CPU {SERVER_CPU}, load on CPU {CLIENT_CPU}" if args.pin else "not pinned"
         print(f"body: {len(body) / 1024:.1f} KB Node UPDATE review; {placement}; {os.cpu_count()} CPUs")
         print(f"criteria: p99 ≤ {P99_LIMIT_MS} ms, zero errors, ≥ 97% of the offered rate done\n")
