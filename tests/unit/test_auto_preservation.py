@@ -20,7 +20,7 @@ from machine_preservation.core.auto_preservation import (
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node
 from machine_preservation.core.plan import PatchMachineAnnotations, PatchMachineDeploymentStatus, PatchMachineSetStatus
-from machine_preservation.core.preserve_value import Preference, effective_preserve_value, is_auto_value
+from machine_preservation.core.preserve_value import effective_preserve_value, is_auto_value
 
 from .plan_simulator import apply_machine_set_plan
 from .preservation_objects import ABSENT, HOUR, NOW, machine, machine_set, node
@@ -387,7 +387,7 @@ def test_budget_order_and_convergence(
         if patch.remove:
             assert carries_auto(m)
         else:
-            assert effective_preserve_value(machine=m, node=nodes.get(m.node_name)).value == Preference.NONE
+            assert effective_preserve_value(machine=m, node=nodes.get(m.node_name)).value == v.PreserveValue.NONE
             assert m.phase == FAILED
             assert not replaced
     # budget releases take the oldest first
@@ -404,7 +404,7 @@ def test_budget_order_and_convergence(
         and m.metadata.deletion_timestamp is None
         and m.phase == FAILED
         and m.preservation is None
-        and effective_preserve_value(machine=m, node=nodes.get(m.node_name)).value == Preference.NONE
+        and effective_preserve_value(machine=m, node=nodes.get(m.node_name)).value == v.PreserveValue.NONE
     ]
     for g in granted:
         assert all(

@@ -18,11 +18,10 @@ from machine_preservation.core.decision import (
 )
 from machine_preservation.core.models import Machine
 from machine_preservation.core.preservation_record import PreservationRecord
-from machine_preservation.core.preserve_value import Preference
 
 from .preservation_objects import HOUR, NOW, machine
 
-P = Preference
+P = v.PreserveValue
 RUNNING, FAILED, UNKNOWN, PENDING = (
     v.MachinePhase.RUNNING,
     v.MachinePhase.FAILED,
@@ -35,7 +34,7 @@ KEPT = NOW + 5 * HOUR  # an existing, active expiry
 PAST = NOW - HOUR
 
 
-def decide(value: Preference, phase: str, expiry: dt.datetime | None) -> PreservationDecision:
+def decide(value: v.PreserveValue, phase: str, expiry: dt.datetime | None) -> PreservationDecision:
     return decide_preservation(
         machine=machine(phase=phase, expiry=expiry), value=value, phase=phase, config=CONFIG, now=NOW
     )
@@ -98,7 +97,7 @@ def delete(cause: StopCause) -> PreservationDecision:
     ],
 )
 def test_decision_matrix(
-    value: Preference, phase: str, expiry: dt.datetime | None, expected: PreservationDecision
+    value: v.PreserveValue, phase: str, expiry: dt.datetime | None, expected: PreservationDecision
 ) -> None:
     assert decide(value, phase, expiry) == expected
 
@@ -232,7 +231,7 @@ FAR = NOW + 10_000 * HOUR  # an expiry someone wrote by hand (or an older versio
     ],
 )
 def test_an_expiry_far_in_the_future_counts_as_since_plus_the_maximum(
-    since: dt.datetime, value: Preference, phase: str, expected: dt.datetime | PreservationDecision
+    since: dt.datetime, value: v.PreserveValue, phase: str, expected: dt.datetime | PreservationDecision
 ) -> None:
     m = machine(phase=phase, expiry=FAR, since=since)
     decision = decide_preservation(machine=m, value=value, phase=phase, config=CONFIG, now=NOW)
@@ -267,7 +266,7 @@ def with_raw_annotations(m: Machine, annotations: dict[str, str]) -> Machine:
     ],
 )
 def test_a_damaged_record_ends_the_preservation_like_an_expired_one(
-    damage: dict[str, str], value: Preference, phase: str, expected: PreservationDecision
+    damage: dict[str, str], value: v.PreserveValue, phase: str, expected: PreservationDecision
 ) -> None:
     m = with_raw_annotations(machine(phase=phase), damage)
     assert m.preservation is not None
@@ -282,7 +281,7 @@ def test_a_damaged_record_ends_the_preservation_like_an_expired_one(
     value=st.sampled_from([P.NOW, P.WHEN_FAILED, P.AUTO]),
 )
 def test_a_kept_preservation_ends_at_until_capped_at_since_plus_the_maximum(
-    since_ago: int, until_after_since: int, max_hours: int, value: Preference
+    since_ago: int, until_after_since: int, max_hours: int, value: v.PreserveValue
 ) -> None:
     since = NOW - since_ago * HOUR
     until = since + until_after_since * HOUR

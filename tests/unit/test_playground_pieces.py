@@ -14,7 +14,7 @@ from machine_preservation.core.pool_settings import (
     ZONE_LABEL,
     PoolDefaults,
     PoolSettings,
-    Source,
+    SettingOrigin,
     read_cluster,
     resolve_pool_settings,
 )
@@ -42,9 +42,9 @@ def test_the_shoot_in_the_cluster_gives_each_zone_its_share_and_the_pools_timeou
     for deployment in landscape.deployments():
         settings = _settings(deployment, dt.timedelta(seconds=90))
         assert settings.notes == ()
-        assert settings.preserve_timeout.source == Source.SHOOT
+        assert settings.preserve_timeout.source == SettingOrigin.SHOOT
         assert settings.preserve_timeout.value == dt.timedelta(seconds=90)
-        assert settings.auto_preserve_failed_machine_max.source == Source.SHOOT
+        assert settings.auto_preserve_failed_machine_max.source == SettingOrigin.SHOOT
         shares[deployment.name] = settings.auto_preserve_failed_machine_max.value
         assert shares[deployment.name] == deployment.auto_preserve_share
     assert shares == {

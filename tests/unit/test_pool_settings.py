@@ -17,7 +17,7 @@ from machine_preservation.core.pool_settings import (
     ZONE_LABEL,
     ClusterView,
     PoolDefaults,
-    Source,
+    SettingOrigin,
     carries_max,
     pool_name,
     read_cluster,
@@ -347,7 +347,7 @@ def test_every_zone_of_a_pool_gets_its_share_from_the_shoot(total: int, zones: l
         setting = resolve_auto_preserve_max(
             machine_set=machine_set(), machine_deployment=md, cluster=view, defaults=DEFAULTS
         )
-        assert setting.source == Source.SHOOT
+        assert setting.source == SettingOrigin.SHOOT
         shares.append(setting.value)
     assert shares == list(distribute_over_zones(total=total, zone_count=len(zones)))
     assert sum(shares) == total
@@ -364,11 +364,11 @@ def test_absent_is_not_zero() -> None:
     from_shoot = resolve_auto_preserve_max(
         machine_set=machine_set(), machine_deployment=machine_deployment(), cluster=view, defaults=DEFAULTS
     )
-    assert (from_shoot.value, from_shoot.source) == (3, Source.SHOOT)
+    assert (from_shoot.value, from_shoot.source) == (3, SettingOrigin.SHOOT)
     zero = resolve_auto_preserve_max(
         machine_set=machine_set(maximum=0), machine_deployment=machine_deployment(), cluster=view, defaults=DEFAULTS
     )
-    assert (zero.value, zero.source) == (0, Source.MACHINE_SET)
+    assert (zero.value, zero.source) == (0, SettingOrigin.MACHINE_SET)
 
 
 @pytest.mark.parametrize(
@@ -397,7 +397,7 @@ def test_the_shoot_max_is_read_from_both_locations_released_api_first(
         cluster=cluster(shoot_worker),
         defaults=DEFAULTS,
     )
-    assert (setting.value, setting.source) == (value, Source.SHOOT)
+    assert (setting.value, setting.source) == (value, SettingOrigin.SHOOT)
     assert field in setting.detail
 
 
@@ -412,11 +412,11 @@ def test_a_preserve_timeout_from_each_source() -> None:
         defaults=DEFAULTS,
     ) == resolve(machine=machine("1h"), machine_set=None, machine_deployment=None, cluster=None, defaults=DEFAULTS)
     cases = [
-        (machine("1h"), machine_set(timeout="2h"), machine_deployment(timeout="3h"), Source.MACHINE, 1),
-        (machine(), machine_set(timeout="2h"), machine_deployment(timeout="3h"), Source.MACHINE_SET, 2),
-        (machine(), machine_set(), machine_deployment(timeout="3h"), Source.MACHINE_DEPLOYMENT, 3),
-        (machine(), machine_set(), machine_deployment(), Source.SHOOT, 5),
-        (None, None, machine_deployment(), Source.SHOOT, 5),
+        (machine("1h"), machine_set(timeout="2h"), machine_deployment(timeout="3h"), SettingOrigin.MACHINE, 1),
+        (machine(), machine_set(timeout="2h"), machine_deployment(timeout="3h"), SettingOrigin.MACHINE_SET, 2),
+        (machine(), machine_set(), machine_deployment(timeout="3h"), SettingOrigin.MACHINE_DEPLOYMENT, 3),
+        (machine(), machine_set(), machine_deployment(), SettingOrigin.SHOOT, 5),
+        (None, None, machine_deployment(), SettingOrigin.SHOOT, 5),
     ]
     for m, ms, md, source, hours in cases:
         setting = resolve(machine=m, machine_set=ms, machine_deployment=md, cluster=view, defaults=DEFAULTS)
@@ -425,7 +425,7 @@ def test_a_preserve_timeout_from_each_source() -> None:
         machine=machine(), machine_set=machine_set(), machine_deployment=None, cluster=None, defaults=DEFAULTS
     )
     assert (flags.source, flags.value, flags.detail) == (
-        Source.FLAGS,
+        SettingOrigin.FLAGS,
         72 * HOURS,
         "--machine-preserve-timeout: 72h0m0s",
     )
@@ -447,7 +447,7 @@ def test_an_invalid_timeout_falls_to_the_next_source_with_a_note(raw: str, note:
         cluster=None,
         defaults=DEFAULTS,
     )
-    assert (settings.preserve_timeout.source, settings.preserve_timeout.value) == (Source.MACHINE_SET, 2 * HOURS)
+    assert (settings.preserve_timeout.source, settings.preserve_timeout.value) == (SettingOrigin.MACHINE_SET, 2 * HOURS)
     assert settings.notes[0].startswith(note)
 
 
@@ -459,7 +459,7 @@ def test_a_zero_timeout_is_a_value() -> None:
         cluster=None,
         defaults=DEFAULTS,
     )
-    assert (setting.source, setting.value) == (Source.MACHINE, dt.timedelta(0))
+    assert (setting.source, setting.value) == (SettingOrigin.MACHINE, dt.timedelta(0))
 
 
 # The MachineSet model already coerces what the CRD's integer type lets through; the range is ours to check.
@@ -472,7 +472,7 @@ def test_an_invalid_max_falls_to_the_next_source_with_a_note(bad: int) -> None:
         defaults=DEFAULTS,
     )
     maximum = settings.auto_preserve_failed_machine_max
-    assert (maximum.source, maximum.value) == (Source.MACHINE_DEPLOYMENT, 1)
+    assert (maximum.source, maximum.value) == (SettingOrigin.MACHINE_DEPLOYMENT, 1)
     assert settings.notes == (
         f"MachineSet ms1 spec.autoPreserveFailedMachineMax {bad} is not an integer from 0 to 2147483647: ignored",
     )
@@ -486,7 +486,7 @@ def test_an_invalid_shoot_max_is_named_as_written(bad: Any) -> None:
         cluster=cluster(worker(zones=["a"], maximum=bad)),
         defaults=DEFAULTS,
     )
-    assert settings.auto_preserve_failed_machine_max.source == Source.FLAGS
+    assert settings.auto_preserve_failed_machine_max.source == SettingOrigin.FLAGS
     if bad is None:  # null is absent
         assert settings.notes == ()
     else:
@@ -502,7 +502,7 @@ def test_notes_say_why_the_shoot_did_not_apply_once() -> None:
         machine_set=machine_set(), machine_deployment=machine_deployment(), cluster=unreadable, defaults=DEFAULTS
     )
     assert settings.notes == ("Cluster c: spec.shoot is not valid JSON",)
-    assert settings.preserve_timeout.source == settings.auto_preserve_failed_machine_max.source == Source.FLAGS
+    assert settings.preserve_timeout.source == settings.auto_preserve_failed_machine_max.source == SettingOrigin.FLAGS
     no_pool = resolve_pool_settings(
         machine_set=machine_set(),
         machine_deployment=machine_deployment(pool=None),
@@ -559,7 +559,7 @@ def test_the_defaults_apply_when_nothing_carries_a_setting() -> None:
     assert settings.preserve_timeout.value == HOURS
     assert (settings.auto_preserve_failed_machine_max.value, settings.auto_preserve_failed_machine_max.source) == (
         4,
-        Source.FLAGS,
+        SettingOrigin.FLAGS,
     )
 
 
@@ -581,11 +581,11 @@ def test_the_timeout_precedence_holds_for_every_combination(m: str, ms: str, md:
         defaults=PoolDefaults(preserve_timeout=5 * HOURS),
     )
     order = [
-        (Source.MACHINE, m, 1),
-        (Source.MACHINE_SET, ms, 2),
-        (Source.MACHINE_DEPLOYMENT, md, 3),
-        (Source.SHOOT, shoot, 4),
-        (Source.FLAGS, "valid", 5),
+        (SettingOrigin.MACHINE, m, 1),
+        (SettingOrigin.MACHINE_SET, ms, 2),
+        (SettingOrigin.MACHINE_DEPLOYMENT, md, 3),
+        (SettingOrigin.SHOOT, shoot, 4),
+        (SettingOrigin.FLAGS, "valid", 5),
     ]
     chosen = next(index for index, (_, state, _) in enumerate(order) if state == "valid")
     source, _, hours = order[chosen]
@@ -627,13 +627,13 @@ def test_the_max_precedence_holds_for_every_combination(
         return shares_of[total][zones.index(zone)] if zone in zones else min(shares_of[total])
 
     if ms == "valid":
-        expected = (Source.MACHINE_SET, 1)
+        expected = (SettingOrigin.MACHINE_SET, 1)
     elif md == "valid":
-        expected = (Source.MACHINE_DEPLOYMENT, 2)
+        expected = (SettingOrigin.MACHINE_DEPLOYMENT, 2)
     elif shoot == "valid":
-        expected = (Source.SHOOT, from_shoot(7))
+        expected = (SettingOrigin.SHOOT, from_shoot(7))
     elif worker_level == "valid":
-        expected = (Source.SHOOT, from_shoot(11))
+        expected = (SettingOrigin.SHOOT, from_shoot(11))
     else:
-        expected = (Source.FLAGS, 3)
+        expected = (SettingOrigin.FLAGS, 3)
     assert (setting.source, setting.value) == expected

@@ -5,59 +5,59 @@ from __future__ import annotations
 
 import pytest
 
+from machine_preservation.core import vocabulary as v
 from machine_preservation.core.preserve_value import (
     InvalidValue,
-    Preference,
-    Source,
+    ValueOrigin,
     effective_preserve_value,
     is_auto_value,
-    parse_preference,
+    parse_preserve_value,
 )
 
 from .preservation_objects import ABSENT, machine, node
 
-P = Preference
+P = v.PreserveValue
 
 
 @pytest.mark.parametrize(
     ("node_value", "machine_value", "last_applied", "expected", "source", "in_control"),
     [
         # reference §5.2, node found
-        (ABSENT, "now", ABSENT, P.NOW, Source.MACHINE, False),
-        (ABSENT, ABSENT, ABSENT, P.NONE, Source.MACHINE, False),
-        (ABSENT, ABSENT, "now", P.NONE, Source.NODE, True),  # node annotation removed: stop
-        ("when-failed", ABSENT, ABSENT, P.WHEN_FAILED, Source.NODE, True),
-        ("now", "when-failed", ABSENT, P.NOW, Source.NODE, True),
-        ("now", "now", "now", P.NOW, Source.NODE, True),
-        ("now", "now", "when-failed", P.NOW, Source.NODE, True),
-        (ABSENT, "now", "now", P.NONE, Source.NODE, True),  # stale identical machine value: still stop
+        (ABSENT, "now", ABSENT, P.NOW, ValueOrigin.MACHINE, False),
+        (ABSENT, ABSENT, ABSENT, P.NONE, ValueOrigin.MACHINE, False),
+        (ABSENT, ABSENT, "now", P.NONE, ValueOrigin.NODE, True),  # node annotation removed: stop
+        ("when-failed", ABSENT, ABSENT, P.WHEN_FAILED, ValueOrigin.NODE, True),
+        ("now", "when-failed", ABSENT, P.NOW, ValueOrigin.NODE, True),
+        ("now", "now", "now", P.NOW, ValueOrigin.NODE, True),
+        ("now", "now", "when-failed", P.NOW, ValueOrigin.NODE, True),
+        (ABSENT, "now", "now", P.NONE, ValueOrigin.NODE, True),  # stale identical machine value: still stop
         # an empty last-applied record means the node is not in control
-        (ABSENT, "false", "", P.FALSE, Source.MACHINE, False),
+        (ABSENT, "false", "", P.FALSE, ValueOrigin.MACHINE, False),
         # DESIGN §3: a node's "" is valid, means no preference, and overrides the machine
-        ("", "now", ABSENT, P.NONE, Source.NODE, True),
-        ("", "false", "now", P.NONE, Source.NODE, True),
+        ("", "now", ABSENT, P.NONE, ValueOrigin.NODE, True),
+        ("", "false", "now", P.NONE, ValueOrigin.NODE, True),
         # the machine's "" is no preference
-        (ABSENT, "", ABSENT, P.NONE, Source.MACHINE, False),
+        (ABSENT, "", ABSENT, P.NONE, ValueOrigin.MACHINE, False),
         # the node's false wins over the machine's now, and vice versa
-        ("false", "now", ABSENT, P.FALSE, Source.NODE, True),
-        ("now", "false", ABSENT, P.NOW, Source.NODE, True),
+        ("false", "now", ABSENT, P.FALSE, ValueOrigin.NODE, True),
+        ("now", "false", ABSENT, P.NOW, ValueOrigin.NODE, True),
         # both spellings of the auto value read as AUTO (on the machine; on a node see below)
-        (ABSENT, "auto-preserve", ABSENT, P.AUTO, Source.MACHINE, False),
-        (ABSENT, "auto-preserved", ABSENT, P.AUTO, Source.MACHINE, False),
+        (ABSENT, "auto-preserve", ABSENT, P.AUTO, ValueOrigin.MACHINE, False),
+        (ABSENT, "auto-preserved", ABSENT, P.AUTO, ValueOrigin.MACHINE, False),
         # the machine's auto value survives a node in control that has no preference
-        ("", "auto-preserve", ABSENT, P.AUTO, Source.MACHINE, True),
-        (ABSENT, "auto-preserve", "now", P.AUTO, Source.MACHINE, True),
+        ("", "auto-preserve", ABSENT, P.AUTO, ValueOrigin.MACHINE, True),
+        (ABSENT, "auto-preserve", "now", P.AUTO, ValueOrigin.MACHINE, True),
         # ... but not a node value that says something
-        ("false", "auto-preserve", ABSENT, P.FALSE, Source.NODE, True),
-        ("now", "auto-preserve", ABSENT, P.NOW, Source.NODE, True),
+        ("false", "auto-preserve", ABSENT, P.FALSE, ValueOrigin.NODE, True),
+        ("now", "auto-preserve", ABSENT, P.NOW, ValueOrigin.NODE, True),
     ],
 )
 def test_effective_value(
     node_value: object,
     machine_value: object,
     last_applied: object,
-    expected: Preference,
-    source: Source,
+    expected: v.PreserveValue,
+    source: ValueOrigin,
     in_control: bool,
 ) -> None:
     effective = effective_preserve_value(
@@ -69,7 +69,7 @@ def test_effective_value(
 
 def test_missing_node_leaves_the_machine_value_in_force_whatever_last_applied_says() -> None:
     effective = effective_preserve_value(machine=machine(preserve="now", last_applied="false"), node=None)
-    assert (effective.value, effective.source, effective.node_in_control) == (P.NOW, Source.MACHINE, False)
+    assert (effective.value, effective.source, effective.node_in_control) == (P.NOW, ValueOrigin.MACHINE, False)
 
 
 @pytest.mark.parametrize("auto", ["auto-preserve", "auto-preserved"])
@@ -78,7 +78,7 @@ def test_the_auto_value_on_a_node_is_invalid_and_ignored(auto: str) -> None:
     effective = effective_preserve_value(machine=machine(last_applied="now"), node=node(preserve=auto))
     assert (effective.value, effective.source, effective.node_in_control, effective.node_raw) == (
         P.NONE,
-        Source.NODE,
+        ValueOrigin.NODE,
         True,
         None,
     )
@@ -101,13 +101,13 @@ def test_invalid_machine_value_is_treated_as_absent_and_reported(bad: str) -> No
 
 def test_invalid_node_value_is_treated_as_absent_so_the_machine_decides() -> None:
     effective = effective_preserve_value(machine=machine(preserve="now"), node=node(preserve="yes"))
-    assert (effective.value, effective.source, effective.node_in_control) == (P.NOW, Source.MACHINE, False)
+    assert (effective.value, effective.source, effective.node_in_control) == (P.NOW, ValueOrigin.MACHINE, False)
     assert effective.invalid == (InvalidValue("Node", "n1", "yes"),)
 
 
 def test_invalid_node_value_with_a_last_applied_record_means_the_node_value_is_gone() -> None:
     effective = effective_preserve_value(machine=machine(last_applied="now"), node=node(preserve="yes"))
-    assert (effective.value, effective.source) == (P.NONE, Source.NODE)
+    assert (effective.value, effective.source) == (P.NONE, ValueOrigin.NODE)
 
 
 def test_both_invalid_are_both_reported_machine_first() -> None:
@@ -129,8 +129,8 @@ def test_both_invalid_are_both_reported_machine_first() -> None:
         ("NOW", None),
     ],
 )
-def test_parse_preference(raw: str | None, expected: Preference | None) -> None:
-    assert parse_preference(raw) == expected
+def test_parse_preserve_value(raw: str | None, expected: v.PreserveValue | None) -> None:
+    assert parse_preserve_value(raw) == expected
 
 
 def test_is_auto_value_accepts_both_spellings_only() -> None:

@@ -35,7 +35,7 @@ from machine_preservation.core.plan import (
     PatchMachineSetStatus,
     RecordEvent,
 )
-from machine_preservation.core.preserve_value import Preference, effective_preserve_value, is_auto_value
+from machine_preservation.core.preserve_value import effective_preserve_value, is_auto_value
 
 _EPOCH = dt.datetime.min.replace(tzinfo=dt.UTC)
 
@@ -133,7 +133,7 @@ def plan_auto_preservation(
         for m in live
         if m.phase == v.MachinePhase.FAILED
         and m.preservation is None
-        and effective_preserve_value(machine=m, node=nodes.get(m.node_name)).value == Preference.NONE
+        and effective_preserve_value(machine=m, node=nodes.get(m.node_name)).value == v.PreserveValue.NONE
     ]
     candidates.sort(key=_failed_since, reverse=True)
     annotate = tuple(m.metadata.name for m in candidates[: limit - len(holders)])

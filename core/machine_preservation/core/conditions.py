@@ -19,7 +19,6 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.core.durations import format_go_duration
 from machine_preservation.core.models import Node, NodeCondition
 from machine_preservation.core.plan import DrainNode, SetPreservedCondition
-from machine_preservation.core.preserve_value import Preference
 
 TRUE = "True"
 FALSE = "False"
@@ -34,9 +33,9 @@ def go_time_string(moment: dt.datetime) -> str:
     return f"{utc:%Y-%m-%d %H:%M:%S}{fraction} +0000 UTC"
 
 
-def reason_for(preference: Preference) -> v.ConditionReason:
+def reason_for(value: v.PreserveValue) -> v.ConditionReason:
     """`Preserved by MCM.` for the auto value, `Preserved by user.` for any other value."""
-    return v.ConditionReason.PRESERVED_BY_MCM if preference == Preference.AUTO else v.ConditionReason.PRESERVED_BY_USER
+    return v.ConditionReason.PRESERVED_BY_MCM if value == v.PreserveValue.AUTO else v.ConditionReason.PRESERVED_BY_USER
 
 
 def preserved_until_message(expiry: dt.datetime) -> str:

@@ -33,7 +33,6 @@ from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.durations import duration_or_default
 from machine_preservation.core.models import Machine
 from machine_preservation.core.preservation_record import PreservationRecord, start_record
-from machine_preservation.core.preserve_value import Preference
 
 
 class StopCause(StrEnum):
@@ -79,7 +78,7 @@ def is_expired(expiry: dt.datetime | None, now: dt.datetime) -> bool:
 def decide_preservation(
     *,
     machine: Machine,
-    value: Preference,
+    value: v.PreserveValue,
     phase: str,
     config: PreservationConfig,
     now: dt.datetime,
@@ -91,29 +90,29 @@ def decide_preservation(
     expiry = expiry_of(machine, config)
     failed = phase == v.MachinePhase.FAILED
     if failed and expiry is not None:
-        if value == Preference.FALSE:
+        if value == v.PreserveValue.FALSE:
             return PreservationDecision(preserve=False, stop_cause=StopCause.OPTED_OUT, delete_machine=True)
-        if value != Preference.NONE and is_expired(expiry, now):
+        if value != v.PreserveValue.NONE and is_expired(expiry, now):
             return PreservationDecision(preserve=False, stop_cause=StopCause.EXPIRED, delete_machine=True)
-    if value in (Preference.NOW, Preference.WHEN_FAILED, Preference.AUTO) and is_expired(expiry, now):
+    if value in (v.PreserveValue.NOW, v.PreserveValue.WHEN_FAILED, v.PreserveValue.AUTO) and is_expired(expiry, now):
         return PreservationDecision(preserve=False, stop_cause=StopCause.EXPIRED, remove_annotations=True)
-    if value == Preference.NOW or (value in (Preference.WHEN_FAILED, Preference.AUTO) and failed):
+    if value == v.PreserveValue.NOW or (value in (v.PreserveValue.WHEN_FAILED, v.PreserveValue.AUTO) and failed):
         if record is not None and expiry is not None:
             return PreservationDecision(preserve=True, record=record, expiry=expiry)
         started = start_record(
             now=now,
             timeout=effective_preserve_timeout(machine=machine, config=config, pool_timeout=pool_timeout),
             max_timeout=config.max_preserve_timeout,
-            by=v.PreservedBy.AUTO if value == Preference.AUTO else v.PreservedBy.USER,
+            by=v.PreservedBy.AUTO if value == v.PreserveValue.AUTO else v.PreservedBy.USER,
         )
         return PreservationDecision(
             preserve=True, record=started, expiry=started.expiry(max_timeout=config.max_preserve_timeout), starts=True
         )
-    if value == Preference.WHEN_FAILED:
+    if value == v.PreserveValue.WHEN_FAILED:
         return PreservationDecision(preserve=False, stop_cause=StopCause.NOT_FAILED)
-    if value == Preference.AUTO:
+    if value == v.PreserveValue.AUTO:
         return PreservationDecision(preserve=False, stop_cause=StopCause.NOT_FAILED, remove_annotations=True)
-    if value == Preference.FALSE:
+    if value == v.PreserveValue.FALSE:
         return PreservationDecision(preserve=False, stop_cause=StopCause.OPTED_OUT)
     if not failed and record is not None and not record.damaged and is_expired(expiry, now):
         # A stop at expiry interrupted after the preserve annotation went (a crash, or a conflict on removing

@@ -62,10 +62,9 @@ from machine_preservation.core.plan import (
 from machine_preservation.core.preservation_record import DrainRecord, record_patch
 from machine_preservation.core.preserve_value import (
     EffectivePreserveValue,
-    Preference,
-    Source,
+    ValueOrigin,
     effective_preserve_value,
-    parse_preference,
+    parse_preserve_value,
 )
 from machine_preservation.core.priority import priority_patch
 
@@ -270,7 +269,7 @@ def _machine_annotations(
         changes.append(_sync_from_node(machine=machine, effective=effective))
     changes.append(
         priority_patch(
-            machine=machine, preserved=decision.preserve, auto=effective.value == Preference.AUTO, ceiling=ceiling
+            machine=machine, preserved=decision.preserve, auto=effective.value == v.PreserveValue.AUTO, ceiling=ceiling
         )
     )
     # A machine value this plan removes (expiry) is no longer there to report.
@@ -290,9 +289,9 @@ def _sync_from_node(*, machine: Machine, effective: EffectivePreserveValue) -> P
     annotations = machine.metadata.annotations
     node_value = effective.node_raw or ""
     machine_raw = annotations.get(v.PRESERVE_ANNOTATION)
-    keeps_auto = effective.source == Source.MACHINE
+    keeps_auto = effective.source == ValueOrigin.MACHINE
     remove: tuple[str, ...] = ()
-    if machine_raw is not None and not keeps_auto and parse_preference(machine_raw) is not None:
+    if machine_raw is not None and not keeps_auto and parse_preserve_value(machine_raw) is not None:
         remove = (v.PRESERVE_ANNOTATION,)
     current_last_applied = annotations.get(v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION, "")
     set_ = {v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION: node_value} if current_last_applied != node_value else {}
@@ -457,6 +456,6 @@ def _node_annotations_on_stop(
             for key in (v.CA_SCALE_DOWN_DISABLED_ANNOTATION, v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION)
             if key in annotations
         ]
-    if decision.remove_annotations and effective.source == Source.NODE and effective.node_raw:
+    if decision.remove_annotations and effective.source == ValueOrigin.NODE and effective.node_raw:
         remove.append(v.PRESERVE_ANNOTATION)
     return PatchNodeAnnotations(remove=tuple(remove))

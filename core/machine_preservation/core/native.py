@@ -63,7 +63,7 @@ def _hand_over(*, machine: Machine, node: Node | None, config: PreservationConfi
         steps.append(SetPreservedTaint(present=False))
     annotations = machine.metadata.annotations
     respell = (
-        {v.PRESERVE_ANNOTATION: v.PreserveValue.AUTO_UPSTREAM.value}
+        {v.PRESERVE_ANNOTATION: v.UPSTREAM_AUTO_PRESERVE_VALUE}
         if annotations.get(v.PRESERVE_ANNOTATION) == v.PreserveValue.AUTO.value
         else {}
     )

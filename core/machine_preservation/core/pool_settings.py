@@ -59,7 +59,9 @@ _MAX_KEY: Final = "autoPreserveFailedMachineMax"
 T = TypeVar("T")
 
 
-class Source(StrEnum):
+class SettingOrigin(StrEnum):
+    """Where a resolved setting was found."""
+
     MACHINE = "Machine"
     MACHINE_SET = "MachineSet"
     MACHINE_DEPLOYMENT = "MachineDeployment"
@@ -72,7 +74,7 @@ class Setting(Generic[T]):
     """One resolved setting: its value, the source it came from, and where exactly (for logs and Events)."""
 
     value: T
-    source: Source
+    source: SettingOrigin
     detail: str
 
 
@@ -342,11 +344,14 @@ def resolve_preserve_timeout(
 ) -> Setting[dt.timedelta]:
     """The preservation timeout for `machine` (or, without a machine, for new machines of the MachineSet)."""
     notes = [] if notes is None else notes
-    candidates: list[tuple[Source, str, Any]] = []
+    candidates: list[tuple[SettingOrigin, str, Any]] = []
     if machine is not None:
         where = f"Machine {machine.metadata.name} spec.machinePreserveTimeout"
-        candidates.append((Source.MACHINE, where, machine.spec.machine_preserve_timeout))
-    for source, obj in ((Source.MACHINE_SET, machine_set), (Source.MACHINE_DEPLOYMENT, machine_deployment)):
+        candidates.append((SettingOrigin.MACHINE, where, machine.spec.machine_preserve_timeout))
+    for source, obj in (
+        (SettingOrigin.MACHINE_SET, machine_set),
+        (SettingOrigin.MACHINE_DEPLOYMENT, machine_deployment),
+    ):
         if obj is not None:
             where = f"{source} {obj.metadata.name} spec.template.spec.machinePreserveTimeout"
             candidates.append((source, where, _template_timeout(obj)))
@@ -355,13 +360,13 @@ def resolve_preserve_timeout(
         worker, where = shoot_worker
         settings = worker.machine_controller_manager or {}
         field = f"{where}.machineControllerManager.machinePreserveTimeout"
-        candidates.append((Source.SHOOT, field, settings.get("machinePreserveTimeout")))
+        candidates.append((SettingOrigin.SHOOT, field, settings.get("machinePreserveTimeout")))
     for source, where, raw in candidates:
         value = _timeout(raw, where, notes)
         if value is not None:
             return Setting(value, source, f"{where}: {format_go_duration(value)}")
     value = defaults.preserve_timeout
-    return Setting(value, Source.FLAGS, f"--machine-preserve-timeout: {format_go_duration(value)}")
+    return Setting(value, SettingOrigin.FLAGS, f"--machine-preserve-timeout: {format_go_duration(value)}")
 
 
 def resolve_auto_preserve_max(
@@ -376,7 +381,10 @@ def resolve_auto_preserve_max(
     """The MachineSet's `autoPreserveFailedMachineMax`. `zone`: this MachineDeployment's zone where the caller
     knows it from elsewhere (e.g. its MachineClass's `nodeTemplate.zone`)."""
     notes = [] if notes is None else notes
-    for source, obj in ((Source.MACHINE_SET, machine_set), (Source.MACHINE_DEPLOYMENT, machine_deployment)):
+    for source, obj in (
+        (SettingOrigin.MACHINE_SET, machine_set),
+        (SettingOrigin.MACHINE_DEPLOYMENT, machine_deployment),
+    ):
         if obj is not None and carries_max(obj):
             where = f"{source} {obj.metadata.name} spec.autoPreserveFailedMachineMax"
             value = _max(obj.spec.auto_preserve_failed_machine_max, where, notes)
@@ -403,7 +411,7 @@ def resolve_auto_preserve_max(
                     notes=notes,
                 )
     value = defaults.auto_preserve_failed_machine_max
-    return Setting(value, Source.FLAGS, f"default: {value}")
+    return Setting(value, SettingOrigin.FLAGS, f"default: {value}")
 
 
 def _shoot_share(
@@ -420,17 +428,17 @@ def _shoot_share(
     if zones is None:
         # Without the zones neither their number nor this one's place is known: no share can be trusted.
         notes.append(f"{field}: the pool's zones are not a list of names; auto-preservation is off for it")
-        return Setting(0, Source.SHOOT, f"{field}: {total}, zones unreadable: 0")
+        return Setting(0, SettingOrigin.SHOOT, f"{field}: {total}, zones unreadable: 0")
     if len(zones) <= 1:
-        return Setting(total, Source.SHOOT, f"{field}: {total}")
+        return Setting(total, SettingOrigin.SHOOT, f"{field}: {total}")
     match = zone_of(zones=zones, machine_set=machine_set, machine_deployment=machine_deployment, zone=zone)
     share = zone_share(total=total, zone_count=len(zones), index=match.index)
     spread = f"{total} over {len(zones)} zones"
     if match.index is not None:
-        return Setting(share, Source.SHOOT, f"{field}: {spread}, {match.how}: {share}")
+        return Setting(share, SettingOrigin.SHOOT, f"{field}: {spread}, {match.how}: {share}")
     if total % len(zones):
         notes.append(f"{field}: the MachineDeployment's zone is not known ({match.how}); the smallest share is used")
-    return Setting(share, Source.SHOOT, f"{field}: {spread}, zone not known: {share}")
+    return Setting(share, SettingOrigin.SHOOT, f"{field}: {spread}, zone not known: {share}")
 
 
 def _shoot_worker(

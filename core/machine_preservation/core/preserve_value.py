@@ -22,28 +22,15 @@ from enum import StrEnum
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Machine, Node
 
-
-class Preference(StrEnum):
-    """A preserve value after validation; NONE is "no preference" (absent, `""` or invalid)."""
-
-    NOW = "now"
-    WHEN_FAILED = "when-failed"
-    FALSE = "false"
-    AUTO = "auto-preserve"
-    NONE = ""
-
-
-_PREFERENCES = {
-    "": Preference.NONE,
-    "now": Preference.NOW,
-    "when-failed": Preference.WHEN_FAILED,
-    "false": Preference.FALSE,
-    v.PreserveValue.AUTO.value: Preference.AUTO,
-    v.PreserveValue.AUTO_UPSTREAM.value: Preference.AUTO,
+_VALUES = {
+    **{value.value: value for value in v.PreserveValue},
+    v.UPSTREAM_AUTO_PRESERVE_VALUE: v.PreserveValue.AUTO,
 }
 
 
-class Source(StrEnum):
+class ValueOrigin(StrEnum):
+    """The object whose preserve annotation is in force."""
+
     NODE = "node"
     MACHINE = "machine"
 
@@ -59,19 +46,19 @@ class InvalidValue:
 
 @dataclass(frozen=True)
 class EffectivePreserveValue:
-    value: Preference
-    source: Source
+    value: v.PreserveValue
+    source: ValueOrigin
     node_in_control: bool
     invalid: tuple[InvalidValue, ...] = ()
     # The node's annotation as written when it is valid; None when absent, invalid or no node.
     node_raw: str | None = None
 
 
-def parse_preference(raw: str | None) -> Preference | None:
-    """The preference a raw annotation value stands for; None when the value is invalid."""
+def parse_preserve_value(raw: str | None) -> v.PreserveValue | None:
+    """The value a raw annotation stands for (an absent one: NONE); None when the value is invalid."""
     if raw is None:
-        return Preference.NONE
-    return _PREFERENCES.get(raw)
+        return v.PreserveValue.NONE
+    return _VALUES.get(raw)
 
 
 def is_auto_value(raw: str | None) -> bool:
@@ -81,22 +68,22 @@ def is_auto_value(raw: str | None) -> bool:
 def effective_preserve_value(*, machine: Machine, node: Node | None) -> EffectivePreserveValue:
     invalid: list[InvalidValue] = []
     machine_raw = machine.metadata.annotations.get(v.PRESERVE_ANNOTATION)
-    machine_value = parse_preference(machine_raw)
+    machine_value = parse_preserve_value(machine_raw)
     if machine_value is None:
         invalid.append(InvalidValue("Machine", machine.metadata.name, machine_raw or ""))
-        machine_value = Preference.NONE
+        machine_value = v.PreserveValue.NONE
 
     if node is None:
-        return EffectivePreserveValue(machine_value, Source.MACHINE, node_in_control=False, invalid=tuple(invalid))
+        return EffectivePreserveValue(machine_value, ValueOrigin.MACHINE, node_in_control=False, invalid=tuple(invalid))
 
     node_raw = node.metadata.annotations.get(v.PRESERVE_ANNOTATION)
-    node_value = parse_preference(node_raw)
+    node_value = parse_preserve_value(node_raw)
     # The auto value is the controller's, written on Machines only: on a Node someone else wrote it.
-    if node_value is None or node_value == Preference.AUTO:
+    if node_value is None or node_value == v.PreserveValue.AUTO:
         invalid.append(InvalidValue("Node", node.metadata.name, node_raw or ""))
-        node_raw, node_value = None, Preference.NONE
+        node_raw, node_value = None, v.PreserveValue.NONE
     last_applied = machine.metadata.annotations.get(v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION, "")
     node_in_control = node_raw is not None or last_applied != ""
-    if node_in_control and not (node_value == Preference.NONE and machine_value == Preference.AUTO):
-        return EffectivePreserveValue(node_value, Source.NODE, True, tuple(invalid), node_raw)
-    return EffectivePreserveValue(machine_value, Source.MACHINE, node_in_control, tuple(invalid), node_raw)
+    if node_in_control and not (node_value == v.PreserveValue.NONE and machine_value == v.PreserveValue.AUTO):
+        return EffectivePreserveValue(node_value, ValueOrigin.NODE, True, tuple(invalid), node_raw)
+    return EffectivePreserveValue(machine_value, ValueOrigin.MACHINE, node_in_control, tuple(invalid), node_raw)

@@ -40,18 +40,21 @@ MACHINE_SET_REVISION_ANNOTATION: Final = "deployment.kubernetes.io/revision"
 
 
 class PreserveValue(StrEnum):
-    """Values of the preserve annotation. Case-sensitive; whitespace is significant."""
+    """Values of the preserve annotation (case-sensitive; whitespace is significant). NONE is "no preference":
+    the annotation absent or `""` (and an invalid value, which counts as absent)."""
 
     NOW = "now"
     WHEN_FAILED = "when-failed"
     FALSE = "false"
     AUTO = "auto-preserve"
-    # Upstream's spelling of the auto value: read as AUTO, never written.
-    AUTO_UPSTREAM = "auto-preserved"
+    NONE = ""
 
 
+# Upstream's spelling of the auto value: read as PreserveValue.AUTO; written only to hand a machine over to an
+# MCM that preserves natively.
+UPSTREAM_AUTO_PRESERVE_VALUE: Final = "auto-preserved"
 USER_PRESERVE_VALUES: Final = ("now", "when-failed", "false")
-AUTO_PRESERVE_VALUES: Final = (PreserveValue.AUTO.value, PreserveValue.AUTO_UPSTREAM.value)
+AUTO_PRESERVE_VALUES: Final = (PreserveValue.AUTO.value, UPSTREAM_AUTO_PRESERVE_VALUE)
 # `""` means "no preference" (DESIGN.md §3); it is valid everywhere a user may write.
 USER_ALLOWED_VALUES: Final = ("", *USER_PRESERVE_VALUES)
 

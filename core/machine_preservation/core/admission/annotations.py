@@ -42,7 +42,7 @@ def annotation_errors(
 
     value = new.get(v.PRESERVE_ANNOTATION)
     # A native MCM writes its own auto value: that is its auto-preservation, not a user's.
-    mcm_auto = native_mcm and value == v.PreserveValue.AUTO_UPSTREAM
+    mcm_auto = native_mcm and value == v.UPSTREAM_AUTO_PRESERVE_VALUE
     if value is not None and value != previous.get(v.PRESERVE_ANNOTATION) and not mcm_auto:
         path = _ANNOTATIONS.key(v.PRESERVE_ANNOTATION)
         if value in v.AUTO_PRESERVE_VALUES and not is_controller:

@@ -57,7 +57,7 @@ from machine_preservation.core.models import Machine, MachineDeployment, Machine
 from machine_preservation.core.pool_settings import (
     ClusterView,
     PoolDefaults,
-    Source,
+    SettingOrigin,
     carries_max,
     pool_name,
     read_cluster,
@@ -65,13 +65,13 @@ from machine_preservation.core.pool_settings import (
     resolve_preserve_timeout,
 )
 from machine_preservation.core.preservation_record import PreservationRecord, format_timestamp, read_record
-from machine_preservation.core.preserve_value import Preference, effective_preserve_value
+from machine_preservation.core.preserve_value import effective_preserve_value
 
 # MCM's marker for a machine to be deleted at once (no drain); Gardener sets it on hibernation and deletion.
 FORCE_DELETION_LABEL: Final = "force-deletion"
 FORCE_DELETION_VALUE: Final = "True"
 
-_ASKS_FOR_PRESERVATION = (Preference.NOW, Preference.WHEN_FAILED, Preference.AUTO)
+_ASKS_FOR_PRESERVATION = (v.PreserveValue.NOW, v.PreserveValue.WHEN_FAILED, v.PreserveValue.AUTO)
 _RELEASE_HINT = (
     f"to release it, annotate the machine (or its node) with {v.PRESERVE_ANNOTATION}=false; "
     "a user's delete is not blocked"
@@ -190,7 +190,7 @@ def machine_set_to_read(*, machine: Machine, username: str, settings: AdmissionS
     return _owner_set_name(machine)
 
 
-def _asks_for_preservation(machine: Machine) -> tuple[Preference, str] | None:
+def _asks_for_preservation(machine: Machine) -> tuple[v.PreserveValue, str] | None:
     effective = effective_preserve_value(machine=machine, node=last_known_node(machine))
     if effective.value in _ASKS_FOR_PRESERVATION:
         return effective.value, effective.source.value
@@ -359,7 +359,7 @@ def _kept_for(
         cluster=cluster,
         defaults=_POOL_DEFAULTS,
     )
-    if timeout.source == Source.FLAGS:
+    if timeout.source == SettingOrigin.FLAGS:
         return "the configured machinePreserveTimeout"
     if timeout.value > settings.max_preserve_timeout:
         return f"{format_go_duration(settings.max_preserve_timeout)} (the maximum preserve timeout)"
@@ -461,7 +461,7 @@ def cluster_to_read(
         return False
     if read_record(machine.metadata.annotations) is not None:
         return False
-    if effective_preserve_value(machine=machine, node=last_known_node(machine)).value != Preference.NONE:
+    if effective_preserve_value(machine=machine, node=last_known_node(machine)).value != v.PreserveValue.NONE:
         return False  # asks for preservation (then denied above) or opted out: no budget involved
     own = machine_set.machine_set
     deployment = _deployment_of(machine_set, own)
