@@ -11,9 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from machine_preservation.controller.backoff import Backoff
-from machine_preservation.controller.handlers import is_resync
 from machine_preservation.controller.queue import WorkQueue
-from machine_preservation.core.models import Machine
 from tests.controller.fakeclock import FakeClock
 
 
@@ -284,31 +282,3 @@ def test_lanes_never_lose_duplicate_or_share_a_key_and_serve_changes_first(ops: 
 @pytest.mark.parametrize(("failures", "expected"), [(0, 0.0), (1, 0.2), (3, 0.8), (100, 300.0)])
 def test_backoff_delays(failures: int, expected: float) -> None:
     assert Backoff().delay(failures) == pytest.approx(expected)
-
-
-def _machine(resource_version: str, *, label: str = "a") -> Machine:
-    return Machine.model_validate(
-        {"metadata": {"name": "m", "resourceVersion": resource_version, "labels": {"x": label}}}
-    )
-
-
-@pytest.mark.parametrize(
-    ("old", "new", "expected"),
-    [
-        (None, _machine("5"), False),  # added
-        (_machine("5"), None, False),  # deleted
-        (_machine("5"), _machine("6", label="b"), False),  # a watch event: always a new resourceVersion
-        (_machine("5"), _machine("5"), True),  # a re-list found it unchanged
-        (_machine(""), _machine(""), False),  # no version to compare: a change, to be safe
-    ],
-    ids=["added", "deleted", "modified", "relisted-unchanged", "unversioned"],
-)
-def test_which_notifications_go_to_the_background_lane(
-    old: Machine | None, new: Machine | None, expected: bool
-) -> None:
-    assert is_resync(old, new) is expected
-
-
-def test_a_periodic_resync_hands_the_same_object_and_goes_to_the_background_lane() -> None:
-    same = _machine("")
-    assert is_resync(same, same)

@@ -1,20 +1,26 @@
 """The event handlers: every cache change, mapped to the keys of the objects it can affect, queued.
 
-A periodic resync (and a re-list that finds an object unchanged) hands it to the handlers without a change
-(`is_resync`); its keys go to the queues' background lane, so real changes and due timers are served first.
+Each kind of object has a mapping function, `(caches, old, new) -> Keys`; one wrapper (`_enqueue`) queues the
+keys. A notification that carries no change (`is_resync`: the periodic resync, or a re-list after a watch
+expired that finds an object as the cache had it) queues its keys in the background lane, so real changes and
+due timers are served first.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 from machine_preservation.controller.caches import Caches
+from machine_preservation.controller.informer import Handler
 from machine_preservation.controller.queue import WorkQueue
 from machine_preservation.controller.reader import DEPLOYMENT_INDEX, MACHINE_NODE_INDEX, key_of, owner_name
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, ObjectMeta, Pod
 from machine_preservation.core.pool_settings import ClusterView
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -28,8 +34,44 @@ class Queues:
         return (self.machines, self.machine_sets, self.machine_deployments)
 
 
+@dataclass
+class Keys:
+    """The keys a change affects, per queue, in the order they are queued."""
+
+    machines: list[str] = field(default_factory=list)
+    machine_sets: list[str] = field(default_factory=list)
+    machine_deployments: list[str] = field(default_factory=list)
+
+
+# Maps one cache notification, (old, new) as `informer.Handler` receives it, to the keys it affects.
+KeyMapping = Callable[[Caches, T | None, T | None], Keys]
+
+
+def is_resync(old: object, new: object) -> bool:
+    """Whether a cache notification carries no change: the resync's `(obj, obj)`, a re-list returning an object
+    at the resourceVersion the cache already had or, for what is cached without a resourceVersion (pods, the
+    Cluster's view), an equal object."""
+    if old is None or new is None:
+        return False
+    if old is new:
+        return True
+    version = _resource_version(old)
+    if version is None:
+        return old == new
+    return version != "" and version == _resource_version(new)
+
+
+def _resource_version(obj: object) -> str | None:
+    metadata = getattr(obj, "metadata", None)
+    return metadata.resource_version if isinstance(metadata, ObjectMeta) else None
+
+
 def _machine_key(machine: Machine) -> str:
     return key_of(machine.metadata.namespace, machine.metadata.name)
+
+
+def _machine_set_keys(machine: Machine) -> list[str]:
+    return [key_of(machine.metadata.namespace, name) for name in owner_name("MachineSet")(machine)]
 
 
 def _priority_relevant(machine: Machine) -> tuple[str | None, str | None, bool]:
@@ -41,90 +83,91 @@ def _priority_relevant(machine: Machine) -> tuple[str | None, str | None, bool]:
     )
 
 
-class _Versioned(Protocol):
-    @property
-    def metadata(self) -> ObjectMeta: ...
+def machine_keys(caches: Caches, old: Machine | None, new: Machine | None) -> Keys:
+    """The machine and its MachineSet; on a priority or preservation change also the preserved siblings, whose
+    priority ceiling it moves."""
+    current = new or old
+    assert current is not None
+    keys = Keys(machines=[_machine_key(current)], machine_sets=_machine_set_keys(current))
+    if old is None or new is None or _priority_relevant(old) != _priority_relevant(new):
+        keys.machines += [
+            _machine_key(sibling)
+            for sibling in caches.machine_set_of(current)
+            if sibling.preservation is not None and sibling.metadata.name != current.metadata.name
+        ]
+    return keys
 
 
-def is_resync(old: _Versioned | None, new: _Versioned | None) -> bool:
-    """Whether a cache notification carries no change: the resync's `(obj, obj)`, or a re-list (after a watch
-    expired) returning an object at the resourceVersion the cache already had."""
-    if old is None or new is None:
-        return False
-    version = old.metadata.resource_version
-    return old is new or (version != "" and version == new.metadata.resource_version)
+def node_keys(caches: Caches, old: Node | None, new: Node | None) -> Keys:
+    """The machines naming the node, and their MachineSets."""
+    current = new or old
+    assert current is not None
+    keys = Keys()
+    for machine in caches.machines.by_index(MACHINE_NODE_INDEX, current.metadata.name):
+        keys.machines.append(_machine_key(machine))
+        keys.machine_sets += _machine_set_keys(machine)
+    return keys
+
+
+def pod_keys(caches: Caches, old: Pod | None, new: Pod | None) -> Keys:
+    """The machines of the pod's node while it is being drained (carries the preserved taint); else none."""
+    current = new or old
+    assert current is not None
+    node = caches.nodes.get(current.node_name) if current.node_name else None
+    if node is None or not node.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT):
+        return Keys()
+    return Keys(machines=[_machine_key(m) for m in caches.machines.by_index(MACHINE_NODE_INDEX, node.metadata.name)])
+
+
+def machine_set_keys(caches: Caches, old: MachineSet | None, new: MachineSet | None) -> Keys:
+    """The MachineSet and its MachineDeployment; when a rollout adds or removes a MachineSet, also its siblings."""
+    current = new or old
+    assert current is not None
+    namespace = current.metadata.namespace
+    keys = Keys(machine_sets=[key_of(namespace, current.metadata.name)])
+    for deployment in owner_name("MachineDeployment")(current):
+        keys.machine_deployments.append(key_of(namespace, deployment))
+        if old is None or new is None:
+            keys.machine_sets += [
+                key_of(namespace, sibling.metadata.name)
+                for sibling in caches.machine_sets.by_index(DEPLOYMENT_INDEX, deployment)
+            ]
+    return keys
+
+
+def machine_deployment_keys(caches: Caches, old: MachineDeployment | None, new: MachineDeployment | None) -> Keys:
+    current = new or old
+    assert current is not None
+    return Keys(machine_deployments=[key_of(current.metadata.namespace, current.metadata.name)])
+
+
+def cluster_keys(caches: Caches, old: ClusterView | None, new: ClusterView | None) -> Keys:
+    """Every MachineSet: the Shoot's pool settings may have changed their auto-preservation max."""
+    return Keys(machine_sets=[key_of(s.metadata.namespace, s.metadata.name) for s in caches.machine_sets.values()])
+
+
+def _enqueue(mapping: KeyMapping[T], *, caches: Caches, queues: Queues) -> Handler[T]:
+    """A cache handler that queues the keys `mapping` finds, in the background lane when nothing changed."""
+
+    def handle(old: T | None, new: T | None) -> None:
+        keys, background = mapping(caches, old, new), is_resync(old, new)
+        for queue, queued in (
+            (queues.machines, keys.machines),
+            (queues.machine_sets, keys.machine_sets),
+            (queues.machine_deployments, keys.machine_deployments),
+        ):
+            for key in queued:
+                queue.add(key, background=background)
+
+    return handle
 
 
 def wire_handlers(*, caches: Caches, queues: Queues) -> None:
-    """Map every cache change to the keys it can affect.
-
-    A periodic resync (and a re-list that finds an object unchanged) hands it to the handlers without a change
-    (`is_resync`); its keys go to the queues' background lane, so real changes and due timers are served first.
-    """
-
-    def machine_set_keys_of(machine: Machine) -> list[str]:
-        return [key_of(machine.metadata.namespace, name) for name in owner_name("MachineSet")(machine)]
-
-    def on_machine(old: Machine | None, new: Machine | None) -> None:
-        current = new or old
-        assert current is not None
-        resync = is_resync(old, new)
-        queues.machines.add(_machine_key(current), background=resync)
-        for key in machine_set_keys_of(current):
-            queues.machine_sets.add(key, background=resync)
-        # A priority or preservation change moves the ceiling of the preserved siblings' priorities.
-        if old is None or new is None or _priority_relevant(old) != _priority_relevant(new):
-            for sibling in caches.machine_set_of(current):
-                if sibling.preservation is not None and sibling.metadata.name != current.metadata.name:
-                    queues.machines.add(_machine_key(sibling))
-
-    def on_node(old: Node | None, new: Node | None) -> None:
-        current = new or old
-        assert current is not None
-        resync = is_resync(old, new)
-        for machine in caches.machines.by_index(MACHINE_NODE_INDEX, current.metadata.name):
-            queues.machines.add(_machine_key(machine), background=resync)
-            for key in machine_set_keys_of(machine):
-                queues.machine_sets.add(key, background=resync)
-
-    def on_pod(old: Pod | None, new: Pod | None) -> None:
-        current = new or old
-        assert current is not None
-        node = caches.nodes.get(current.node_name) if current.node_name else None
-        if node is None or not node.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT):
-            return  # pods matter only on a node being drained
-        for machine in caches.machines.by_index(MACHINE_NODE_INDEX, node.metadata.name):
-            queues.machines.add(_machine_key(machine), background=old is new)
-
-    def on_machine_set(old: MachineSet | None, new: MachineSet | None) -> None:
-        current = new or old
-        assert current is not None
-        namespace, resync = current.metadata.namespace, is_resync(old, new)
-        queues.machine_sets.add(key_of(namespace, current.metadata.name), background=resync)
-        for deployment in owner_name("MachineDeployment")(current):
-            queues.machine_deployments.add(key_of(namespace, deployment), background=resync)
-            if old is None or new is None:  # a rollout's new or removed MachineSet changes its siblings
-                for sibling in caches.machine_sets.by_index(DEPLOYMENT_INDEX, deployment):
-                    queues.machine_sets.add(key_of(namespace, sibling.metadata.name))
-
-    def on_machine_deployment(old: MachineDeployment | None, new: MachineDeployment | None) -> None:
-        current = new or old
-        assert current is not None
-        queues.machine_deployments.add(
-            key_of(current.metadata.namespace, current.metadata.name), background=is_resync(old, new)
-        )
-
-    def on_cluster(old: ClusterView | None, new: ClusterView | None) -> None:
-        # The Shoot's pool settings may have changed: every MachineSet's auto-preservation max with them.
-        for machine_set in caches.machine_sets.values():
-            queues.machine_sets.add(
-                key_of(machine_set.metadata.namespace, machine_set.metadata.name), background=old is new
-            )
-
-    caches.machines.add_handler(on_machine)
+    """Queue the keys every cache change affects."""
+    caches.machines.add_handler(_enqueue(machine_keys, caches=caches, queues=queues))
     if caches.clusters is not None:
-        caches.clusters.add_handler(on_cluster)
-    caches.nodes.add_handler(on_node)
-    caches.pods.add_handler(on_pod)
-    caches.machine_sets.add_handler(on_machine_set)
-    caches.machine_deployments.add_handler(on_machine_deployment)
+        caches.clusters.add_handler(_enqueue(cluster_keys, caches=caches, queues=queues))
+    caches.nodes.add_handler(_enqueue(node_keys, caches=caches, queues=queues))
+    caches.pods.add_handler(_enqueue(pod_keys, caches=caches, queues=queues))
+    caches.machine_sets.add_handler(_enqueue(machine_set_keys, caches=caches, queues=queues))
+    caches.machine_deployments.add_handler(_enqueue(machine_deployment_keys, caches=caches, queues=queues))
