@@ -94,7 +94,7 @@ def test_manual_preservations_neither_count_nor_are_candidates() -> None:
         ("yes", ABSENT, True),  # invalid = absent: overwritten with the auto value
         ("false", ABSENT, False),  # opted out
         (ABSENT, "false", False),
-        (ABSENT, "now", False),  # the node decides: no ping-pong (quirk Q6)
+        (ABSENT, "now", False),  # the node decides: no grant for the machine plan to take back
         ("now", "", True),  # the node's "" overrides the machine's now: no preference
         (ABSENT, "yes", True),
     ],
@@ -115,7 +115,7 @@ def test_missing_node_means_the_machine_value_decides() -> None:
         machine(name="running", phase=RUNNING),
         machine(name="unknown", phase=v.MachinePhase.UNKNOWN),
         failed("stopping", expiry=KEPT),  # preservation ending: wait until the stop is done
-        failed("expired", expiry=NOW - HOUR),  # the machine plan deletes it (quirk Q2)
+        failed("expired", expiry=NOW - HOUR),  # the machine plan deletes it: a grant would preserve it again
         failed("deleting", deleting=True),
     ],
 )
@@ -133,14 +133,14 @@ def test_lowering_the_max_releases_the_oldest_first_and_counts_live() -> None:
         failed("older", preserve="auto-preserved", expiry=KEPT, created_hours_ago=20),
         failed("manual", preserve="now", expiry=KEPT, created_hours_ago=99),
     ]
-    # exactly max - new: never one too many (upstream quirk Q3)
+    # exactly max - new: never one too many (upstream MCM may release one more)
     assert auto_plan(machines, max_auto=1) == AutoPreservationPlan(annotate=(), release=("oldest", "older"), count=1)
     assert auto_plan(machines, max_auto=0).release == ("oldest", "older", "young")
     assert auto_plan(machines, max_auto=-3).release == ("oldest", "older", "young")  # negative counts as 0
 
 
 def test_the_auto_value_on_a_machine_that_is_not_failed_is_released() -> None:
-    stale = machine(name="stale", phase=RUNNING, preserve="auto-preserve")  # quirk Q5
+    stale = machine(name="stale", phase=RUNNING, preserve="auto-preserve")  # upstream MCM keeps it, holding a slot
     recovered = machine(name="recovered", phase=RUNNING, preserve="auto-preserve", expiry=KEPT)  # stop pending
     result = auto_plan([stale, recovered, failed("f")], max_auto=2)
     assert result == AutoPreservationPlan(annotate=("f",), release=("stale",), count=2)

@@ -1,4 +1,4 @@
-"""Preserve or stop, until when, and why (reference §3 step 6, §5.3 as adapted by DESIGN.md §3)."""
+"""Preserve or stop, until when, and why: the decision for every effective value, phase and expiry."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def delete(cause: StopCause) -> PreservationDecision:
     return PreservationDecision(preserve=False, stop_cause=cause, delete_machine=True)
 
 
-# §5.3: new effective value × (Running|Failed) × (not preserved|preserved), plus expiry and other phases.
+# Effective value × (Running|Failed) × (not preserved|preserved), plus expiry and other phases.
 @pytest.mark.parametrize(
     ("value", "phase", "expiry", "expected"),
     [
@@ -72,7 +72,7 @@ def delete(cause: StopCause) -> PreservationDecision:
         (P.NOW, FAILED, NOW, delete(StopCause.EXPIRED)),
         (P.WHEN_FAILED, RUNNING, None, stop(StopCause.NOT_FAILED)),
         (P.WHEN_FAILED, RUNNING, KEPT, stop(StopCause.NOT_FAILED)),
-        (P.WHEN_FAILED, UNKNOWN, KEPT, stop(StopCause.NOT_FAILED)),  # only Failed preserves (§4.5 Q1)
+        (P.WHEN_FAILED, UNKNOWN, KEPT, stop(StopCause.NOT_FAILED)),  # only Failed preserves
         (P.WHEN_FAILED, FAILED, None, preserve(NEW, starts=True)),
         (P.WHEN_FAILED, FAILED, KEPT, preserve(KEPT, starts=False)),
         (P.WHEN_FAILED, FAILED, PAST, delete(StopCause.EXPIRED)),
@@ -88,7 +88,7 @@ def delete(cause: StopCause) -> PreservationDecision:
         (P.FALSE, FAILED, None, stop(StopCause.OPTED_OUT)),  # never preserved: MCM's to replace
         (P.FALSE, FAILED, KEPT, delete(StopCause.OPTED_OUT)),
         (P.FALSE, FAILED, PAST, delete(StopCause.OPTED_OUT)),
-        (P.FALSE, RUNNING, PAST, stop(StopCause.OPTED_OUT)),  # §4.2 #15: no annotation removal
+        (P.FALSE, RUNNING, PAST, stop(StopCause.OPTED_OUT)),  # expired `false`: no annotation removal
         (P.NONE, RUNNING, KEPT, stop(StopCause.NO_PREFERENCE)),
         # The annotation went with a stop at expiry that did not finish: still the expiry's stop.
         (P.NONE, RUNNING, PAST, stop(StopCause.EXPIRED)),

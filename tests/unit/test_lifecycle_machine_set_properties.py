@@ -107,7 +107,7 @@ def test_machine_set_and_machines_settle_without_undoing_each_other(world: World
 
 
 def test_expired_auto_preservation_is_not_granted_again() -> None:
-    # Quirk Q2: the stop deletes the Failed machine instead of leaving it for the budget to grant again.
+    # The stop deletes the Failed machine instead of leaving it for the budget to grant again.
     m = machine(name="m0", node="node-m0", phase="Failed", preserve="auto-preserve", expiry=NOW - HOUR)
     world: World = (machine_set(max_auto=1, count=1), [m], {"node-m0": node(name="node-m0")})
     world, _ = one_round(world, MIRROR)

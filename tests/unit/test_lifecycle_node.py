@@ -53,7 +53,7 @@ def preserved_machine(phase: str = RUNNING, value: str = "now", **kwargs: object
     [
         (ABSENT, ABSENT, PatchNodeAnnotations(set={CA: "true", MARKER: "true"})),
         ("false", ABSENT, PatchNodeAnnotations(set={CA: "true", MARKER: "true"})),  # user's value overwritten
-        ("false", "true", PatchNodeAnnotations(set={CA: "true", MARKER: "true"})),  # drift re-asserted (DESIGN §3)
+        ("false", "true", PatchNodeAnnotations(set={CA: "true", MARKER: "true"})),  # drift re-asserted
         ("true", ABSENT, None),  # the user's own "true": no marker, so it survives the stop
         ("true", "true", None),
     ],
@@ -95,7 +95,7 @@ def test_unpreserved_machine_never_touches_a_rollout_ca_annotation() -> None:
 
 
 def test_reason_follows_the_value_without_a_new_drain() -> None:
-    # Upstream keeps "Preserved by MCM." after a switch from auto to `now` (quirk Q4).
+    # Upstream MCM keeps "Preserved by MCM." after a switch from auto to `now`.
     n = node(ca="true", tainted=True, condition=preserved_condition(reason="Preserved by MCM.", message=DRAINED))
     result = plan(preserved_machine(FAILED, drain=WAS_DRAINED), n)
     assert writes(result) == [

@@ -1,5 +1,4 @@
-"""Effective preserve value: node over machine, the last-applied record, `""`, invalid values (reference §5.2,
-DESIGN.md §3)."""
+"""Effective preserve value: node over machine, the last-applied record, `""`, invalid values."""
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ P = v.PreserveValue
 @pytest.mark.parametrize(
     ("node_value", "machine_value", "last_applied", "expected", "source", "in_control"),
     [
-        # reference §5.2, node found
+        # upstream MCM's rules, node found
         (ABSENT, "now", ABSENT, P.NOW, ValueOrigin.MACHINE, False),
         (ABSENT, ABSENT, ABSENT, P.NONE, ValueOrigin.MACHINE, False),
         (ABSENT, ABSENT, "now", P.NONE, ValueOrigin.NODE, True),  # node annotation removed: stop
@@ -33,7 +32,7 @@ P = v.PreserveValue
         (ABSENT, "now", "now", P.NONE, ValueOrigin.NODE, True),  # stale identical machine value: still stop
         # an empty last-applied record means the node is not in control
         (ABSENT, "false", "", P.FALSE, ValueOrigin.MACHINE, False),
-        # DESIGN §3: a node's "" is valid, means no preference, and overrides the machine
+        # a node's "" is valid (upstream: invalid), means no preference, and overrides the machine
         ("", "now", ABSENT, P.NONE, ValueOrigin.NODE, True),
         ("", "false", "now", P.NONE, ValueOrigin.NODE, True),
         # the machine's "" is no preference

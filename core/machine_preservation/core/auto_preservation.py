@@ -1,6 +1,6 @@
 """Auto-preservation per MachineSet: which Failed machines get the auto value, which lose it; status counters.
 
-Rules (reference §6, DESIGN.md §3):
+Rules:
 - at most `spec.autoPreserveFailedMachineMax` machines of a MachineSet carry the auto value (a negative max
   counts as 0); newest failures are granted first; when the max is lowered the oldest (by creation) are
   released first;
@@ -11,12 +11,15 @@ Rules (reference §6, DESIGN.md §3):
 
 Differences from upstream, on purpose:
 - the budget is counted live from the machines, not from the previous reconcile's status counter, so
-  lowering the max never releases one machine too many (upstream quirk Q3);
-- a candidate's *effective* value (node included) must be "no preference", so node-annotated machines do not
-  ping-pong (quirk Q6);
-- the auto value on a machine that is neither Failed nor preserved is released (quirk Q5);
+  lowering the max never releases one machine too many (upstream computes the room from the stored count,
+  which the releasing reconcile writes unchanged, and releases once more);
+- a candidate's *effective* value (node included) must be "no preference", so a machine whose node carries a
+  value is not granted the auto value only for the machine plan to remove it again, over and over;
+- the auto value on a machine that is neither Failed nor preserved is released (upstream keeps it, and it
+  holds a slot of the budget);
 - a machine whose preservation is ending (expiry set, value gone) is not a candidate until the stop is done,
-  and a Failed machine whose preservation expired is deleted by the machine plan, not re-granted (quirk Q2).
+  and a Failed machine whose preservation expired is deleted by the machine plan, not re-granted (upstream
+  re-grants it when its MachineSet sees it before the deletion, and it is preserved again).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from machine_preservation.core import vocabulary as v
 
-DEFAULT_PRESERVE_TIMEOUT = dt.timedelta(hours=72)  # DESIGN.md §3 (upstream: 96h)
+DEFAULT_PRESERVE_TIMEOUT = dt.timedelta(hours=72)  # upstream MCM's default is 96h
 DEFAULT_DRAIN_TIMEOUT = dt.timedelta(hours=2)  # upstream --machine-drain-timeout
 DEFAULT_DRAIN_RETRY_INTERVAL = dt.timedelta(minutes=1)
 # No preservation lasts longer, whoever asked: the cap on every expiry (and the Shoot webhook's bound).
@@ -20,7 +20,8 @@ class PreservationConfig:
     default_preserve_timeout: dt.timedelta = DEFAULT_PRESERVE_TIMEOUT
     # The value auto-preservation writes; upstream's `auto-preserved` is still read as the same.
     auto_value: str = v.PreserveValue.AUTO.value
-    # Overall deadline of one drain; a machine's spec.drainTimeout overrides it.
+    # How long evictions are retried, counted from the first failed drain; past it the node is only looked at
+    # (it counts as drained once the blocking pods are gone). A machine's spec.drainTimeout overrides it.
     drain_timeout: dt.timedelta = DEFAULT_DRAIN_TIMEOUT
     # Pause after a failed drain before the next attempt.
     drain_retry_interval: dt.timedelta = DEFAULT_DRAIN_RETRY_INTERVAL

@@ -1,4 +1,4 @@
-"""Should this machine be preserved now, until when, and why not (reference §3 step 6, §4.5, §5.3).
+"""Should this machine be preserved now, until when, and why not.
 
 | effective value | expired | not expired, phase Failed | not expired, other phases |
 |---|---|---|---|
@@ -16,10 +16,10 @@ while the machine stays preserved. Because the record stays until the stop is co
 is gone), a stop interrupted by a conflict or a crash is finished, never mistaken for "not preserved" and
 started again.
 
-A Failed machine whose preservation expired or was turned off with `false` is deleted (the issue's "a Failed
-machine is then deleted"); its annotations are then left alone: removing them first would let a crash in
-between turn the decision into "no preference", which neither deletes nor prevents a new auto-preservation.
-After a removed annotation or `""` it is left to auto-preservation (which may keep it) or to MCM.
+A Failed machine whose preservation expired or was turned off with `false` is deleted; its annotations are then
+left alone: removing them first would let a crash in between turn the decision into "no preference", which neither
+deletes nor prevents a new auto-preservation. After a removed annotation or `""` it is left to auto-preservation
+(which may keep it) or to MCM.
 """
 
 from __future__ import annotations

@@ -281,7 +281,7 @@ def _machine_annotations(
 
 
 def _sync_from_node(*, machine: Machine, effective: EffectivePreserveValue) -> PatchMachineAnnotations:
-    """The node decides: the machine's own value goes, last-applied := the node's value (reference §3 step 9).
+    """The node decides: the machine's own value goes, last-applied := the node's value.
 
     An invalid machine value is left alone (it is reported instead), and so is the auto value the node
     lets through (core.preserve_value).

@@ -1,6 +1,6 @@
 """Which preserve value is in force for a machine: node over machine, with the last-applied record.
 
-Rules (shared/reference/mcm-preservation-behaviour.md §5, with DESIGN.md §3 overriding):
+Rules (upstream MCM's, except for `""` and the auto value):
 - the node is *in control* when it carries the annotation with a valid value (`""` included: a node's
   `""` overrides the machine's annotation) or when the machine's last-applied record is non-empty
   (then a removed node annotation means "stop": effective value `""`);
@@ -9,9 +9,10 @@ Rules (shared/reference/mcm-preservation-behaviour.md §5, with DESIGN.md §3 ov
 - an invalid value (anything outside the allowed set) is treated as absent and reported; so is the auto value
   on a Node (the controller writes it on Machines only, so on a Node someone else wrote it);
 - the auto value on the machine survives a node in control that expresses no preference (`""`, or a
-  removed annotation): "no preference" is what lets auto-preservation apply (DESIGN.md §3), and the
-  auto value is the controller's decision, not a user's value the node overrides. Without this the
-  MachineSet would grant the auto value and the machine sync would delete it again (upstream quirk Q6).
+  removed annotation): "no preference" is what lets auto-preservation apply, and the auto value is the
+  controller's decision, not a user's value the node overrides. Without this the MachineSet would grant the
+  auto value and the machine sync would delete it again, over and over (as upstream MCM does for a Failed
+  machine whose node carries a value).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Every annotation, label, taint, condition and value the product reads or writes.
 
-Exact strings follow upstream machine-controller-manager (see shared/reference, §1 and §14),
-except where shared/DESIGN.md §3 decides otherwise (the auto value we write).
+Exact strings follow upstream machine-controller-manager, except the auto value we write (`auto-preserve`;
+upstream's `auto-preserved` is read as the same).
 """
 
 from enum import StrEnum
@@ -55,7 +55,7 @@ class PreserveValue(StrEnum):
 UPSTREAM_AUTO_PRESERVE_VALUE: Final = "auto-preserved"
 USER_PRESERVE_VALUES: Final = ("now", "when-failed", "false")
 AUTO_PRESERVE_VALUES: Final = (PreserveValue.AUTO.value, UPSTREAM_AUTO_PRESERVE_VALUE)
-# `""` means "no preference" (DESIGN.md §3); it is valid everywhere a user may write.
+# `""` means "no preference" (not a valid value for upstream MCM); it is valid everywhere a user may write.
 USER_ALLOWED_VALUES: Final = ("", *USER_PRESERVE_VALUES)
 
 # Our record (on the Machine) of the invalid preserve values already reported with a Warning Event,

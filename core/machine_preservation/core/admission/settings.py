@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from machine_preservation.core.config import DEFAULT_MAX_PRESERVE_TIMEOUT
 
-# The chart's service account for the controller, and MCM's identity inside a shoot (ecosystem.md §1.5).
+# The chart's service account for the controller, and MCM's identity in a Gardener shoot.
 DEFAULT_CONTROLLER_USERNAME: Final = "system:serviceaccount:machine-preservation:machine-preservation-controller"
 DEFAULT_MCM_USERNAMES: Final = ("system:serviceaccount:kube-system:machine-controller-manager",)
 
