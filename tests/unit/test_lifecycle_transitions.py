@@ -1,4 +1,4 @@
-"""The machine plan for every transition of reference §4.2 (numbered as there), as DESIGN.md §3 adapts them."""
+"""The machine plan for every transition of a preservation: start, failure, recovery, stop, expiry, deletion."""
 
 from __future__ import annotations
 
@@ -87,9 +87,9 @@ def removes_the_record(result: MachinePlan) -> bool:
     return any(v.PRESERVED_SINCE_ANNOTATION in patch.remove for patch in machine_patches(result))
 
 
-# 1, 2: effective `now` on a machine that is not Failed
+# Effective `now` on a machine that is not Failed
 @pytest.mark.parametrize("phase", [RUNNING, UNKNOWN, PENDING, v.MachinePhase.CRASH_LOOP_BACK_OFF, ""])
-def test_1_2_now_preserves_any_phase_without_taint_or_drain(phase: str) -> None:
+def test_now_preserves_a_machine_that_is_not_failed_without_taint_or_drain(phase: str) -> None:
     result = plan(machine(phase=phase, preserve="now"), node(unschedulable=True))
     assert write_kinds(result) == ["PatchMachineAnnotations", "PatchNodeAnnotations", "SetPreservedCondition"]
     assert record_written(result) == STARTED_RECORD.annotations()
@@ -101,14 +101,14 @@ def test_1_2_now_preserves_any_phase_without_taint_or_drain(phase: str) -> None:
     assert result.requeue_after == 72 * HOUR
 
 
-def test_1_now_on_the_node_syncs_the_machine_annotations() -> None:
+def test_now_on_the_node_syncs_the_machine_annotations() -> None:
     result = plan(machine(preserve="when-failed"), node(preserve="now"))
     patch = only(result, PatchMachineAnnotations)
     assert patch.remove == (v.PRESERVE_ANNOTATION,)
     assert patch.set[v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION] == "now"
 
 
-def test_1_2_the_record_goes_first_and_the_mirror_only_where_the_crd_keeps_it() -> None:
+def test_the_record_goes_first_and_the_mirror_only_where_the_crd_keeps_it() -> None:
     result = plan(machine(preserve="now"), node(), config=MIRROR)
     assert write_kinds(result) == [
         "PatchMachineAnnotations",
@@ -120,7 +120,7 @@ def test_1_2_the_record_goes_first_and_the_mirror_only_where_the_crd_keeps_it() 
     assert only(result, SetPreserveExpiry).expiry == T
 
 
-def test_2_without_a_node_label_only_the_record_and_the_priority() -> None:
+def test_without_a_node_label_a_start_writes_only_the_record_and_the_priority() -> None:
     result = plan(machine(node="", preserve="now"))
     assert write_kinds(result) == ["PatchMachineAnnotations"]
     assert record_written(result) == dataclasses.replace(STARTED_RECORD, added_ca_annotation=False).annotations()
@@ -128,12 +128,12 @@ def test_2_without_a_node_label_only_the_record_and_the_priority() -> None:
     assert "no node: only the expiry" in of_type(result, RecordEvent)[0].message
 
 
-# 3, 5, 6: a Failed machine that asks for preservation: expiry, CA annotation, taint, then the drain
+# A Failed machine that asks for preservation: expiry, CA annotation, taint, then the drain
 @pytest.mark.parametrize(
     ("value", "reason"),
     [("now", "Preserved by user."), ("when-failed", "Preserved by user."), ("auto-preserve", "Preserved by MCM.")],
 )
-def test_3_5_6_failed_machine_is_preserved_tainted_and_drained(value: str, reason: str) -> None:
+def test_failed_machine_is_preserved_tainted_and_drained(value: str, reason: str) -> None:
     result = plan(machine(phase=FAILED, preserve=value, drain_timeout="30m"), node(), pods_to_evict=("ns/web-0",))
     assert write_kinds(result) == [
         "PatchMachineAnnotations",
@@ -163,22 +163,22 @@ def test_drain_timeout_falls_back_to_the_config_for_bad_values() -> None:
         assert drain.timeout == CONFIG.drain_timeout
 
 
-# 4: `when-failed` on a Running machine: only the node-value sync
-def test_4_when_failed_on_running_machine_changes_nothing_but_the_sync() -> None:
+# `when-failed` on a Running machine: only the node-value sync
+def test_when_failed_on_running_machine_changes_nothing_but_the_sync() -> None:
     assert plan(machine(preserve="when-failed"), node()) == MachinePlan()
     result = plan(machine(), node(preserve="when-failed"))
     assert writes(result) == [PatchMachineAnnotations(set={v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION: "when-failed"})]
     assert result.requeue_after is None
 
 
-# 7: a Failed machine with `false` or nothing: the machine plan does nothing (MCM or the budget decide)
+# A Failed machine with `false` or nothing: the machine plan does nothing (MCM or the budget decide)
 @pytest.mark.parametrize("value", ["false", "", ABSENT])
-def test_7_unpreserved_failed_machine_without_request_is_left_alone(value: object) -> None:
+def test_unpreserved_failed_machine_without_request_is_left_alone(value: object) -> None:
     assert plan(machine(phase=FAILED, preserve=value), node()) == MachinePlan()
 
 
-# 8: a `now`-preserved Running machine fails: expiry kept, tainted and drained
-def test_8_preserved_machine_that_fails_is_drained_with_the_original_expiry() -> None:
+# A `now`-preserved Running machine fails: expiry kept, tainted and drained
+def test_preserved_machine_that_fails_is_drained_with_the_original_expiry() -> None:
     result = plan(
         machine(phase=FAILED, preserve="now", expiry=KEPT, **steady_priority()), node(**preserved_running_node())
     )
@@ -188,8 +188,8 @@ def test_8_preserved_machine_that_fails_is_drained_with_the_original_expiry() ->
     assert result.requeue_after == 5 * HOUR
 
 
-# 9 (and quirk Q3): a `now` machine recovers: taint removed, condition back to "Machine preserved until"
-def test_9_now_machine_recovered_stays_preserved_untainted_and_ready_to_drain_again() -> None:
+# A `now` machine recovers: taint removed, condition back to "Machine preserved until"
+def test_now_machine_recovered_stays_preserved_untainted_and_ready_to_drain_again() -> None:
     drained = preserved_condition(message=DRAINED_KEPT)
     m = machine(
         phase=RUNNING,
@@ -208,13 +208,13 @@ def test_9_now_machine_recovered_stays_preserved_untainted_and_ready_to_drain_ag
     assert (condition.status, condition.message) == ("True", PRESERVED_UNTIL_KEPT)
     assert condition.last_transition_time == NOW - 10 * HOUR  # status unchanged: transition time kept
 
-    # ... and fails again before expiry: tainted and drained again (upstream would not, Q3)
+    # ... and fails again before expiry: tainted and drained again (upstream MCM would not)
     m, n = execute(m, n, result)
     assert write_kinds(plan(with_phase(m, FAILED), n)) == ["SetPreservedTaint", "SetPreservedCondition", "DrainNode"]
 
 
-# 10: `when-failed` machine recovers: stop, annotation kept
-def test_10_when_failed_machine_recovered_stops_and_keeps_its_annotation() -> None:
+# A `when-failed` machine recovers: stop, annotation kept
+def test_when_failed_machine_recovered_stops_and_keeps_its_annotation() -> None:
     m = machine(phase=RUNNING, preserve="when-failed", expiry=KEPT, added_ca=True, **steady_priority())
     n = node(ca="true", ca_marker="true", tainted=True, condition=preserved_condition(message=DRAINED_KEPT))
     result = plan(m, n)
@@ -239,7 +239,7 @@ def test_10_when_failed_machine_recovered_stops_and_keeps_its_annotation() -> No
     assert result.requeue_after is None
 
 
-def test_10_with_the_mirror_it_is_cleared_just_before_the_record_goes() -> None:
+def test_recovered_when_failed_machine_clears_the_mirror_just_before_the_record() -> None:
     m = machine(phase=RUNNING, preserve="when-failed", expiry=KEPT, mirrored=KEPT, **steady_priority())
     result = plan(m, node(**preserved_running_node()), config=MIRROR)
     assert write_kinds(result)[-2:] == ["SetPreserveExpiry", "PatchMachineAnnotations"]
@@ -250,8 +250,8 @@ def test_10_with_the_mirror_it_is_cleared_just_before_the_record_goes() -> None:
     assert of_type(unmirrored, SetPreserveExpiry) == []
 
 
-# 11: auto-preserved machine recovers: stop and the auto value goes
-def test_11_auto_preserved_machine_recovered_stops_and_loses_the_auto_value() -> None:
+# An auto-preserved machine recovers: stop and the auto value goes
+def test_auto_preserved_machine_recovered_stops_and_loses_the_auto_value() -> None:
     m = machine(phase=RUNNING, preserve="auto-preserved", expiry=KEPT, **steady_priority())
     result = plan(m, node(**preserved_running_node()))
     patch = machine_patches(result)[0]
@@ -263,9 +263,9 @@ def test_11_auto_preserved_machine_recovered_stops_and_loses_the_auto_value() ->
     assert writes(result)[-1] == RECORD_REMOVED
 
 
-# 12: the annotation in control is removed: stop, nothing removed; a Failed machine is left to the budget/MCM
+# The annotation in control is removed: stop, nothing removed; a Failed machine is left to the budget/MCM
 @pytest.mark.parametrize("phase", [RUNNING, FAILED])
-def test_12_removed_node_annotation_stops_without_deleting(phase: str) -> None:
+def test_removed_node_annotation_stops_without_deleting(phase: str) -> None:
     m = machine(phase=phase, last_applied="now", expiry=KEPT, **ours())
     result = plan(m, node(**preserved_running_node(tainted=phase == FAILED)))
     patch = machine_patches(result)[0]
@@ -276,8 +276,8 @@ def test_12_removed_node_annotation_stops_without_deleting(phase: str) -> None:
     assert event_reasons(result) == STOPPED
 
 
-# 13: `false`: stop, `false` stays; a Failed machine is deleted (the node cleaned up first)
-def test_13_false_stops_and_a_failed_machine_is_deleted() -> None:
+# `false`: stop, `false` stays; a Failed machine is deleted (the node cleaned up first)
+def test_false_stops_and_a_failed_machine_is_deleted() -> None:
     m = machine(phase=FAILED, preserve="false", expiry=KEPT, **ours())
     n = node(**preserved_running_node(tainted=True))
     result = plan(m, n)
@@ -295,17 +295,17 @@ def test_13_false_stops_and_a_failed_machine_is_deleted() -> None:
     assert plan(m, n) == MachinePlan()
 
 
-def test_13_false_on_a_running_machine_stops_without_deleting() -> None:
+def test_false_on_a_running_machine_stops_without_deleting() -> None:
     result = plan(machine(preserve="false", expiry=KEPT, **steady_priority()), node(**preserved_running_node()))
     assert writes(result)[-1] == RECORD_REMOVED
     assert event_reasons(result) == STOPPED
     assert 'preserve value is "false"' in of_type(result, RecordEvent)[0].message
 
 
-# 14: expiry reached: stop and remove the annotations everywhere, so it is not preserved again;
+# Expiry reached: stop and remove the annotations everywhere, so it is not preserved again;
 # a Failed machine is deleted instead, its annotations left in place until it is gone
 @pytest.mark.parametrize("value", ["now", "when-failed", "auto-preserve"])
-def test_14_expiry_on_failed_machine_cleans_the_node_and_deletes_it(value: str) -> None:
+def test_expiry_on_failed_machine_cleans_the_node_and_deletes_it(value: str) -> None:
     m = machine(phase=FAILED, preserve=value, expiry=NOW, **ours())
     result = plan(m, node(**preserved_running_node(tainted=True)))
     assert write_kinds(result) == [
@@ -318,7 +318,7 @@ def test_14_expiry_on_failed_machine_cleans_the_node_and_deletes_it(value: str) 
 
 
 @pytest.mark.parametrize("done", [0, 1, 2, 3])
-def test_14_a_crash_or_conflict_before_the_delete_leaves_the_same_decision(done: int) -> None:
+def test_a_crash_or_conflict_before_the_delete_leaves_the_same_decision(done: int) -> None:
     m = machine(phase=FAILED, preserve="now", expiry=NOW, added_ca=True, **steady_priority())
     n = node(**preserved_running_node(tainted=True))
     partial = MachinePlan(steps=plan(m, n).steps[:done])
@@ -328,7 +328,7 @@ def test_14_a_crash_or_conflict_before_the_delete_leaves_the_same_decision(done:
     assert record_written(again) == {}, "never a new preservation"
 
 
-def test_14_expiry_of_node_annotation_removes_it_on_node_and_machine_before_removing_the_record() -> None:
+def test_expiry_of_node_annotation_removes_it_on_node_and_machine_before_removing_the_record() -> None:
     m = machine(preserve="now", last_applied="now", expiry=NOW - HOUR, **steady_priority())
     result = plan(m, node(preserve="now", **preserved_running_node()))
     steps = writes(result)
@@ -339,28 +339,28 @@ def test_14_expiry_of_node_annotation_removes_it_on_node_and_machine_before_remo
     assert steps[-1] == RECORD_REMOVED
 
 
-# 15: `false` or nothing when the expiry passes: stop without removing annotations
-def test_15_expired_false_stops_without_removing_annotations() -> None:
+# `false` or nothing when the expiry passes: stop without removing annotations
+def test_expired_false_stops_without_removing_annotations() -> None:
     result = plan(machine(preserve="false", expiry=NOW - HOUR, **steady_priority()), node(**preserved_running_node()))
     assert v.PRESERVE_ANNOTATION not in machine_patches(result)[0].remove
     assert event_reasons(result) == STOPPED
 
 
-# 16: a machine being deleted (or Terminating) is MCM's
+# A machine being deleted (or Terminating) is MCM's
 @pytest.mark.parametrize("m", [machine(preserve="now", deleting=True), machine(preserve="now", phase="Terminating")])
-def test_16_deleted_machine_gets_no_plan(m: object) -> None:
+def test_deleted_machine_gets_no_plan(m: object) -> None:
     assert plan(m, node(tainted=True)) == MachinePlan()  # type: ignore[arg-type]
 
 
-# 17, 19: the node label names a node that does not exist: the machine's value, expiry only
-def test_19_missing_node_uses_machine_value_and_sets_only_the_record() -> None:
+# The node label names a node that does not exist: the machine's value, expiry only
+def test_missing_node_uses_machine_value_and_sets_only_the_record() -> None:
     result = plan(machine(phase=FAILED, preserve="now", last_applied="false"), NoNode.NOT_FOUND)
     assert write_kinds(result) == ["PatchMachineAnnotations"]
     assert record_written(result) == dataclasses.replace(STARTED_RECORD, added_ca_annotation=False).annotations()
     assert 'Node "n1" not found' in of_type(result, RecordEvent)[0].message
 
 
-def test_19_missing_node_stop_removes_the_preserve_annotation_then_the_record() -> None:
+def test_missing_node_stop_removes_the_preserve_annotation_then_the_record() -> None:
     result = plan(machine(preserve="now", expiry=NOW - HOUR), NoNode.NOT_FOUND)
     assert writes(result) == [PatchMachineAnnotations(remove=(v.PRESERVE_ANNOTATION,)), RECORD_REMOVED]
 
@@ -370,23 +370,23 @@ def test_a_node_not_found_needs_a_node_label_naming_it() -> None:
         plan(machine(node="", preserve="now"), NoNode.NOT_FOUND)
 
 
-# 20: no node label: only the record is written and removed
-def test_20_no_node_stop_only_removes_the_record() -> None:
+# No node label: only the record is written and removed
+def test_no_node_label_stop_only_removes_the_record() -> None:
     result = plan(machine(node="", preserve="false", expiry=KEPT))
     assert writes(result) == [RECORD_REMOVED]
     mirrored = plan(machine(node="", preserve="false", expiry=KEPT, mirrored=KEPT), config=MIRROR)
     assert writes(mirrored) == [SetPreserveExpiry(expiry=None), RECORD_REMOVED]
 
 
-# 21 (DESIGN §3 instead of upstream's freeze): node `""` = no preference, invalid = absent + Warning
-def test_21_empty_node_value_overrides_the_machine_and_stops() -> None:
+# Node `""` = no preference, invalid = absent + Warning (upstream MCM stops acting on the machine instead)
+def test_empty_node_value_overrides_the_machine_and_stops() -> None:
     m = machine(preserve="now", expiry=KEPT, **steady_priority())
     result = plan(m, node(preserve="", **preserved_running_node()))
     assert writes(result)[-1] == RECORD_REMOVED
     assert v.PRESERVE_ANNOTATION in machine_patches(result)[0].remove  # the node decides
 
 
-def test_21_invalid_node_value_is_ignored_and_reported_once() -> None:
+def test_invalid_node_value_is_ignored_and_reported_once() -> None:
     m = machine(preserve="now", expiry=KEPT, **steady_priority())
     n = node(preserve="yes", **preserved_running_node())
     result = plan(m, n)
@@ -407,9 +407,9 @@ def test_21_invalid_node_value_is_ignored_and_reported_once() -> None:
     assert plan(m, n).steps == ()  # reported: no repeat
 
 
-# 22: invalid or empty value on the machine, node not in control: treated as unannotated
+# Invalid or empty value on the machine, node not in control: treated as unannotated
 @pytest.mark.parametrize("value", ["", "yes"])
-def test_22_empty_or_invalid_machine_value_stops_preservation(value: str) -> None:
+def test_empty_or_invalid_machine_value_stops_preservation(value: str) -> None:
     result = plan(machine(preserve=value, expiry=KEPT, **steady_priority()), node(**preserved_running_node()))
     assert writes(result)[-1] == RECORD_REMOVED
     patch = machine_patches(result)[0]
@@ -417,7 +417,7 @@ def test_22_empty_or_invalid_machine_value_stops_preservation(value: str) -> Non
     assert (v.REPORTED_INVALID_PRESERVE_VALUES_ANNOTATION in patch.set) == (value == "yes")
 
 
-# DESIGN §3: a preserved Failed machine whose node is healthy again is moved to Running by us
+# A preserved Failed machine whose node is healthy again is moved to Running by us
 def test_recovery_moves_the_phase_then_plans_for_running() -> None:
     m = machine(phase=FAILED, preserve="when-failed", expiry=KEPT, **steady_priority())
     n = node(
@@ -476,7 +476,7 @@ def test_start_event_names_the_value_and_where_it_came_from() -> None:
     )
 
 
-# §5.4 old × new, as a user observes it; the plan is memoryless, so "old" matters only through "preserved".
+# Old × new value, as a user observes it; the plan is memoryless, so "old" matters only through "preserved".
 def outcome(result: MachinePlan) -> str:
     if of_type(result, DeleteMachine):
         return "stop+delete"
@@ -516,7 +516,9 @@ def outcome(result: MachinePlan) -> str:
         ("false", ABSENT, FAILED, "keep-or-nothing"),
     ],
 )
-def test_5_4_old_by_new(old: object, new: object, phase: str, expected: str) -> None:
+def test_a_value_change_acts_on_the_new_value_and_whether_preserved(
+    old: object, new: object, phase: str, expected: str
+) -> None:
     preserved = old != "none" and (old == "now" or (phase == FAILED and old != "false"))
     m = machine(phase=phase, preserve=new, expiry=KEPT if preserved else None)
     assert outcome(plan(m, node())) == expected
