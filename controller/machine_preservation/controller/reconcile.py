@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from machine_preservation.controller.apply import (
-    ObjectGone,
     Snapshot,
     Writer,
     execute,
@@ -72,7 +71,9 @@ class MachineReconciler:
     _draining: set[str] = field(default_factory=set)  # node names
 
     async def reconcile(self, key: str) -> dt.timedelta | None:
-        """Plan once, execute up to the drain; drain; plan the outcome once, execute it."""
+        """Plan once and execute the plan up to its drain, if it has one; drain, ask the core what the outcome
+        writes and execute that once. Returns when to look again: the plan's time, or soon when the drain
+        must wait for a free slot."""
         machine = self.caches.machines.get(key)
         if machine is None:
             return None
@@ -101,18 +102,17 @@ class MachineReconciler:
         drain = await execute_machine_plan(writer=self.writer, snap=snap, steps=plan.steps, now=now)
         if drain is None:
             return plan.requeue_after
-        if snap.node is None:
-            raise ObjectGone(f"machine {machine.metadata.name} has no node to drain")
-        if not self._drain_slot_free(snap.node):
+        assert node is not None, "the core drains only a Node it was given"
+        if not self._drain_slot_free(node):
             logger.info("machine %s: drain deferred (slots busy); again in %s", key, self.drain_deferral)
             return self.drain_deferral
-        result = await self._drain(snap.node, drain, machine.spec.max_evict_retries)
+        result = await self._drain(node, drain, machine.spec.max_evict_retries)
         # The outcome's writes (its Events too) carry the time the attempt ended, which may be minutes
-        # after the plan.
+        # after the plan; they start from the resourceVersions the plan's writes left in `snap`.
         ended = self.now()
         after = plan_after_drain(
             machine=snap.machine,
-            node=snap.node,
+            node=node,
             drain=drain,
             drained=result.drained,
             blocking_pods=result.blocking,
