@@ -231,16 +231,14 @@ class RealMcm:
 # --- small helpers for reading and writing MCM's objects as an administrator ----------------------------------
 
 
-async def annotate_machine(real_mcm: RealMcm, name: str, annotations: dict[str, str | None]) -> None:
+async def _patch_machine_metadata(real_mcm: RealMcm, name: str, metadata: dict[str, Any]) -> None:
     await client.CustomObjectsApi(real_mcm.api).patch_namespaced_custom_object(
-        GROUP,
-        VERSION,
-        real_mcm.namespace,
-        "machines",
-        name,
-        {"metadata": {"annotations": annotations}},
-        _content_type=mcm_pool.MERGE_PATCH,
+        GROUP, VERSION, real_mcm.namespace, "machines", name, {"metadata": metadata}, _content_type=mcm_pool.MERGE_PATCH
     )
+
+
+async def annotate_machine(real_mcm: RealMcm, name: str, annotations: dict[str, str | None]) -> None:
+    await _patch_machine_metadata(real_mcm, name, {"annotations": annotations})
 
 
 async def annotate_node(real_mcm: RealMcm, name: str, annotations: dict[str, str | None]) -> None:
@@ -259,15 +257,8 @@ async def machine_annotations(real_mcm: RealMcm, name: str) -> dict[str, str]:
 async def nudge_machine(real_mcm: RealMcm, name: str) -> None:
     """Change a label of the Machine: MCM's MachineSet controller syncs on every Machine update, so this
     stands in for its periodic resync (10 minutes) where a test cannot wait that long."""
-    await client.CustomObjectsApi(real_mcm.api).patch_namespaced_custom_object(
-        GROUP,
-        VERSION,
-        real_mcm.namespace,
-        "machines",
-        name,
-        {"metadata": {"labels": {"e2e.machine-preservation/nudged": str(time.monotonic_ns())}}},
-        _content_type=mcm_pool.MERGE_PATCH,
-    )
+    nudged = {"e2e.machine-preservation/nudged": str(time.monotonic_ns())}
+    await _patch_machine_metadata(real_mcm, name, {"labels": nudged})
 
 
 async def patch_machine_deployment(real_mcm: RealMcm, name: str, patch: dict[str, Any]) -> None:
