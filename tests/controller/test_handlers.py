@@ -15,7 +15,7 @@ from machine_preservation.controller.informer import Informer, Source
 from machine_preservation.controller.queue import WorkQueue
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, Pod
-from tests.controller.fakeclock import FakeClock
+from tests.controller.faketimer import FakeTimer
 
 NODE = "n1"
 
@@ -72,11 +72,11 @@ def wired() -> tuple[Caches, Queues]:
         nodes=_informer("nodes", Node.model_validate),
         pods=_informer("pods", Pod.model_validate),
     )
-    clock = FakeClock()
+    timer = FakeTimer()
     queues = Queues(
-        machines=WorkQueue(name="m", clock=clock),
-        machine_sets=WorkQueue(name="s", clock=clock),
-        machine_deployments=WorkQueue(name="d", clock=clock),
+        machines=WorkQueue(name="m", timer=timer),
+        machine_sets=WorkQueue(name="s", timer=timer),
+        machine_deployments=WorkQueue(name="d", timer=timer),
     )
     wire_handlers(caches=caches, queues=queues)
     preserved_taint = {"key": v.PRESERVED_TAINT_KEY, "effect": v.PRESERVED_TAINT_EFFECT}

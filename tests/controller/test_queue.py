@@ -1,4 +1,4 @@
-"""Work-queue semantics with a controlled clock: de-duplication, no concurrent processing of a key,
+"""Work-queue semantics with a controlled timer: de-duplication, no concurrent processing of a key,
 delayed requeue at the exact time (earliest wins), per-key exponential backoff, shutdown, and the background
 lane that keeps resyncs behind changes and due timers."""
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from machine_preservation.controller.backoff import Backoff
 from machine_preservation.controller.queue import WorkQueue
-from tests.controller.fakeclock import FakeClock
+from tests.controller.faketimer import FakeTimer
 
 
 async def next_now(queue: WorkQueue[str]) -> str | None:
@@ -30,7 +30,7 @@ async def blocks(queue: WorkQueue[str]) -> bool:
 
 
 async def test_adding_a_waiting_key_twice_hands_it_out_once() -> None:
-    queue: WorkQueue[str] = WorkQueue(name="t", clock=FakeClock())
+    queue: WorkQueue[str] = WorkQueue(name="t", timer=FakeTimer())
     queue.add("a")
     queue.add("b")
     queue.add("a")
@@ -41,7 +41,7 @@ async def test_adding_a_waiting_key_twice_hands_it_out_once() -> None:
 
 
 async def test_a_key_added_while_in_flight_waits_until_done() -> None:
-    queue: WorkQueue[str] = WorkQueue(name="t", clock=FakeClock())
+    queue: WorkQueue[str] = WorkQueue(name="t", timer=FakeTimer())
     queue.add("a")
     assert await next_now(queue) == "a"
     queue.add("a")
@@ -53,39 +53,39 @@ async def test_a_key_added_while_in_flight_waits_until_done() -> None:
 
 
 async def test_delayed_add_fires_exactly_at_the_time_and_earliest_wins() -> None:
-    clock = FakeClock()
-    queue: WorkQueue[str] = WorkQueue(name="t", clock=clock)
+    timer = FakeTimer()
+    queue: WorkQueue[str] = WorkQueue(name="t", timer=timer)
     queue.add_after("a", 10.0)
     queue.add_after("a", 30.0)  # later schedule does not postpone
     queue.add_after("b", 20.0)
     waiter = asyncio.ensure_future(queue.get())
-    await clock.advance(9.999)
+    await timer.advance(9.999)
     assert not waiter.done()
-    await clock.advance(0.001)
+    await timer.advance(0.001)
     assert await asyncio.wait_for(waiter, 1.0) == "a"
     queue.done("a")
     assert queue.scheduled("a") is None
     assert await blocks(queue)
-    await clock.advance(10.0)
+    await timer.advance(10.0)
     assert await next_now(queue) == "b"
 
 
 async def test_an_earlier_schedule_replaces_a_later_one() -> None:
-    clock = FakeClock()
-    queue: WorkQueue[str] = WorkQueue(name="t", clock=clock)
+    timer = FakeTimer()
+    queue: WorkQueue[str] = WorkQueue(name="t", timer=timer)
     queue.add_after("a", 60.0)
     queue.add_after("a", 5.0)
-    assert queue.scheduled("a") == clock.monotonic() + 5.0
-    await clock.advance(5.0)
+    assert queue.scheduled("a") == timer.monotonic() + 5.0
+    await timer.advance(5.0)
     assert await next_now(queue) == "a"
     queue.done("a")
-    await clock.advance(60.0)
+    await timer.advance(60.0)
     assert await blocks(queue), "the superseded schedule must not fire again"
 
 
 async def test_backoff_grows_exponentially_per_key_and_forget_resets_it() -> None:
-    clock = FakeClock()
-    queue: WorkQueue[str] = WorkQueue(name="t", clock=clock, backoff=Backoff(base=1.0, cap=5.0))
+    timer = FakeTimer()
+    queue: WorkQueue[str] = WorkQueue(name="t", timer=timer, backoff=Backoff(base=1.0, cap=5.0))
     assert [queue.add_rate_limited("a") for _ in range(5)] == [1.0, 2.0, 4.0, 5.0, 5.0]
     assert queue.add_rate_limited("b") == 1.0
     assert queue.failures("a") == 5
@@ -95,19 +95,19 @@ async def test_backoff_grows_exponentially_per_key_and_forget_resets_it() -> Non
 
 
 async def test_rate_limited_key_is_handed_out_after_its_backoff() -> None:
-    clock = FakeClock()
-    queue: WorkQueue[str] = WorkQueue(name="t", clock=clock, backoff=Backoff(base=2.0, cap=60.0))
+    timer = FakeTimer()
+    queue: WorkQueue[str] = WorkQueue(name="t", timer=timer, backoff=Backoff(base=2.0, cap=60.0))
     queue.add_rate_limited("a")
     queue.add_rate_limited("a")  # second failure: 4s, but the 2s schedule is earlier and wins
     waiter = asyncio.ensure_future(queue.get())
-    await clock.advance(1.9)
+    await timer.advance(1.9)
     assert not waiter.done()
-    await clock.advance(0.1)
+    await timer.advance(0.1)
     assert await asyncio.wait_for(waiter, 1.0) == "a"
 
 
 async def test_shutdown_wakes_waiting_consumers_and_refuses_new_keys() -> None:
-    queue: WorkQueue[str] = WorkQueue(name="t", clock=FakeClock())
+    queue: WorkQueue[str] = WorkQueue(name="t", timer=FakeTimer())
     waiters = [asyncio.ensure_future(queue.get()) for _ in range(3)]
     await asyncio.sleep(0)
     queue.shutdown()
@@ -119,7 +119,7 @@ async def test_shutdown_wakes_waiting_consumers_and_refuses_new_keys() -> None:
 
 async def test_many_workers_never_share_a_key() -> None:
     """Bounded pool of 4 workers hammered with duplicate keys: no key is ever processed twice at once."""
-    queue: WorkQueue[str] = WorkQueue(name="t", clock=FakeClock())
+    queue: WorkQueue[str] = WorkQueue(name="t", timer=FakeTimer())
     active: set[str] = set()
     overlaps: list[str] = []
     processed: list[str] = []
@@ -149,7 +149,7 @@ async def test_many_workers_never_share_a_key() -> None:
 
 
 async def test_background_keys_wait_until_the_normal_lane_is_empty() -> None:
-    queue: WorkQueue[str] = WorkQueue(name="t", clock=FakeClock())
+    queue: WorkQueue[str] = WorkQueue(name="t", timer=FakeTimer())
     queue.add("r1", background=True)
     queue.add("r2", background=True)
     queue.add("a")
@@ -165,7 +165,7 @@ async def test_background_keys_wait_until_the_normal_lane_is_empty() -> None:
 
 
 async def test_a_normal_add_moves_a_waiting_background_key_up_once() -> None:
-    queue: WorkQueue[str] = WorkQueue(name="t", clock=FakeClock())
+    queue: WorkQueue[str] = WorkQueue(name="t", timer=FakeTimer())
     for key in ("r1", "r2", "r3"):
         queue.add(key, background=True)
     queue.add("r3")
@@ -179,21 +179,21 @@ async def test_a_normal_add_moves_a_waiting_background_key_up_once() -> None:
 
 async def test_a_due_timer_overtakes_a_waiting_resync() -> None:
     """The expiry case: a machine's requeue comes due while every machine waits from a resync."""
-    clock = FakeClock()
-    queue: WorkQueue[str] = WorkQueue(name="t", clock=clock)
+    timer = FakeTimer()
+    queue: WorkQueue[str] = WorkQueue(name="t", timer=timer)
     queue.add_after("expiring", 5.0)
     for n in range(100):
         queue.add(f"m{n}", background=True)
     assert await next_now(queue) == "m0"
     queue.done("m0")
-    await clock.advance(5.0)
+    await timer.advance(5.0)
     assert await next_now(queue) == "expiring"
     assert await next_now(queue) == "m1"
     assert await blocks(queue)
 
 
 async def test_a_key_in_flight_is_requeued_in_the_lane_it_was_asked_for() -> None:
-    queue: WorkQueue[str] = WorkQueue(name="t", clock=FakeClock())
+    queue: WorkQueue[str] = WorkQueue(name="t", timer=FakeTimer())
     queue.add("a")
     assert await next_now(queue) == "a"
     queue.add("a", background=True)  # a resync while "a" is being reconciled
@@ -231,7 +231,7 @@ def test_lanes_never_lose_duplicate_or_share_a_key_and_serve_changes_first(ops: 
     - draining at the end hands out every key added since it was last handed out."""
 
     async def run() -> None:
-        queue: WorkQueue[int] = WorkQueue(name="t", clock=FakeClock())
+        queue: WorkQueue[int] = WorkQueue(name="t", timer=FakeTimer())
         in_flight: list[int] = []
         background_in_flight: set[int] = set()
         pending: dict[int, bool] = {}  # key added since last handed out -> asked for normally at least once

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kubernetes.aio import client
@@ -29,6 +28,7 @@ from kubernetes.aio.client.exceptions import ApiException
 from machine_preservation.controller.api_errors import ApiError, classify
 from machine_preservation.controller.backoff import Backoff
 from machine_preservation.controller.reader import POD_NODE_INDEX, Store
+from machine_preservation.core.clock import Clock, system_clock
 from machine_preservation.core.models import Node, Pod
 
 logger = logging.getLogger(__name__)
@@ -66,11 +66,11 @@ class Drainer:
     pods: Store[Pod]  # indexed by POD_NODE_INDEX
     eviction_backoff: Backoff = field(default_factory=lambda: Backoff(base=1.0, cap=20.0))
     poll_interval: float = 0.5
-    wall_clock: Callable[[], dt.datetime] = field(default=lambda: dt.datetime.now(dt.UTC))
+    clock: Clock = system_clock
 
     def remaining_pods(self, node: Node) -> list[Pod]:
         """The node's pods a drain still waits for (from the cache)."""
-        now, kubelet_alive = self.wall_clock(), node_ready(node)
+        now, kubelet_alive = self.clock(), node_ready(node)
         return [
             pod
             for pod in self.pods.by_index(POD_NODE_INDEX, node.metadata.name)

@@ -8,7 +8,6 @@ replica takes over within its retry period instead of waiting for the lease to e
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 from dataclasses import dataclass, field
 
@@ -17,6 +16,8 @@ from kubernetes.aio.client.exceptions import ApiException
 from kubernetes.aio.leaderelection import electionconfig, leaderelection
 from kubernetes.aio.leaderelection.leaderelectionrecord import LeaderElectionRecord
 from kubernetes.aio.leaderelection.resourcelock.leaselock import LeaseLock
+
+from machine_preservation.core.clock import system_clock
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ class _LeaseLock(LeaseLock):
     def update_lease(
         self, leader_election_record: LeaderElectionRecord, current_spec: client.V1LeaseSpec | None = None
     ) -> client.V1LeaseSpec:
-        now = dt.datetime.now(dt.UTC)
+        now = system_clock()
         spec = current_spec or client.V1LeaseSpec(lease_transitions=0)
         holder = leader_election_record.holder_identity
         if current_spec is not None and spec.holder_identity != holder:
@@ -106,7 +107,7 @@ class LeaderElector:
             lease = await api.read_namespaced_lease(self.name, self.namespace)
             if lease.spec is None or lease.spec.holder_identity != self.identity:
                 return False
-            now = dt.datetime.now(dt.UTC)
+            now = system_clock()
             lease.spec.holder_identity = None
             lease.spec.lease_duration_seconds = 1
             lease.spec.acquire_time = now

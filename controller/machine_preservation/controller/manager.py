@@ -50,8 +50,8 @@ from machine_preservation.controller.reconcile import (
     MachineDeploymentReconciler,
     MachineReconciler,
     MachineSetReconciler,
-    utc_now,
 )
+from machine_preservation.core.clock import system_clock
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.mcm_evidence import MCM_DEPLOYMENT, mcm_image
 from machine_preservation.core.mcm_generation import ClusterEvidence, NativePreservationMode, decide_native_preservation
@@ -288,7 +288,7 @@ class Controller:
         )
         deployments = MachineDeploymentReconciler(caches=caches, writer=writer)
         config, native = self.preservation, self.native
-        self.metrics.watch_preserved(lambda: preserved_counts(caches.machines.values(), utc_now(), config, native))
+        self.metrics.watch_preserved(lambda: preserved_counts(caches.machines.values(), system_clock(), config, native))
         workers = [(queues.machines, machines.reconcile, max(options.workers, 1))]
         if not self.native:  # MCM runs auto-preservation and its counters itself
             workers.append((queues.machine_sets, machine_sets.reconcile, 1))

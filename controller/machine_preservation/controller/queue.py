@@ -9,13 +9,13 @@ Semantics follow client-go's workqueue (the type controller-runtime builds on):
   object; a key waiting in the background lane moves up when it is added normally. At most one background
   key is in flight at a time: reconciles share one event loop, and several workers busy with a resync would
   slow every await of an urgent reconcile (each HTTP response waits behind their CPU slices);
-- `add_after(key, delay)`: the key is added once `delay` has passed on the injected clock; when the
+- `add_after(key, delay)`: the key is added once `delay` has passed on the injected timer; when the
   same key is scheduled several times the earliest time wins (a later event never postpones an
   expiry);
 - `add_rate_limited(key)`: `add_after` with a per-key exponential backoff (`forget(key)` resets it);
 - `shutdown()`: `get()` returns None from then on; keys in flight still reach `done()`.
 
-Time comes from a `Clock` so tests drive it without sleeping.
+Time comes from a monotonic `Timer` so tests drive it without sleeping.
 
 `run_worker` is the loop that takes keys from a queue, reconciles them and requeues them as the outcome says.
 """
@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 K = TypeVar("K", bound=Hashable)
 
 
-class Clock(Protocol):
+class Timer(Protocol):
     """Monotonic seconds and a sleep on the same time line."""
 
     def monotonic(self) -> float: ...
@@ -52,7 +52,7 @@ class Clock(Protocol):
     async def sleep(self, seconds: float) -> None: ...
 
 
-class SystemClock:
+class SystemTimer:
     def monotonic(self) -> float:
         return time.monotonic()
 
@@ -61,9 +61,9 @@ class SystemClock:
 
 
 class WorkQueue(Generic[K]):
-    def __init__(self, *, name: str, clock: Clock | None = None, backoff: Backoff | None = None) -> None:
+    def __init__(self, *, name: str, timer: Timer | None = None, backoff: Backoff | None = None) -> None:
         self.name = name
-        self._clock: Clock = clock or SystemClock()
+        self._timer: Timer = timer or SystemTimer()
         self._backoff = backoff or Backoff()
         self._ready: deque[K] = deque()
         self._background: dict[K, None] = {}  # insertion-ordered, O(1) removal when a key moves up
@@ -107,7 +107,7 @@ class WorkQueue(Generic[K]):
         if delay <= 0:
             self.add(key)
             return
-        due = self._clock.monotonic() + delay
+        due = self._timer.monotonic() + delay
         current = self._delayed_at.get(key)
         if current is not None and current <= due:
             return
@@ -148,7 +148,7 @@ class WorkQueue(Generic[K]):
                 self._dirty.discard(key)
                 return key
             self._changed.clear()
-            await self._wait(None if next_due is None else next_due - self._clock.monotonic())
+            await self._wait(None if next_due is None else next_due - self._timer.monotonic())
 
     def done(self, key: K) -> None:
         self._processing.discard(key)
@@ -174,20 +174,20 @@ class WorkQueue(Generic[K]):
         return len(self._ready) + len(self._background)
 
     def scheduled(self, key: K) -> float | None:
-        """When (on the clock) a delayed add of `key` is due, if one is pending."""
+        """When (on the timer) a delayed add of `key` is due, if one is pending."""
         return self._delayed_at.get(key)
 
     # --- internals ---------------------------------------------------------------------------------
 
     def _promote_due(self) -> float | None:
         """Move due delayed keys to the ready queue; return when the next one is due."""
-        now = self._clock.monotonic()
+        current = self._timer.monotonic()
         while self._delayed:
             due, _, key = self._delayed[0]
             if self._delayed_at.get(key) != due:
                 heapq.heappop(self._delayed)  # superseded by an earlier schedule
                 continue
-            if due > now:
+            if due > current:
                 return due
             heapq.heappop(self._delayed)
             del self._delayed_at[key]
@@ -195,10 +195,10 @@ class WorkQueue(Generic[K]):
         return None
 
     async def _wait(self, delay: float | None) -> None:
-        """Until something is added, the queue shuts down, or `delay` passes on the clock."""
+        """Until something is added, the queue shuts down, or `delay` passes on the timer."""
         waiters: set[asyncio.Future[object]] = {asyncio.ensure_future(self._changed.wait())}
         if delay is not None:
-            waiters.add(asyncio.ensure_future(self._clock.sleep(delay)))
+            waiters.add(asyncio.ensure_future(self._timer.sleep(delay)))
         try:
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         finally:

@@ -25,6 +25,7 @@ from machine_preservation.controller.reader import DEPLOYMENT_INDEX, MACHINE_SET
 from machine_preservation.core import plan as p
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.auto_preservation import is_being_replaced, plan_machine_deployment, plan_machine_set
+from machine_preservation.core.clock import Clock, system_clock
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.lifecycle import MachineContext, labelled_node, plan_after_drain, plan_machine
 from machine_preservation.core.models import Machine, MachineSet, Node
@@ -34,13 +35,6 @@ logger = logging.getLogger(__name__)
 
 # MCM's eviction retry interval: the default number of 429 retries is the drain timeout / 20s.
 EVICTION_RETRY_INTERVAL = dt.timedelta(seconds=20)
-
-WallClock = Callable[[], dt.datetime]
-
-
-def utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
 
 # The pool's machinePreserveTimeout for a machine, where one is known (None: the configured default).
 PoolTimeout = Callable[[Machine], dt.timedelta | None]
@@ -67,7 +61,7 @@ class MachineReconciler:
     # starts and stops are never all queued behind PDB-blocked drains. Further drains are deferred.
     max_concurrent_drains: int = 2
     drain_deferral: dt.timedelta = dt.timedelta(seconds=5)
-    now: WallClock = utc_now
+    clock: Clock = system_clock
     _draining: set[str] = field(default_factory=set)  # node names
 
     async def reconcile(self, key: str) -> dt.timedelta | None:
@@ -77,7 +71,7 @@ class MachineReconciler:
         machine = self.caches.machines.get(key)
         if machine is None:
             return None
-        now = self.now()
+        now = self.clock()
         node = self.caches.nodes.get(machine.node_name) if machine.node_name else None
         if self.native:
             plan = plan_native(machine=machine, node=node, config=self.config)
@@ -109,7 +103,7 @@ class MachineReconciler:
         result = await self._drain(node, drain, machine.spec.max_evict_retries)
         # The outcome's writes (its Events too) carry the time the attempt ended, which may be minutes
         # after the plan; they start from the resourceVersions the plan's writes left in `snap`.
-        ended = self.now()
+        ended = self.clock()
         after = plan_after_drain(
             machine=snap.machine,
             node=node,
@@ -162,13 +156,13 @@ class MachineSetReconciler:
     writer: Writer
     config: PreservationConfig
     pool_limit: PoolLimit = no_pool_limit
-    now: WallClock = utc_now
+    clock: Clock = system_clock
 
     async def reconcile(self, key: str) -> dt.timedelta | None:
         machine_set = self.caches.machine_sets.get(key)
         if machine_set is None:
             return None
-        now = self.now()
+        now = self.clock()
         namespace = machine_set.metadata.namespace
         machines = self.caches.machines.by_index(MACHINE_SET_INDEX, machine_set.metadata.name)
         nodes = {m.node_name: n for m in machines if m.node_name and (n := self.caches.nodes.get(m.node_name))}
@@ -196,7 +190,7 @@ class MachineSetReconciler:
 class MachineDeploymentReconciler:
     caches: CacheReader
     writer: Writer
-    now: WallClock = utc_now
+    clock: Clock = system_clock
 
     async def reconcile(self, key: str) -> dt.timedelta | None:
         deployment = self.caches.machine_deployments.get(key)
@@ -205,5 +199,5 @@ class MachineDeploymentReconciler:
         machine_sets = self.caches.machine_sets.by_index(DEPLOYMENT_INDEX, deployment.metadata.name)
         status = plan_machine_deployment(machine_deployment=deployment, machine_sets=machine_sets)
         if status is not None:
-            await execute(writer=self.writer, writes=[(deployment, status)], now=self.now())
+            await execute(writer=self.writer, writes=[(deployment, status)], now=self.clock())
         return None

@@ -1,11 +1,11 @@
-"""A manually advanced clock for the work queue: time moves only when a test says so."""
+"""A manually advanced monotonic timer for the work queue: time moves only when a test says so."""
 
 from __future__ import annotations
 
 import asyncio
 
 
-class FakeClock:
+class FakeTimer:
     def __init__(self, start: float = 1000.0) -> None:
         self._now = start
         self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
