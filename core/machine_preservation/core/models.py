@@ -46,6 +46,11 @@ class ObjectMeta(KubeModel):
     def controller_owner(self) -> OwnerReference | None:
         return next((ref for ref in self.owner_references if ref.controller), None)
 
+    def controller_name(self, kind: str) -> str | None:
+        """The name of the controlling owner when it is a `kind`; None otherwise."""
+        owner = self.controller_owner()
+        return owner.name if owner is not None and owner.kind == kind else None
+
 
 class Taint(KubeModel):
     key: str

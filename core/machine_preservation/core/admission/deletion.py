@@ -66,6 +66,7 @@ from machine_preservation.core.pool_settings import (
 )
 from machine_preservation.core.preservation_record import PreservationRecord, format_timestamp, read_record
 from machine_preservation.core.preserve_value import effective_preserve_value
+from machine_preservation.core.priority import parse_priority
 
 # MCM's marker for a machine to be deleted at once (no drain); Gardener sets it on hibernation and deletion.
 FORCE_DELETION_LABEL: Final = "force-deletion"
@@ -178,8 +179,7 @@ def _first_look(
 
 
 def _owner_set_name(machine: Machine) -> str:
-    owner = machine.metadata.controller_owner()
-    return owner.name if owner is not None and owner.kind == "MachineSet" else ""
+    return machine.metadata.controller_name("MachineSet") or ""
 
 
 def machine_set_to_read(*, machine: Machine, username: str, settings: AdmissionSettings, now: dt.datetime) -> str:
@@ -198,15 +198,14 @@ def _asks_for_preservation(machine: Machine) -> tuple[v.PreserveValue, str] | No
 
 
 def _owned_by(machine: Machine, machine_set: MachineSet) -> bool:
-    owner = machine.metadata.controller_owner()
-    return owner is not None and owner.kind == "MachineSet" and owner.name == machine_set.metadata.name
+    return machine.metadata.controller_name("MachineSet") == machine_set.metadata.name
 
 
 def _deployment_of(view: MachineSetView, machine_set: MachineSet) -> MachineDeployment | None:
-    owner = machine_set.metadata.controller_owner()
-    if owner is None or owner.kind != "MachineDeployment":
+    name = machine_set.metadata.controller_name("MachineDeployment")
+    if name is None:
         return None
-    return next((d for d in view.machine_deployments if d.metadata.name == owner.name), None)
+    return next((d for d in view.machine_deployments if d.metadata.name == name), None)
 
 
 def _auto_candidates(
@@ -263,17 +262,9 @@ class _Keeping:
         return _asks_for_preservation(machine) is not None or self.budget_has_room(machine, machine_set)
 
 
-def _priority(machine: Machine) -> int:
-    raw = machine.metadata.annotations.get(v.MACHINE_PRIORITY_ANNOTATION, "")
-    try:
-        return int(raw)
-    except ValueError:
-        return v.DEFAULT_MACHINE_PRIORITY
-
-
 def _scale_down_order(machine: Machine) -> tuple[int, int, dt.datetime, str]:
     return (
-        _priority(machine),
+        parse_priority(machine.metadata.annotations.get(v.MACHINE_PRIORITY_ANNOTATION)),
         _PHASE_RANK.get(machine.phase, 0),
         machine.metadata.creation_timestamp or _EPOCH,
         machine.metadata.name,
@@ -315,11 +306,8 @@ def _members(machine: Machine, view: MachineSetView, sets: Sequence[MachineSet])
 
 
 def _deployment_sets(view: MachineSetView, deployment: MachineDeployment) -> list[MachineSet]:
-    def owned(machine_set: MachineSet) -> bool:
-        owner = machine_set.metadata.controller_owner()
-        return owner is not None and owner.kind == "MachineDeployment" and owner.name == deployment.metadata.name
-
-    return [s for s in view.siblings if owned(s)] or [view.machine_set]
+    owned = [s for s in view.siblings if s.metadata.controller_name("MachineDeployment") == deployment.metadata.name]
+    return owned or [view.machine_set]
 
 
 def _replica_release(*, machine: Machine, view: MachineSetView, keeping: _Keeping, subject: str) -> Assessment | None:
