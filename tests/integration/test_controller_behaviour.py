@@ -73,7 +73,7 @@ async def test_recovery_of_a_preserved_failed_machine(
     )
     async with running_controller(kubeconfig=control_plane.kubeconfig, namespace=namespace):
         await eventually(lambda: drained(api, namespace, node))
-        # The node is healthy again and no MCM moves the phase: the controller does (DESIGN.md §3).
+        # The node is healthy again and no MCM moves the phase back to Running: the controller does.
         await set_node_condition(api, node, "True")
 
         async def recovered() -> bool:

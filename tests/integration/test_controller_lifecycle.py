@@ -186,7 +186,7 @@ async def test_an_empty_node_value_overrides_the_machines_value(
 ) -> None:
     node_name = await new_node(api, node_names, ready=True)
     async with preserved_by_its_own_now(control_plane, api, namespace, node_name) as controller:
-        # DESIGN.md §3: a node's `""` still overrides the machine's annotation (and takes it over).
+        # A node's `""` still overrides the machine's annotation (and takes it over).
         await client.CoreV1Api(api).patch_node(node_name, {"metadata": {"annotations": {P: ""}}})
         await eventually(lambda: stopped_on_node(api, namespace, "m", node_name))
         await resyncs(controller)

@@ -1,4 +1,5 @@
-"""Step executors: each step of a core plan (core/plan.py) as one idempotent API write.
+"""The executor: each step of a core plan (core/plan.py), for a Machine, a MachineSet or a MachineDeployment,
+as one idempotent API write.
 
 Writes that depend on the snapshot the plan was computed from carry that snapshot's
 resourceVersion (a merge patch with `metadata.resourceVersion`, answered 409 when stale), and the
@@ -6,7 +7,8 @@ resourceVersion is carried forward from each response, so a plan never acts on a
 changed underneath it; the reconcile is then retried from fresh caches. Taints are changed with a
 JSON patch whose `test` ops pin exactly the list entry or list state we saw, so a concurrent taint
 change is never overwritten. The Preserved condition is a strategic merge patch keyed by type (it
-touches no other condition). Steps run in order; the first failure stops the plan.
+touches no other condition). Steps run in order; the first failure stops the plan (ObjectGone or StepFailed,
+which the worker loop turns into "done" or a retry with backoff).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@
 
 The result names the pods still blocking, for the Preserved condition's message. Once the drain has been
 failing for the drain timeout the core stops asking for evictions and `look` only checks whether the node has
-become empty: pods are never forced out past their PDB (upstream force-deletes them; DESIGN.md §3).
+become empty: pods are never forced out past their PDB (upstream MCM force-deletes them).
 """
 
 from __future__ import annotations

@@ -58,7 +58,8 @@ class MachineReconciler:
     # drain timeout; the core paces the next attempt (PreservationConfig.drain_retry_interval).
     max_drain_attempt: dt.timedelta = dt.timedelta(minutes=2)
     # Drains at once (each holds its worker while it runs): kept below the worker count so expiries,
-    # starts and stops are never all queued behind PDB-blocked drains. Further drains are deferred.
+    # starts and stops are never all queued behind PDB-blocked drains. A further drain waits: its reconcile
+    # asks to be requeued after drain_deferral.
     max_concurrent_drains: int = 2
     drain_deferral: dt.timedelta = dt.timedelta(seconds=5)
     clock: Clock = system_clock
