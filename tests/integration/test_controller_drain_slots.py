@@ -1,0 +1,97 @@
+"""The machine reconciler's drain on the real apiserver: the plan is executed up to its drain; without a free
+drain slot the reconcile asks to be requeued soon instead of draining, and with one it drains and writes the
+outcome the core plans for it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+from collections.abc import AsyncIterator
+
+from kubernetes.aio import client
+
+from machine_preservation.controller.apply import StepFailed, Writer
+from machine_preservation.controller.caches import Caches, new_caches
+from machine_preservation.controller.drain import Drainer
+from machine_preservation.controller.events import EventRecorder
+from machine_preservation.controller.metrics import Metrics
+from machine_preservation.controller.reconcile import MachineReconciler
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.config import PreservationConfig
+from machine_preservation.core.models import Machine
+from tests.controller.support import create_machine, eventually, machine_model, new_node
+
+
+@contextlib.asynccontextmanager
+async def synced_caches(api: client.ApiClient, namespace: str) -> AsyncIterator[Caches]:
+    caches = new_caches(control=api, target=api, namespace=namespace, resync_period=600)
+    tasks = [asyncio.create_task(informer.run()) for informer in caches.all]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(i.wait_synced() for i in caches.all)), 30)
+        yield caches
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def drain_outcome(machine: Machine | None) -> v.DrainOutcome | None:
+    record = machine.preservation if machine is not None else None
+    return record.drain.outcome if record is not None and record.drain is not None else None
+
+
+async def test_a_drain_waits_for_a_free_slot_as_a_requeue(
+    api: client.ApiClient, namespace: str, node_names: list[str]
+) -> None:
+    node = await new_node(api, node_names, ready=False)
+    await create_machine(
+        client.CustomObjectsApi(api),
+        namespace,
+        "m",
+        node=node,
+        phase="Failed",
+        annotations={v.PRESERVE_ANNOTATION: "now"},
+    )
+    recorder = EventRecorder(control=api, target=api, machine_namespace=namespace, instance="test")
+    async with synced_caches(api, namespace) as caches:
+        reconciler = MachineReconciler(
+            caches=caches,
+            writer=Writer(control=api, target=api, namespace=namespace, recorder=recorder),
+            drainer=Drainer(target=api, pods=caches.pods),
+            config=PreservationConfig(),
+            metrics=Metrics(),
+            max_concurrent_drains=1,
+        )
+        key = f"{namespace}/m"
+        await eventually(lambda: caches.machines.get(key))
+
+        async def reconciled() -> dt.timedelta | None:
+            """One reconcile; a conflict means the caches were behind the previous one's writes: none."""
+            with contextlib.suppress(StepFailed):
+                return await reconciler.reconcile(key)
+            return None
+
+        def drains(outcome: str) -> float:
+            return (
+                reconciler.metrics.registry.get_sample_value("machine_preservation_drains_total", {"outcome": outcome})
+                or 0.0
+            )
+
+        reconciler._draining.add("another-node")  # the only slot is taken
+
+        async def deferred() -> bool:
+            return await reconciled() == reconciler.drain_deferral
+
+        await eventually(deferred)
+        assert drain_outcome(await machine_model(api, namespace, "m")) is None, "no drain ran, none is recorded"
+        assert (drains("succeeded"), drains("failed")) == (0.0, 0.0)
+
+        reconciler._draining.clear()
+
+        async def drained() -> bool:
+            await reconciled()
+            return drain_outcome(await machine_model(api, namespace, "m")) == v.DrainOutcome.DRAINED
+
+        await eventually(drained)
+        assert drains("succeeded") >= 1
