@@ -70,7 +70,10 @@ def test_preserved_counts_by_reason_and_phase_ignore_expired_and_unpreserved() -
         machine("e", phase="Failed", expiry=earlier, value="now"),  # expired
         machine("f", phase="Running", expiry=None, value="now"),  # not preserved (yet)
     ]
-    assert preserved_counts(machines, NOW, CONFIG, native=False) == {("auto", "Failed"): 2, ("manual", "Running"): 2}
+    assert preserved_counts(machines, now=NOW, config=CONFIG, native=False) == {
+        ("auto", "Failed"): 2,
+        ("manual", "Running"): 2,
+    }
 
 
 def test_with_native_mcm_the_counts_come_from_mcms_expiry_and_ignore_our_records() -> None:
@@ -80,8 +83,8 @@ def test_with_native_mcm_the_counts_come_from_mcms_expiry_and_ignore_our_records
         machine("b", phase="Running", expiry=later, value="now"),  # our record, not yet handed over
         machine("c", phase="Running", expiry=NOW - dt.timedelta(seconds=1), value="now", mirrored=True),
     ]
-    assert preserved_counts(machines, NOW, CONFIG, native=True) == {("auto", "Failed"): 1}
-    assert preserved_counts(machines, NOW, CONFIG, native=False) == {("manual", "Running"): 1}
+    assert preserved_counts(machines, now=NOW, config=CONFIG, native=True) == {("auto", "Failed"): 1}
+    assert preserved_counts(machines, now=NOW, config=CONFIG, native=False) == {("manual", "Running"): 1}
 
 
 def test_an_expiry_beyond_the_cap_counts_until_the_cap_only() -> None:
@@ -95,17 +98,20 @@ def test_an_expiry_beyond_the_cap_counts_until_the_cap_only() -> None:
         }
     )
     assert (
-        preserved_counts([far], NOW, PreservationConfig(max_preserve_timeout=dt.timedelta(hours=1)), native=False) == {}
+        preserved_counts(
+            [far], now=NOW, config=PreservationConfig(max_preserve_timeout=dt.timedelta(hours=1)), native=False
+        )
+        == {}
     )
     assert preserved_counts(
-        [far], NOW, PreservationConfig(max_preserve_timeout=dt.timedelta(hours=3)), native=False
+        [far], now=NOW, config=PreservationConfig(max_preserve_timeout=dt.timedelta(hours=3)), native=False
     ) == {("manual", "Running"): 1}
 
 
 def test_the_gauge_is_read_at_scrape_time() -> None:
     metrics = Metrics()
     current: list[Machine] = []
-    metrics.watch_preserved(lambda: preserved_counts(current, NOW, CONFIG, native=False))
+    metrics.watch_preserved(lambda: preserved_counts(current, now=NOW, config=CONFIG, native=False))
     assert b"machine_preservation_preserved_machines{" not in generate_latest(metrics.registry)
     current.append(machine("a", phase="Failed", expiry=NOW + dt.timedelta(hours=1), value="now"))
     scraped = generate_latest(metrics.registry).decode()

@@ -288,7 +288,9 @@ class Controller:
         )
         deployments = MachineDeploymentReconciler(caches=caches, writer=writer)
         config, native = self.preservation, self.native
-        self.metrics.watch_preserved(lambda: preserved_counts(caches.machines.values(), system_clock(), config, native))
+        self.metrics.watch_preserved(
+            lambda: preserved_counts(caches.machines.values(), now=system_clock(), config=config, native=native)
+        )
         workers = [(queues.machines, machines.reconcile, max(options.workers, 1))]
         if not self.native:  # MCM runs auto-preservation and its counters itself
             workers.append((queues.machine_sets, machine_sets.reconcile, 1))

@@ -130,7 +130,7 @@ class Metrics:
 
 
 def preserved_counts(
-    machines: list[Machine], now: dt.datetime, config: PreservationConfig, native: bool
+    machines: list[Machine], *, now: dt.datetime, config: PreservationConfig, native: bool
 ) -> collections.Counter[tuple[str, str]]:
     """Preserved machines by kind (auto/manual) and phase: from our records, or what MCM shows when native."""
     counts: collections.Counter[tuple[str, str]] = collections.Counter()
