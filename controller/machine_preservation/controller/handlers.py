@@ -1,6 +1,6 @@
 """The event handlers: every cache change, mapped to the keys of the objects it can affect, queued.
 
-Each kind of object has a mapping function, `(caches, old, new) -> Keys`; one wrapper (`_enqueue`) queues the
+Each kind of object has a mapping function, `(old, new, *, caches) -> Keys`; one wrapper (`_enqueue`) queues the
 keys. A notification that carries no change (`is_resync`: the periodic resync, or a re-list after a watch
 expired that finds an object as the cache had it) queues its keys in the background lane, so real changes and
 due timers are served first.
@@ -8,9 +8,8 @@ due timers are served first.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from machine_preservation.controller.caches import Caches
 from machine_preservation.controller.informer import Handler
@@ -21,6 +20,7 @@ from machine_preservation.core.models import Machine, MachineDeployment, Machine
 from machine_preservation.core.pool_settings import ClusterView
 
 T = TypeVar("T")
+T_contra = TypeVar("T_contra", contravariant=True)
 
 
 @dataclass
@@ -43,8 +43,10 @@ class Keys:
     machine_deployments: list[str] = field(default_factory=list)
 
 
-# Maps one cache notification, (old, new) as `informer.Handler` receives it, to the keys it affects.
-KeyMapping = Callable[[Caches, T | None, T | None], Keys]
+class KeyMapping(Protocol[T_contra]):
+    """Maps one cache notification, (old, new) as an `informer.Handler` receives it, to the keys it affects."""
+
+    def __call__(self, old: T_contra | None, new: T_contra | None, *, caches: Caches) -> Keys: ...
 
 
 def is_resync(old: object, new: object) -> bool:
@@ -83,7 +85,7 @@ def _priority_relevant(machine: Machine) -> tuple[str | None, str | None, bool]:
     )
 
 
-def machine_keys(caches: Caches, old: Machine | None, new: Machine | None) -> Keys:
+def machine_keys(old: Machine | None, new: Machine | None, *, caches: Caches) -> Keys:
     """The machine and its MachineSet; on a priority or preservation change also the preserved siblings, whose
     priority ceiling it moves."""
     current = new or old
@@ -98,7 +100,7 @@ def machine_keys(caches: Caches, old: Machine | None, new: Machine | None) -> Ke
     return keys
 
 
-def node_keys(caches: Caches, old: Node | None, new: Node | None) -> Keys:
+def node_keys(old: Node | None, new: Node | None, *, caches: Caches) -> Keys:
     """The machines naming the node, and their MachineSets."""
     current = new or old
     assert current is not None
@@ -109,7 +111,7 @@ def node_keys(caches: Caches, old: Node | None, new: Node | None) -> Keys:
     return keys
 
 
-def pod_keys(caches: Caches, old: Pod | None, new: Pod | None) -> Keys:
+def pod_keys(old: Pod | None, new: Pod | None, *, caches: Caches) -> Keys:
     """The machines of the pod's node while it is being drained (carries the preserved taint); else none."""
     current = new or old
     assert current is not None
@@ -119,7 +121,7 @@ def pod_keys(caches: Caches, old: Pod | None, new: Pod | None) -> Keys:
     return Keys(machines=[_machine_key(m) for m in caches.machines.by_index(MACHINE_NODE_INDEX, node.metadata.name)])
 
 
-def machine_set_keys(caches: Caches, old: MachineSet | None, new: MachineSet | None) -> Keys:
+def machine_set_keys(old: MachineSet | None, new: MachineSet | None, *, caches: Caches) -> Keys:
     """The MachineSet and its MachineDeployment; when a rollout adds or removes a MachineSet, also its siblings."""
     current = new or old
     assert current is not None
@@ -135,13 +137,13 @@ def machine_set_keys(caches: Caches, old: MachineSet | None, new: MachineSet | N
     return keys
 
 
-def machine_deployment_keys(caches: Caches, old: MachineDeployment | None, new: MachineDeployment | None) -> Keys:
+def machine_deployment_keys(old: MachineDeployment | None, new: MachineDeployment | None, *, caches: Caches) -> Keys:
     current = new or old
     assert current is not None
     return Keys(machine_deployments=[key_of(current.metadata.namespace, current.metadata.name)])
 
 
-def cluster_keys(caches: Caches, old: ClusterView | None, new: ClusterView | None) -> Keys:
+def cluster_keys(old: ClusterView | None, new: ClusterView | None, *, caches: Caches) -> Keys:
     """Every MachineSet: the Shoot's pool settings may have changed their auto-preservation max."""
     return Keys(machine_sets=[key_of(s.metadata.namespace, s.metadata.name) for s in caches.machine_sets.values()])
 
@@ -150,7 +152,7 @@ def _enqueue(mapping: KeyMapping[T], *, caches: Caches, queues: Queues) -> Handl
     """A cache handler that queues the keys `mapping` finds, in the background lane when nothing changed."""
 
     def handle(old: T | None, new: T | None) -> None:
-        keys, background = mapping(caches, old, new), is_resync(old, new)
+        keys, background = mapping(old, new, caches=caches), is_resync(old, new)
         for queue, queued in (
             (queues.machines, keys.machines),
             (queues.machine_sets, keys.machine_sets),
