@@ -243,9 +243,10 @@ class Writer:
 
     # --- machine sets ------------------------------------------------------------------------------
 
-    async def patch_machine_set_status(self, name: str, version: str, step: p.PatchMachineSetStatus) -> None:
+    async def patch_machine_set_status(self, machine_set: MachineSet, step: p.PatchMachineSetStatus) -> None:
+        """The counters, at the resourceVersion the plan saw."""
         body = {
-            "metadata": {"resourceVersion": version},
+            "metadata": {"resourceVersion": machine_set.metadata.resource_version},
             "status": {
                 "autoPreserveFailedMachineCount": step.auto_preserve_failed_machine_count,
                 "preservedFailedReplicas": step.preserved_failed_replicas,
@@ -256,16 +257,17 @@ class Writer:
             v.MACHINE_API_VERSION,
             self.namespace,
             "machinesets",
-            name,
+            machine_set.metadata.name,
             body,
             _content_type=MERGE_PATCH,
         )
 
     async def patch_machine_deployment_status(
-        self, name: str, version: str, step: p.PatchMachineDeploymentStatus
+        self, deployment: MachineDeployment, step: p.PatchMachineDeploymentStatus
     ) -> None:
+        """The counter, at the resourceVersion the plan saw."""
         body = {
-            "metadata": {"resourceVersion": version},
+            "metadata": {"resourceVersion": deployment.metadata.resource_version},
             "status": {"preservedFailedReplicas": step.preserved_failed_replicas},
         }
         await self._custom().patch_namespaced_custom_object_status(
@@ -273,7 +275,7 @@ class Writer:
             v.MACHINE_API_VERSION,
             self.namespace,
             "machinedeployments",
-            name,
+            deployment.metadata.name,
             body,
             _content_type=MERGE_PATCH,
         )
@@ -338,9 +340,9 @@ async def execute_machine_set_plan(
 async def _execute_one(*, writer: Writer, target: Target, step: Step, now: dt.datetime) -> None:
     match target, step:
         case MachineSet(), p.PatchMachineSetStatus():
-            await writer.patch_machine_set_status(target.metadata.name, target.metadata.resource_version, step)
+            await writer.patch_machine_set_status(target, step)
         case MachineDeployment(), p.PatchMachineDeploymentStatus():
-            await writer.patch_machine_deployment_status(target.metadata.name, target.metadata.resource_version, step)
+            await writer.patch_machine_deployment_status(target, step)
         case Snapshot(), p.PatchMachineAnnotations():
             await writer.patch_machine_annotations(target, step)
         case Snapshot(), p.SetPreserveExpiry():

@@ -115,15 +115,15 @@ def new_caches(
         source = Source(custom_objects.list_namespaced_custom_object, (group, version, namespace, plural))
         return Informer(name=plural, source=source, parse=parse, resync_period=resync_period)
 
-    def target_informer(name: str, source: Source, parse: Callable[[Mapping[str, Any]], T]) -> Informer[T]:
+    def target_informer(name: str, *, source: Source, parse: Callable[[Mapping[str, Any]], T]) -> Informer[T]:
         return Informer(name=name, source=source, parse=parse, resync_period=resync_period)
 
     return Caches(
         machines=control_informer("machines", Machine.model_validate),
         machine_sets=control_informer("machinesets", MachineSet.model_validate),
         machine_deployments=control_informer("machinedeployments", MachineDeployment.model_validate),
-        nodes=target_informer("nodes", Source(core.list_node), Node.model_validate),
-        pods=target_informer("pods", Source(core.list_pod_for_all_namespaces), Pod.model_validate),
+        nodes=target_informer("nodes", source=Source(core.list_node), parse=Node.model_validate),
+        pods=target_informer("pods", source=Source(core.list_pod_for_all_namespaces), parse=Pod.model_validate),
         clusters=Informer(
             name="clusters",
             source=Source(

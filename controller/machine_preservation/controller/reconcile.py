@@ -101,7 +101,7 @@ class MachineReconciler:
         if not self._drain_slot_free(node):
             logger.info("machine %s: drain deferred (slots busy); again in %s", key, self.drain_deferral)
             return self.drain_deferral
-        result = await self._drain(node, drain, machine.spec.max_evict_retries)
+        result = await self._drain(node, drain, max_evict_retries=machine.spec.max_evict_retries)
         # The outcome's writes (its Events too) carry the time the attempt ended, which may be minutes
         # after the plan; they start from the resourceVersions the plan's writes left in `snap`.
         ended = self.clock()
@@ -120,7 +120,7 @@ class MachineReconciler:
         """One drain per node (two machines may name the same node) and at most max_concurrent_drains."""
         return node.metadata.name not in self._draining and len(self._draining) < self.max_concurrent_drains
 
-    async def _drain(self, node: Node, step: p.DrainNode, max_evict_retries: int | None) -> DrainResult:
+    async def _drain(self, node: Node, step: p.DrainNode, *, max_evict_retries: int | None) -> DrainResult:
         """One eviction attempt capped at max_drain_attempt, or, once evictions were given up, only a look."""
         if not step.evict:
             result = self.drainer.look(node)  # evictions given up: only notice the node becoming empty
