@@ -20,19 +20,13 @@ from machine_preservation.core.config import (
     DEFAULT_PRESERVE_TIMEOUT,
     PreservationConfig,
 )
-from machine_preservation.core.durations import InvalidDuration, format_go_duration, parse_go_duration
+from machine_preservation.core.duration_arguments import go_duration_argument
+from machine_preservation.core.durations import format_go_duration
 from machine_preservation.core.mcm_generation import NativePreservationMode
 
 logger = logging.getLogger(__name__)
 
 EXIT_BAD_SETUP = 2
-
-
-def _duration(text: str) -> Any:
-    try:
-        return parse_go_duration(text)
-    except InvalidDuration as error:
-        raise argparse.ArgumentTypeError(str(error)) from error
 
 
 def options_from(args: argparse.Namespace) -> ControllerOptions:
@@ -106,14 +100,14 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--namespace", required=True, help="namespace of the Machines in the control cluster")
     parser.add_argument(
         "--machine-preserve-timeout",
-        type=_duration,
+        type=go_duration_argument(accept="any"),
         default=DEFAULT_PRESERVE_TIMEOUT,
         help=f"how long a preservation lasts unless the Machine sets spec.machinePreserveTimeout "
         f"(default {format_go_duration(DEFAULT_PRESERVE_TIMEOUT)})",
     )
     parser.add_argument(
         "--max-preserve-timeout",
-        type=_duration,
+        type=go_duration_argument(accept="any"),
         default=DEFAULT_MAX_PRESERVE_TIMEOUT,
         help="no preservation lasts longer, whoever set its timeout or expiry; shared with the webhook "
         f"(default {format_go_duration(DEFAULT_MAX_PRESERVE_TIMEOUT)})",
@@ -128,20 +122,20 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
     )
     parser.add_argument(
         "--machine-drain-timeout",
-        type=_duration,
+        type=go_duration_argument(accept="any"),
         default=DEFAULT_DRAIN_TIMEOUT,
         help="how long evictions are retried after a preserved node's drain first fails, unless the Machine "
         f"sets spec.drainTimeout; then they stop (default {format_go_duration(DEFAULT_DRAIN_TIMEOUT)})",
     )
     parser.add_argument(
         "--drain-attempt-timeout",
-        type=_duration,
+        type=go_duration_argument(accept="any"),
         default=DEFAULT_DRAIN_ATTEMPT_TIMEOUT,
         help=f"the longest one drain attempt runs (default {format_go_duration(DEFAULT_DRAIN_ATTEMPT_TIMEOUT)})",
     )
     parser.add_argument(
         "--drain-retry-interval",
-        type=_duration,
+        type=go_duration_argument(accept="any"),
         default=DEFAULT_DRAIN_RETRY_INTERVAL,
         help=f"pause between two drain attempts (default {format_go_duration(DEFAULT_DRAIN_RETRY_INTERVAL)})",
     )
