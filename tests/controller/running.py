@@ -12,7 +12,7 @@ from typing import Any
 from machine_preservation.controller.manager import Controller, ControllerOptions
 from machine_preservation.controller.metrics import Metrics
 from machine_preservation.core.mcm_generation import NativePreservationMode
-from tests.controller.support import eventually
+from tests.polling import eventually_async
 
 
 @dataclasses.dataclass
@@ -51,7 +51,9 @@ async def running_controller(
     running = Running(controller=controller, stop=stop, task=task)
     try:
         if not settings["leader_elect"]:
-            await eventually(lambda: task.done() or (controller.caches is not None and controller.caches.synced()))
+            await eventually_async(
+                lambda: task.done() or (controller.caches is not None and controller.caches.synced())
+            )
             if task.done():
                 task.result()  # surface a startup failure
         yield running

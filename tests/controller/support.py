@@ -3,15 +3,13 @@ shared fixtures (`api`, `node_names`; tests/integration/conftest.py makes them a
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime as dt
 import json
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from kubernetes.aio import client
@@ -24,33 +22,13 @@ from machine_preservation.core.config import DEFAULT_MAX_PRESERVE_TIMEOUT
 from machine_preservation.core.models import Machine, Node
 from machine_preservation.core.preservation_record import format_timestamp
 from machine_preservation.localcluster.controlplane import ControlPlane
-
-T = TypeVar("T")
+from tests.polling import eventually_async
 
 GROUP, VERSION = v.MACHINE_API_GROUP, v.MACHINE_API_VERSION
 
 
 async def aio_client(kubeconfig: Path) -> client.ApiClient:
     return await new_api_client(kubeconfig=kubeconfig)
-
-
-async def eventually(check: Callable[[], Awaitable[T] | T], *, limit: float = 30.0, interval: float = 0.1) -> T:
-    """Poll until `check` returns something truthy (or stops raising AssertionError); else fail."""
-    deadline = time.monotonic() + limit
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-            if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
-                result = await result
-        except AssertionError as error:
-            last = error
-        else:
-            if result:
-                return result  # type: ignore[return-value]
-            last = result
-        await asyncio.sleep(interval)
-    raise AssertionError(f"not reached within {limit}s; last outcome: {last!r}")
 
 
 def machine_body(
@@ -275,7 +253,7 @@ async def guarded_pods(api: client.ApiClient, namespace: str, node: str, *names:
     selector = {"matchLabels": {"app": "guarded"}}
     budget = {"metadata": {"name": "guard"}, "spec": {"minAvailable": len(names), "selector": selector}}
     await policy.create_namespaced_pod_disruption_budget(namespace, budget)
-    await eventually(lambda: pdb_settled(policy, namespace, "guard", allowed=0))
+    await eventually_async(lambda: pdb_settled(policy, namespace, "guard", allowed=0))
 
 
 async def events_about(api: client.ApiClient, namespace: str, kind: str, name: str) -> list[client.CoreV1Event]:

@@ -20,7 +20,8 @@ from machine_preservation.controller.reconcile import MachineReconciler
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.models import Machine
-from tests.controller.support import create_machine, eventually, machine_model, new_node
+from tests.controller.support import create_machine, machine_model, new_node
+from tests.polling import eventually_async
 
 
 @contextlib.asynccontextmanager
@@ -64,7 +65,7 @@ async def test_a_drain_waits_for_a_free_slot_as_a_requeue(
             max_concurrent_drains=1,
         )
         key = f"{namespace}/m"
-        await eventually(lambda: caches.machines.get(key))
+        await eventually_async(lambda: caches.machines.get(key))
 
         async def reconciled() -> dt.timedelta | None:
             """One reconcile; a conflict means the caches were behind the previous one's writes: none."""
@@ -83,7 +84,7 @@ async def test_a_drain_waits_for_a_free_slot_as_a_requeue(
         async def deferred() -> bool:
             return await reconciled() == reconciler.drain_deferral
 
-        await eventually(deferred)
+        await eventually_async(deferred)
         assert drain_outcome(await machine_model(api, namespace, "m")) is None, "no drain ran, none is recorded"
         assert (drains("succeeded"), drains("failed")) == (0.0, 0.0)
 
@@ -93,5 +94,5 @@ async def test_a_drain_waits_for_a_free_slot_as_a_requeue(
             await reconciled()
             return drain_outcome(await machine_model(api, namespace, "m")) == v.DrainOutcome.DRAINED
 
-        await eventually(drained)
+        await eventually_async(drained)
         assert drains("succeeded") >= 1

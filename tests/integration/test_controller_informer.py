@@ -15,8 +15,9 @@ from machine_preservation.controller.backoff import Backoff
 from machine_preservation.controller.informer import Informer, Source
 from machine_preservation.core.models import Machine
 from machine_preservation.localcluster.controlplane import ControlPlane
-from tests.controller.support import GROUP, VERSION, aio_client, create_machine, eventually
+from tests.controller.support import GROUP, VERSION, aio_client, create_machine
 from tests.controller.tcpproxy import TcpProxy
+from tests.polling import eventually_async
 
 Event = tuple[str, str]
 
@@ -84,8 +85,8 @@ async def test_lists_then_watches_and_keeps_the_node_index(api: client.ApiClient
         )
         await custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "machines", "m2")
 
-        await eventually(lambda: informer.get(f"{namespace}/m2") is None and len(informer) == 2)
-        await eventually(lambda: [m.metadata.name for m in informer.by_index("node", "n2")] == ["m1", "m3"])
+        await eventually_async(lambda: informer.get(f"{namespace}/m2") is None and len(informer) == 2)
+        await eventually_async(lambda: [m.metadata.name for m in informer.by_index("node", "n2")] == ["m1", "m3"])
         assert informer.by_index("node", "n1") == []
         m3 = informer.get(f"{namespace}/m3")
         assert m3 is not None
@@ -111,11 +112,11 @@ async def test_bookmarks_advance_the_resume_point_and_a_watch_end_resumes_withou
             # Changes in another namespace are not our events, but bookmarks carry their resourceVersion.
             other = await create_machine(custom, elsewhere, "other")
             other_version = int(other["metadata"]["resourceVersion"])
-            await eventually(lambda: informer.stats.bookmarks >= 1 and informer.stats.watches >= 2, limit=60)
-            await eventually(lambda: int(informer.resource_version) >= other_version, limit=60)
+            await eventually_async(lambda: informer.stats.bookmarks >= 1 and informer.stats.watches >= 2, limit=60)
+            await eventually_async(lambda: int(informer.resource_version) >= other_version, limit=60)
             assert informer.stats.events == 0
             await create_machine(custom, namespace, "late")
-            await eventually(lambda: informer.get(f"{namespace}/late") is not None)
+            await eventually_async(lambda: informer.get(f"{namespace}/late") is not None)
     finally:
         await core.delete_namespace(elsewhere)
     assert informer.stats.lists == 1, "an ordinary watch timeout must resume, not re-list"
@@ -140,8 +141,8 @@ async def test_an_expired_resource_version_triggers_a_relist_that_reconciles_del
     await create_machine(custom, namespace, "new-while-away")
     informer.resource_version = "1"
     async with running(informer):
-        await eventually(lambda: informer.stats.lists == 2)
-        await eventually(lambda: sorted(informer.keys()) == [f"{namespace}/new-while-away", f"{namespace}/stays"])
+        await eventually_async(lambda: informer.stats.lists == 2)
+        await eventually_async(lambda: sorted(informer.keys()) == [f"{namespace}/new-while-away", f"{namespace}/stays"])
     assert informer.stats.expired == 1
     assert ("deleted", "gone-while-away") in events
     assert ("added", "new-while-away") in events
@@ -154,7 +155,7 @@ async def test_resync_replays_every_cached_object_to_the_handlers(api: client.Ap
     informer = machine_informer(api, namespace, resync_period=0.3)
     events = record(informer)
     async with running(informer):
-        await eventually(lambda: {("resync", "a"), ("resync", "b")} <= set(events))
+        await eventually_async(lambda: {("resync", "a"), ("resync", "b")} <= set(events))
     assert informer.stats.resyncs >= 1
     assert informer.stats.lists == 1
 
@@ -172,10 +173,10 @@ async def test_survives_the_apiserver_going_away_and_coming_back(
             await asyncio.wait_for(informer.wait_synced(), 30)
             await proxy.cut()
             await create_machine(custom, namespace, "made-during-outage")
-            await eventually(lambda: informer.stats.errors >= 2, limit=30)
+            await eventually_async(lambda: informer.stats.errors >= 2, limit=30)
             assert informer.get(f"{namespace}/made-during-outage") is None
             await proxy.start()
-            await eventually(lambda: informer.get(f"{namespace}/made-during-outage") is not None, limit=30)
+            await eventually_async(lambda: informer.get(f"{namespace}/made-during-outage") is not None, limit=30)
     finally:
         await proxy.cut()
         await proxied.close()
@@ -211,9 +212,9 @@ async def test_an_object_that_does_not_parse_is_skipped_not_fatal(api: client.Ap
             {"metadata": {"labels": {"odd": "yes"}}},
             _content_type="application/merge-patch+json",
         )
-        await eventually(lambda: informer.get(f"{namespace}/good") is None)
+        await eventually_async(lambda: informer.get(f"{namespace}/good") is None)
         await create_machine(custom, namespace, "later")
-        await eventually(lambda: informer.get(f"{namespace}/later") is not None)
+        await eventually_async(lambda: informer.get(f"{namespace}/later") is not None)
     assert informer.stats.unparsable >= 2
     assert informer.stats.errors == 0
     assert ("deleted", "good") in events

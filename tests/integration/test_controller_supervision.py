@@ -14,7 +14,8 @@ from machine_preservation.controller.manager import EXIT_INFORMER_FAILED
 from machine_preservation.core.models import Node
 from machine_preservation.localcluster.controlplane import ControlPlane
 from tests.controller.running import running_controller
-from tests.controller.support import aio_client, eventually
+from tests.controller.support import aio_client
+from tests.polling import eventually_async
 
 
 async def test_a_dead_informer_makes_the_controller_unready_and_exit(
@@ -24,7 +25,7 @@ async def test_a_dead_informer_makes_the_controller_unready_and_exit(
     async with running_controller(kubeconfig=control_plane.kubeconfig, namespace=namespace) as running:
         controller = running.controller
         assert controller.caches is not None
-        await eventually(controller.ready)
+        await eventually_async(controller.ready)
 
         nodes = controller.caches.nodes
         parse = nodes.parse

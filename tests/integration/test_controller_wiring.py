@@ -17,7 +17,8 @@ from machine_preservation.controller.queue import WorkQueue
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.preservation_record import start_record
 from machine_preservation.core.priority import unpreserved_priority_ceiling
-from tests.controller.support import GROUP, VERSION, create_machine, eventually, machine_set_owner
+from tests.controller.support import GROUP, VERSION, create_machine, machine_set_owner
+from tests.polling import eventually_async
 
 TEN_HOURS = dt.timedelta(hours=10)
 USER = v.PreservedBy.USER
@@ -59,12 +60,14 @@ async def test_a_change_overtakes_a_resync_of_every_machine(api: client.ApiClien
     async with wired(api, namespace, resync_period=0.5) as (caches, queues):
         assert sorted(await drain(queues.machines)) == sorted(f"{namespace}/{n}" for n in names)
         resyncs = caches.machines.stats.resyncs
-        await eventually(lambda: caches.machines.stats.resyncs > resyncs and len(queues.machines) == len(names))
+        await eventually_async(lambda: caches.machines.stats.resyncs > resyncs and len(queues.machines) == len(names))
 
         await custom.patch_namespaced_custom_object(
             GROUP, VERSION, namespace, "machines", "m5", {"metadata": {"labels": {"changed": "yes"}}}
         )
-        await eventually(lambda: (m := caches.machines.get(f"{namespace}/m5")) and m.metadata.labels.get("changed"))
+        await eventually_async(
+            lambda: (m := caches.machines.get(f"{namespace}/m5")) and m.metadata.labels.get("changed")
+        )
         order = await drain(queues.machines)
 
     assert order[0] == f"{namespace}/m5", f"the changed machine waited behind the resync: {order}"
@@ -110,6 +113,6 @@ async def test_the_priority_ceiling_follows_machine_changes(api: client.ApiClien
             "c",
             {"metadata": {"annotations": {v.MACHINE_PRIORITY_ANNOTATION: "9"}}},
         )
-        await eventually(lambda: ceilings() == {"a": 9, "b": 9, "c": 8, "p": 9, "q": 9})
+        await eventually_async(lambda: ceilings() == {"a": 9, "b": 9, "c": 8, "p": 9, "q": 9})
         await custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "machines", "c")
-        await eventually(lambda: ceilings() == {"a": 8, "b": 8, "p": 6, "q": 8})
+        await eventually_async(lambda: ceilings() == {"a": 8, "b": 8, "p": 6, "q": 8})
