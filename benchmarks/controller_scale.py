@@ -78,7 +78,10 @@ def log(message: str) -> None:
 
 
 def rfc3339(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # Imported here, not at module level (see above); the product's one formatter.
+    from machine_preservation.core.preservation_record import format_timestamp
+
+    return format_timestamp(moment)
 
 
 def parse_time(text: str) -> float:
