@@ -19,7 +19,6 @@ from tests.controller.support import (
     VERSION,
     create_custom,
     create_machine,
-    eventually,
     get_machine,
     is_preserved,
     is_unpreserved,
@@ -27,6 +26,7 @@ from tests.controller.support import (
     owner_reference,
     read_node_model,
 )
+from tests.polling import eventually_async
 
 MERGE = "application/merge-patch+json"
 
@@ -72,7 +72,7 @@ async def test_recovery_of_a_preserved_failed_machine(
         annotations={v.PRESERVE_ANNOTATION: value},
     )
     async with running_controller(kubeconfig=control_plane.kubeconfig, namespace=namespace):
-        await eventually(lambda: drained(api, namespace, node))
+        await eventually_async(lambda: drained(api, namespace, node))
         # The node is healthy again and no MCM moves the phase back to Running: the controller does.
         await set_node_condition(api, node, "True")
 
@@ -80,7 +80,7 @@ async def test_recovery_of_a_preserved_failed_machine(
             machine, n = await snapshot(api, namespace, "m", node)
             return machine.phase == "Running" and not n.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT)
 
-        await eventually(recovered)
+        await eventually_async(recovered)
 
         async def settled() -> bool:
             machine, n = await snapshot(api, namespace, "m", node)
@@ -96,7 +96,7 @@ async def test_recovery_of_a_preserved_failed_machine(
                 )
             return is_unpreserved(machine) and condition.reason == "Preservation stopped."
 
-        await eventually(settled)
+        await eventually_async(settled)
         machine, n = await snapshot(api, namespace, "m", node)
         assert machine.metadata.annotations.get(v.PRESERVE_ANNOTATION) == value, "recovery keeps the user's value"
         assert (v.CA_SCALE_DOWN_DISABLED_ANNOTATION in n.metadata.annotations) is still_preserved
@@ -124,8 +124,8 @@ async def test_lowering_the_max_releases_auto_preserved_machines(
             custom, namespace, name, node=node, phase="Failed", owner=owner_reference("MachineSet", machine_set)
         )
     async with running_controller(kubeconfig=control_plane.kubeconfig, namespace=namespace):
-        await eventually(lambda: _auto_preserved(custom, namespace, count=2))
-        await eventually(lambda: _deployment_counter(custom, namespace, 2))
+        await eventually_async(lambda: _auto_preserved(custom, namespace, count=2))
+        await eventually_async(lambda: _deployment_counter(custom, namespace, 2))
         await custom.patch_namespaced_custom_object(
             GROUP,
             VERSION,
@@ -135,8 +135,8 @@ async def test_lowering_the_max_releases_auto_preserved_machines(
             {"spec": {"autoPreserveFailedMachineMax": 1}},
             _content_type=MERGE,
         )
-        await eventually(lambda: _auto_preserved(custom, namespace, count=1))
-        await eventually(lambda: _deployment_counter(custom, namespace, 1))
+        await eventually_async(lambda: _auto_preserved(custom, namespace, count=1))
+        await eventually_async(lambda: _deployment_counter(custom, namespace, 1))
         current = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "machinesets", "ms")
         assert isinstance(current, dict)
         assert current["status"]["autoPreserveFailedMachineCount"] == 1
@@ -154,7 +154,7 @@ async def test_an_invalid_value_is_reported_once_with_a_warning(
             events = (await client.CoreV1Api(api).list_namespaced_event(namespace)).items
             return [e for e in events if e.reason == "InvalidPreserveValue"]
 
-        found = await eventually(warned)
+        found = await eventually_async(warned)
         assert found[0].type == "Warning"
         assert "forever" in (found[0].message or "")
         machine = Machine.model_validate(await get_machine(client.CustomObjectsApi(api), namespace, "m"))
@@ -163,7 +163,7 @@ async def test_an_invalid_value_is_reported_once_with_a_warning(
         caches = running.controller.caches
         assert caches is not None
         resyncs = caches.machines.stats.resyncs
-        await eventually(lambda: caches.machines.stats.resyncs >= resyncs + 3)
+        await eventually_async(lambda: caches.machines.stats.resyncs >= resyncs + 3)
         again = await warned()
         assert [(e.count or 1) for e in again] == [1], "resyncs do not report it again"
 

@@ -26,7 +26,6 @@ from tests.controller.support import (
     GROUP,
     VERSION,
     create_machine,
-    eventually,
     format_timestamp,
     get_machine,
     is_preserved,
@@ -36,6 +35,7 @@ from tests.controller.support import (
     new_node,
     read_node_model,
 )
+from tests.polling import eventually_async
 
 # Writes of an uninterrupted run: preserve (the record with the machine's annotations, the mirrored expiry,
 # Events, the node's annotations, taint, condition "being drained", eviction, the drain record, condition,
@@ -129,7 +129,7 @@ async def run_controller(
     stop = asyncio.Event()
     task = asyncio.create_task(controller.run(stop))
     try:
-        await eventually(until, limit=60)
+        await eventually_async(until, limit=60)
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -38,7 +38,6 @@ from tests.controller.support import (
     VERSION,
     create_machine,
     events_about,
-    eventually,
     get_machine,
     is_preserved,
     machine_model,
@@ -46,6 +45,7 @@ from tests.controller.support import (
     read_node_model,
     read_raw,
 )
+from tests.polling import eventually_async
 
 OTHER_GROUP = "prune-check.machine-preservation.test"
 MERGE = "application/merge-patch+json"
@@ -118,7 +118,7 @@ async def crds_like_v061(api: client.ApiClient, namespace: str) -> AsyncIterator
     try:
         for crd in originals.values():
             await replace_crd(extensions, as_v061(crd))
-        await eventually(lambda: _is(expiry_kept(api, namespace, "probe"), False), limit=60)
+        await eventually_async(lambda: _is(expiry_kept(api, namespace, "probe"), False), limit=60)
         await client.CustomObjectsApi(api).delete_namespaced_custom_object(
             GROUP, VERSION, namespace, "machines", "probe"
         )
@@ -127,7 +127,7 @@ async def crds_like_v061(api: client.ApiClient, namespace: str) -> AsyncIterator
         for crd in originals.values():
             await replace_crd(extensions, crd)
         await create_machine(client.CustomObjectsApi(api), namespace, "probe-after")
-        await eventually(lambda: _is(expiry_kept(api, namespace, "probe-after"), True), limit=60)
+        await eventually_async(lambda: _is(expiry_kept(api, namespace, "probe-after"), True), limit=60)
 
 
 async def _is(result: Any, expected: bool) -> bool:
@@ -150,7 +150,7 @@ async def other_group_pruning_crd(api: client.ApiClient) -> AsyncIterator[str]:
         conditions = (current.status.conditions if current.status else None) or []
         return any(c.type == "Established" and c.status == "True" for c in conditions)
 
-    await eventually(established)
+    await eventually_async(established)
     yield name
     await extensions.delete_custom_resource_definition(name)
 
@@ -239,18 +239,18 @@ async def test_on_v061s_crds_the_controller_starts_preserves_in_annotations_and_
                 and node.metadata.annotations.get(v.CA_SCALE_DOWN_DISABLED_ANNOTATION) == "true"
             )
 
-        await eventually(kept_preserved)
+        await eventually_async(kept_preserved)
 
         async def short_expired() -> bool:
             machine = await machine_model(api, namespace, "short")
             reasons = {e.reason for e in await events_about(api, namespace, "Machine", "short")}
             return machine is not None and machine.preservation is None and "PreservationExpired" in reasons
 
-        await eventually(short_expired, limit=60)
+        await eventually_async(short_expired, limit=60)
         caches = controller.caches
         assert caches is not None
         resyncs = caches.machines.stats.resyncs
-        await eventually(lambda: caches.machines.stats.resyncs >= resyncs + 3)
+        await eventually_async(lambda: caches.machines.stats.resyncs >= resyncs + 3)
 
         kept = await machine_model(api, namespace, "kept")
         assert kept is not None
@@ -292,7 +292,7 @@ async def test_where_the_crd_keeps_it_the_mirror_shows_the_capped_expiry(
         preservation=PreservationConfig(max_preserve_timeout=max_timeout),
     ) as running:
         assert running.controller.preservation.mirror_status
-        await eventually(lambda: _preserved(api, namespace, max_timeout))
+        await eventually_async(lambda: _preserved(api, namespace, max_timeout))
         machine = await machine_model(api, namespace, "m")
         assert machine is not None
         record = machine.preservation

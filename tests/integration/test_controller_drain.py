@@ -15,15 +15,8 @@ from kubernetes.aio import client
 from machine_preservation.controller.drain import POD_NODE_INDEX, Drainer
 from machine_preservation.controller.informer import Informer, Source
 from machine_preservation.core.models import Pod
-from tests.controller.support import (
-    eventually,
-    guarded_pods,
-    new_node,
-    pdb_settled,
-    read_node_model,
-    read_raw,
-    running_pod,
-)
+from tests.controller.support import guarded_pods, new_node, pdb_settled, read_node_model, read_raw, running_pod
+from tests.polling import eventually_async
 
 
 @pytest.fixture
@@ -79,7 +72,7 @@ async def test_evicts_every_pod_but_daemonset_and_mirror_pods_on_an_unreachable_
     await running_pod(core, namespace, "ds-pod", node=node, labels={"app": "ds"}, ownerReferences=[owner])
     await running_pod(core, namespace, "static", node=node, annotations={"kubernetes.io/config.mirror": "x"})
     await running_pod(core, namespace, "other-node", node=elsewhere)
-    await eventually(lambda: len(pods.by_index(POD_NODE_INDEX, node)) == 4)
+    await eventually_async(lambda: len(pods.by_index(POD_NODE_INDEX, node)) == 4)
 
     drainer = Drainer(target=api, pods=pods)
     result = await drainer.drain(node=await read_node_model(core, node), time_limit=60, max_evict_retries=3)
@@ -100,7 +93,7 @@ async def test_a_pdb_allowing_no_disruption_blocks_and_the_blocking_pods_are_nam
     core = client.CoreV1Api(api)
     node = await new_node(api, node_names, ready=False)
     await guarded_pods(api, namespace, node, "guarded-b", "guarded-a")
-    await eventually(lambda: len(pods.by_index(POD_NODE_INDEX, node)) == 2)
+    await eventually_async(lambda: len(pods.by_index(POD_NODE_INDEX, node)) == 2)
 
     drainer = Drainer(target=api, pods=pods)
     result = await drainer.drain(node=await read_node_model(core, node), time_limit=3, max_evict_retries=50)
@@ -117,7 +110,7 @@ async def test_eviction_retries_are_bounded_by_max_evict_retries(
     core = client.CoreV1Api(api)
     node = await new_node(api, node_names, ready=False)
     await guarded_pods(api, namespace, node, "guarded")
-    await eventually(lambda: len(pods.by_index(POD_NODE_INDEX, node)) == 1)
+    await eventually_async(lambda: len(pods.by_index(POD_NODE_INDEX, node)) == 1)
 
     drainer = Drainer(target=api, pods=pods)
     # A generous deadline: the drain gives up after the retries, long before the deadline.
@@ -156,8 +149,8 @@ async def test_on_a_live_node_the_drain_waits_for_pods_to_be_gone_and_follows_th
         namespace,
         {"metadata": {"name": "web"}, "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "web"}}}},
     )
-    await eventually(lambda: pdb_settled(policy, namespace, "web", allowed=1))
-    await eventually(lambda: len(pods.by_index(POD_NODE_INDEX, node)) == 2)
+    await eventually_async(lambda: pdb_settled(policy, namespace, "web", allowed=1))
+    await eventually_async(lambda: len(pods.by_index(POD_NODE_INDEX, node)) == 2)
 
     drainer = Drainer(target=api, pods=pods)
     drain = asyncio.create_task(
@@ -180,7 +173,7 @@ async def test_on_a_live_node_the_drain_waits_for_pods_to_be_gone_and_follows_th
             finished.append(name)
         return sorted(finished) == ["web-1", "web-2"]
 
-    await eventually(kubelet_and_replicaset_step, limit=90, interval=0.5)
+    await eventually_async(kubelet_and_replicaset_step, limit=90, interval=0.5)
     result = await asyncio.wait_for(drain, 60)
     assert result.drained
     assert {await pod_state(core, namespace, n) for n in ("web-1", "web-2")} == {"gone"}

@@ -30,12 +30,12 @@ from tests.controller.support import (
     aio_client,
     create_machine,
     events_about,
-    eventually,
     is_preserved,
     machine_model,
     new_node,
     read_node_model,
 )
+from tests.polling import eventually_async
 
 MERGE = "application/merge-patch+json"
 P = v.PRESERVE_ANNOTATION
@@ -116,13 +116,13 @@ async def test_a_conflict_on_the_stops_delete_is_finished_by_the_next_reconcile_
                 record = machine.preservation if machine is not None else None
                 return record is not None and record.drain is not None and record.drain.outcome == "drained"
 
-            await eventually(drained)
+            await eventually_async(drained)
             machine = await machine_model(api, namespace, "m")
             assert machine is not None
             record = machine.preservation
             assert record is not None
 
-            await eventually(lambda: _gone(api, namespace), limit=60)
+            await eventually_async(lambda: _gone(api, namespace), limit=60)
             assert metrics.delete_statuses[0] == 409, "the second writer made the first delete conflict"
             assert metrics.delete_statuses[-1] in (200, 202), metrics.delete_statuses
 
@@ -135,7 +135,7 @@ async def test_a_conflict_on_the_stops_delete_is_finished_by_the_next_reconcile_
                 events = await events_about(api, namespace, "Machine", "m")
                 return any(e.message == expired for e in events)
 
-            await eventually(stop_reported)
+            await eventually_async(stop_reported)
     finally:
         await writer.close()
     for kind, name in (("Machine", "m"), ("Node", node_name)):
@@ -183,7 +183,7 @@ async def test_an_expiry_written_far_in_the_future_by_someone_else_ends_at_the_c
             resync_period=0.5,
             preservation=PreservationConfig(max_preserve_timeout=max_timeout),
         ):
-            await eventually(lambda: _preserved(api, namespace, max_timeout))
+            await eventually_async(lambda: _preserved(api, namespace, max_timeout))
             machine = await machine_model(api, namespace, "m")
             assert machine is not None
             record = machine.preservation
@@ -208,13 +208,13 @@ async def test_an_expiry_written_far_in_the_future_by_someone_else_ends_at_the_c
                     return machine is not None and machine.mirrored_expiry == cap
 
                 # Status is only a mirror: never read back, and written again from the record.
-                await eventually(mirror_restored)
+                await eventually_async(mirror_restored)
 
             async def stopped() -> bool:
                 machine = await machine_model(api, namespace, "m")
                 return machine is not None and machine.preservation is None and machine.mirrored_expiry is None
 
-            await eventually(stopped, limit=60)
+            await eventually_async(stopped, limit=60)
             machine = await machine_model(api, namespace, "m")
             assert machine is not None
             assert P not in machine.metadata.annotations, "ended as an expiry: the preserve annotation goes"

@@ -25,14 +25,8 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Node
 from machine_preservation.localcluster.controlplane import ControlPlane, free_port
 from tests.controller.running import running_controller
-from tests.controller.support import (
-    create_machine,
-    create_node,
-    eventually,
-    is_preserved,
-    machine_model,
-    read_node_model,
-)
+from tests.controller.support import create_machine, create_node, is_preserved, machine_model, read_node_model
+from tests.polling import eventually_async
 
 FAST_LEASE = {"lease_duration": 3, "renew_deadline": 2.0, "retry_period": 1.0}
 
@@ -58,7 +52,7 @@ async def test_two_electors_one_wins_and_release_hands_over(api: client.ApiClien
     ]
     tasks = [asyncio.create_task(e.run()) for e in electors]
     try:
-        await eventually(lambda: any(e.leading.is_set() for e in electors))
+        await eventually_async(lambda: any(e.leading.is_set() for e in electors))
         winner = next(e for e in electors if e.leading.is_set())
         loser = next(e for e in electors if e is not winner)
         # Renewals keep the winner in place for several lease durations.
@@ -70,7 +64,7 @@ async def test_two_electors_one_wins_and_release_hands_over(api: client.ApiClien
         tasks[electors.index(winner)].cancel()
         assert await winner.release()
         assert not await winner.release(), "only the holder can release"
-        await eventually(lambda: loser.leading.is_set(), limit=15)
+        await eventually_async(lambda: loser.leading.is_set(), limit=15)
         assert await holder(api, namespace, "lease") == loser.identity
         assert not winner.lost.is_set()
     finally:
@@ -91,7 +85,7 @@ async def test_the_lease_records_utc_times_and_counts_transitions_whatever_the_l
     first = asyncio.create_task(electors[0].run())
     second: asyncio.Task[None] | None = None
     try:
-        await eventually(lambda: electors[0].leading.is_set())
+        await eventually_async(lambda: electors[0].leading.is_set())
         await asyncio.sleep(FAST_LEASE["retry_period"] * 1.5)  # at least one renewal
         lease = (await coordination.read_namespaced_lease("tz", namespace)).spec
         now = dt.datetime.now(dt.UTC)
@@ -104,7 +98,7 @@ async def test_the_lease_records_utc_times_and_counts_transitions_whatever_the_l
         await asyncio.gather(first, return_exceptions=True)
         assert await electors[0].release()
         second = asyncio.create_task(electors[1].run())
-        await eventually(lambda: electors[1].leading.is_set(), limit=15)
+        await eventually_async(lambda: electors[1].leading.is_set(), limit=15)
         lease = (await coordination.read_namespaced_lease("tz", namespace)).spec
         assert (lease.holder_identity, lease.lease_transitions) == ("e1", 1)
         assert abs((dt.datetime.now(dt.UTC) - lease.acquire_time).total_seconds()) < 5
@@ -125,12 +119,12 @@ async def test_a_follower_does_not_reconcile_until_the_leader_shuts_down(
     async with running_controller(
         kubeconfig=control_plane.kubeconfig, namespace=namespace, identity="first", **options
     ) as first:
-        await eventually(lambda: _holds(api, namespace, "first"))
+        await eventually_async(lambda: _holds(api, namespace, "first"))
         async with running_controller(
             kubeconfig=control_plane.kubeconfig, namespace=namespace, identity="second", **options
         ) as second:
             await create_machine(custom, namespace, "a", annotations={v.PRESERVE_ANNOTATION: "now"})
-            await eventually(lambda: preserved(api, namespace, "a"))
+            await eventually_async(lambda: preserved(api, namespace, "a"))
             assert second.controller.caches is not None
             assert not second.controller.caches.machines.synced, "a follower does not even watch"
             assert second.controller.ready(), "a standby is ready: it must not block a rollout"
@@ -138,9 +132,9 @@ async def test_a_follower_does_not_reconcile_until_the_leader_shuts_down(
 
             assert await first.shutdown() == 0
             assert await holder(api, namespace) in (None, "second"), "the leader released its lease"
-            await eventually(lambda: _holds(api, namespace, "second"), limit=15)
+            await eventually_async(lambda: _holds(api, namespace, "second"), limit=15)
             await create_machine(custom, namespace, "b", annotations={v.PRESERVE_ANNOTATION: "now"})
-            await eventually(lambda: preserved(api, namespace, "b"))
+            await eventually_async(lambda: preserved(api, namespace, "b"))
             assert await second.shutdown() == 0
     assert await holder(api, namespace) is None
 
@@ -174,7 +168,7 @@ async def test_shutdown_finishes_the_reconcile_in_flight(
                 custom, namespace, "m", node=node, phase="Failed", annotations={v.PRESERVE_ANNOTATION: "now"}
             )
             # The drain is under way (taint written, eviction refused by the PDB) when the stop comes.
-            await eventually(lambda: _tainted(api, node))
+            await eventually_async(lambda: _tainted(api, node))
             assert await running.shutdown() == 0
         machine = await machine_model(api, namespace, "m")
         record = machine.preservation if machine is not None else None
@@ -219,9 +213,9 @@ async def test_the_cli_runs_until_sigterm_and_exits_cleanly(
                         return response.status == 200
                 return False
 
-            await eventually(ready, limit=60)
+            await eventually_async(ready, limit=60)
         await create_machine(client.CustomObjectsApi(api), namespace, "m", annotations={v.PRESERVE_ANNOTATION: "now"})
-        await eventually(lambda: preserved(api, namespace, "m"))
+        await eventually_async(lambda: preserved(api, namespace, "m"))
         lease_holder = await holder(api, namespace)
         assert lease_holder is not None
         assert lease_holder.startswith("cli-test_")
@@ -254,7 +248,7 @@ async def test_losing_the_lease_ends_the_controller_with_an_error_and_leaves_the
     async with running_controller(
         kubeconfig=control_plane.kubeconfig, namespace=namespace, leader_elect=True, identity="victim", **FAST_LEASE
     ) as running:
-        await eventually(lambda: _holds(api, namespace, "victim"))
+        await eventually_async(lambda: _holds(api, namespace, "victim"))
         coordination = client.CoordinationV1Api(api)
         lease = await coordination.read_namespaced_lease(LEASE_NAME, namespace)
         assert lease.spec is not None

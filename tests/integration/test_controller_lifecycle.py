@@ -27,7 +27,6 @@ from tests.controller.support import (
     create_custom,
     create_machine,
     events_about,
-    eventually,
     guarded_pods,
     is_preserved,
     is_unpreserved,
@@ -37,6 +36,7 @@ from tests.controller.support import (
     owner_reference,
     read_node_model,
 )
+from tests.polling import eventually_async
 
 MERGE = "application/merge-patch+json"
 P = v.PRESERVE_ANNOTATION
@@ -97,7 +97,7 @@ async def preserved_by_its_own_now(
     async with running_controller(
         kubeconfig=control_plane.kubeconfig, namespace=namespace, resync_period=0.5
     ) as running:
-        await eventually(lambda: preserved_on_node(api, namespace, "m", node_name))
+        await eventually_async(lambda: preserved_on_node(api, namespace, "m", node_name))
         yield running.controller
 
 
@@ -106,7 +106,7 @@ async def resyncs(controller: Controller, count: int = 3) -> None:
     caches = controller.caches
     assert caches is not None
     target = caches.machines.stats.resyncs + count
-    await eventually(lambda: caches.machines.stats.resyncs >= target)
+    await eventually_async(lambda: caches.machines.stats.resyncs >= target)
 
 
 async def reasons_about(api: client.ApiClient, namespace: str, kind: str, name: str) -> dict[str, list[str]]:
@@ -134,7 +134,7 @@ async def test_removing_or_emptying_the_machine_annotation_stops_and_does_not_pr
     node_name = await new_node(api, node_names, ready=True)
     async with preserved_by_its_own_now(control_plane, api, namespace, node_name) as controller:
         await annotate_machine(api, namespace, "m", {P: change})
-        await eventually(lambda: stopped_on_node(api, namespace, "m", node_name))
+        await eventually_async(lambda: stopped_on_node(api, namespace, "m", node_name))
         await resyncs(controller)
         assert await stopped_on_node(api, namespace, "m", node_name), "not preserved again"
     m = await machine(api, namespace, "m")
@@ -159,20 +159,20 @@ async def test_the_node_value_wins_and_its_removal_is_seen_through_the_last_appl
     async with running_controller(
         kubeconfig=control_plane.kubeconfig, namespace=namespace, resync_period=0.5
     ) as running:
-        await eventually(lambda: preserved_on_node(api, namespace, "m", node_name))
+        await eventually_async(lambda: preserved_on_node(api, namespace, "m", node_name))
 
         async def synced_from_node() -> bool:
             annotations = (await machine(api, namespace, "m")).metadata.annotations
             return P not in annotations and annotations.get(v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION) == "now"
 
-        await eventually(synced_from_node)
+        await eventually_async(synced_from_node)
         condition = (await node(api, node_name)).preserved_condition
         assert condition is not None
         assert condition.reason == "Preserved by user."
 
         # The node's annotation goes: only the machine's last-applied record says there was one.
         await client.CoreV1Api(api).patch_node(node_name, {"metadata": {"annotations": {P: None}}})
-        await eventually(lambda: stopped_on_node(api, namespace, "m", node_name))
+        await eventually_async(lambda: stopped_on_node(api, namespace, "m", node_name))
         await resyncs(running.controller)
         assert await stopped_on_node(api, namespace, "m", node_name), "not preserved again"
     annotations = (await machine(api, namespace, "m")).metadata.annotations
@@ -188,7 +188,7 @@ async def test_an_empty_node_value_overrides_the_machines_value(
     async with preserved_by_its_own_now(control_plane, api, namespace, node_name) as controller:
         # A node's `""` still overrides the machine's annotation (and takes it over).
         await client.CoreV1Api(api).patch_node(node_name, {"metadata": {"annotations": {P: ""}}})
-        await eventually(lambda: stopped_on_node(api, namespace, "m", node_name))
+        await eventually_async(lambda: stopped_on_node(api, namespace, "m", node_name))
         await resyncs(controller)
         assert await stopped_on_node(api, namespace, "m", node_name), "not preserved again"
     assert P not in (await machine(api, namespace, "m")).metadata.annotations, "the node decided"
@@ -221,9 +221,9 @@ async def test_false_stops_a_preservation_and_opts_a_failed_machine_out_of_auto_
                 and is_unpreserved(opted)
             )
 
-        await eventually(settled)
+        await eventually_async(settled)
         await annotate_machine(api, namespace, "running", {P: "false"})
-        await eventually(lambda: stopped_on_node(api, namespace, "running", running_node))
+        await eventually_async(lambda: stopped_on_node(api, namespace, "running", running_node))
         await resyncs(running.controller)
 
         # The budget (2) has room, yet the opted-out machine is never auto-preserved.
@@ -276,7 +276,7 @@ async def test_failed_machines_of_a_machine_set_being_replaced_are_not_auto_pres
             m = await machine(api, namespace, "new-m")
             return m.metadata.annotations.get(P) == "auto-preserve" and is_preserved(m)
 
-        await eventually(newer_auto_preserved)
+        await eventually_async(newer_auto_preserved)
         await resyncs(running.controller)
         old = await machine(api, namespace, "old-m")
         assert P not in old.metadata.annotations, "the MachineSet being replaced grants no auto value"
@@ -289,7 +289,7 @@ async def test_failed_machines_of_a_machine_set_being_replaced_are_not_auto_pres
             m = await machine(api, namespace, "old-m")
             return m.metadata.annotations.get(P) == "auto-preserve" and is_preserved(m)
 
-        await eventually(older_auto_preserved)
+        await eventually_async(older_auto_preserved)
 
 
 # --- scale-down priority ------------------------------------------------------------------------------------
@@ -330,7 +330,7 @@ async def test_scale_down_priority_is_raised_while_preserved_and_restored_after(
             "other": {},
             "auto": {PRIORITY: "4", LAST_PRIORITY: ""},
         }
-        await eventually(lambda: priorities(preserved))
+        await eventually_async(lambda: priorities(preserved))
         for name in ("manual", "marked", "marked-later", "auto"):
             assert is_preserved(await machine(api, namespace, name)), name
 
@@ -343,7 +343,7 @@ async def test_scale_down_priority_is_raised_while_preserved_and_restored_after(
             await annotate_machine(api, namespace, name, {P: None})
         # Restored on stop (a deletion mark stays); "manual" is unpreserved with 4 now, so the auto-preserved
         # one moves above it.
-        await eventually(
+        await eventually_async(
             lambda: priorities(
                 {
                     "manual": {PRIORITY: "4"},
@@ -370,8 +370,8 @@ async def test_expiry_stops_removes_the_annotation_and_is_reported(
     async with running_controller(
         kubeconfig=control_plane.kubeconfig, namespace=namespace, resync_period=0.5
     ) as running:
-        await eventually(lambda: reported(api, namespace, "PreservationStarted", "m", node_name))
-        await eventually(lambda: stopped_on_node(api, namespace, "m", node_name), limit=60)
+        await eventually_async(lambda: reported(api, namespace, "PreservationStarted", "m", node_name))
+        await eventually_async(lambda: stopped_on_node(api, namespace, "m", node_name), limit=60)
         await resyncs(running.controller)
         assert await stopped_on_node(api, namespace, "m", node_name), "not preserved again"
     assert P not in (await machine(api, namespace, "m")).metadata.annotations, "removed at expiry"
@@ -408,7 +408,7 @@ async def test_a_blocked_drain_names_the_blocking_pod_and_is_reported(
             return condition.message if condition is not None and condition.status == "False" else ""
 
         # While the first attempt runs (up to 3 s), the node says so and names the pods it waits for.
-        message = await eventually(draining, limit=60, interval=0.05)
+        message = await eventually_async(draining, limit=60, interval=0.05)
         assert message.startswith(v.DRAINING_MESSAGE), message
         assert message.endswith(f"Waiting for pods: {namespace}/guarded."), message
         m = await machine(api, namespace, "m")
@@ -419,7 +419,7 @@ async def test_a_blocked_drain_names_the_blocking_pod_and_is_reported(
             condition = (await node(api, node_name)).preserved_condition
             return condition.message if condition is not None and condition.message.startswith(DRAIN_FAILED) else ""
 
-        message = await eventually(drain_failed, limit=60)
+        message = await eventually_async(drain_failed, limit=60)
         record = (await machine(api, namespace, "m")).preservation
         assert record is not None
         assert record.drain is not None
@@ -431,7 +431,7 @@ async def test_a_blocked_drain_names_the_blocking_pod_and_is_reported(
         assert is_preserved(await machine(api, namespace, "m")), "still preserved"
         pod = await core.read_namespaced_pod("guarded", namespace)
         assert pod.metadata.deletion_timestamp is None, "the PDB kept the pod from being evicted"
-        await eventually(lambda: reported(api, namespace, "PreservedNodeDrainFailed", "m", node_name))
+        await eventually_async(lambda: reported(api, namespace, "PreservedNodeDrainFailed", "m", node_name))
     for kind, name in (("Machine", "m"), ("Node", node_name)):
         failures = [e for e in await events_about(api, namespace, kind, name) if e.reason == "PreservedNodeDrainFailed"]
         assert [e.type for e in failures] == ["Warning"]
@@ -456,7 +456,7 @@ async def test_evictions_stop_at_the_drain_timeout_and_an_emptied_node_still_cou
             condition = (await node(api, node_name)).preserved_condition
             return condition if condition is not None and "Evictions stopped" in condition.message else None
 
-        condition = await eventually(gave_up, limit=60)
+        condition = await eventually_async(gave_up, limit=60)
         assert condition.status == "False"
         assert condition.message.endswith(
             f"Pods blocking the drain: {namespace}/guarded. Evictions stopped after the drain timeout (3s); "
@@ -488,8 +488,8 @@ async def test_evictions_stop_at_the_drain_timeout_and_an_emptied_node_still_cou
                 and condition.message.startswith(v.DRAINED_SUCCESSFULLY_MESSAGE)
             )
 
-        await eventually(drained, limit=30)
-        await eventually(lambda: reported(api, namespace, "PreservedNodeDrained", "m", node_name))
+        await eventually_async(drained, limit=30)
+        await eventually_async(lambda: reported(api, namespace, "PreservedNodeDrained", "m", node_name))
 
 
 async def test_an_invalid_node_value_is_treated_as_absent_and_reported_on_the_node(
@@ -499,13 +499,13 @@ async def test_an_invalid_node_value_is_treated_as_absent_and_reported_on_the_no
     await create_machine(client.CustomObjectsApi(api), namespace, "m", node=node_name, annotations={P: "now"})
     async with running_controller(kubeconfig=control_plane.kubeconfig, namespace=namespace):
         # The node's value does not count: the machine's own `now` is in force.
-        await eventually(lambda: preserved_on_node(api, namespace, "m", node_name))
+        await eventually_async(lambda: preserved_on_node(api, namespace, "m", node_name))
 
         async def warned() -> list[client.CoreV1Event]:
             events = await events_about(api, namespace, "Node", node_name)
             return [e for e in events if e.reason == "InvalidPreserveValue"]
 
-        [event] = await eventually(warned)
+        [event] = await eventually_async(warned)
         assert event.type == "Warning"
         assert f'{P}="forever" on Node "{node_name}" is invalid and ignored' in (event.message or "")
     annotations = (await machine(api, namespace, "m")).metadata.annotations
@@ -530,7 +530,7 @@ async def test_a_machine_without_a_node_gets_only_the_expiry(
         async def started() -> list[str]:
             return (await reasons_about(api, namespace, "Machine", "m")).get("PreservationStarted", [])
 
-        [message] = await eventually(started)
+        [message] = await eventually_async(started)
         assert says in message
         m = await machine(api, namespace, "m")
         assert is_preserved(m)
@@ -541,11 +541,11 @@ async def test_a_machine_without_a_node_gets_only_the_expiry(
         async def stopped() -> bool:
             return is_unpreserved(await machine(api, namespace, "m"))
 
-        await eventually(stopped)
+        await eventually_async(stopped)
 
         async def stop_reported() -> bool:
             return "PreservationStopped" in await reasons_about(api, namespace, "Machine", "m")
 
-        await eventually(stop_reported)
+        await eventually_async(stop_reported)
     if node_label:
         assert not await events_about(api, namespace, "Node", node_label), "no Node to report on"

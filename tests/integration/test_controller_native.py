@@ -22,13 +22,13 @@ from tests.controller.support import (
     VERSION,
     create_machine,
     events_about,
-    eventually,
     get_machine,
     machine_model,
     machine_set_owner,
     new_node,
     read_raw,
 )
+from tests.polling import eventually_async
 
 MERGE = "application/merge-patch+json"
 P = v.PRESERVE_ANNOTATION
@@ -41,7 +41,7 @@ async def resyncs(controller: Controller, count: int = 3) -> None:
     caches = controller.caches
     assert caches is not None
     target = caches.machines.stats.resyncs + count
-    await eventually(lambda: caches.machines.stats.resyncs >= target)
+    await eventually_async(lambda: caches.machines.stats.resyncs >= target)
 
 
 def versions(objects: dict[str, Any]) -> dict[str, tuple[str, Any]]:
@@ -121,7 +121,7 @@ async def test_a_preservation_of_ours_is_handed_over_in_mcms_terms(
             machine = await machine_model(api, namespace, "m")
             return machine is not None and machine.preservation is None
 
-        await eventually(handed_over)
+        await eventually_async(handed_over)
         machine = await machine_model(api, namespace, "m")
         assert machine is not None
         assert machine.mirrored_expiry == capped, "the expiry where MCM reads it, capped"
@@ -170,7 +170,7 @@ async def test_an_expiry_mcm_sets_is_recorded_once_as_a_started_preservation(
             events = await events_about(api, namespace, "Machine", "m")
             return [e for e in events if e.reason == "PreservationStarted" and e.message == message]
 
-        await eventually(observed)
+        await eventually_async(observed)
         version = (await get_machine(custom, namespace, "m"))["metadata"]["resourceVersion"]
         await resyncs(running.controller)
     assert (await get_machine(custom, namespace, "m"))["metadata"]["resourceVersion"] == version, "only observed"

@@ -34,11 +34,11 @@ from tests.controller.support import (
     VERSION,
     create_custom,
     create_machine,
-    eventually,
     machines_of,
     new_node,
     owner_reference,
 )
+from tests.polling import eventually_async
 
 P = v.PRESERVE_ANNOTATION
 POOL = "pool-a"
@@ -167,13 +167,13 @@ async def test_the_pool_in_the_shoot_sets_the_timeout_and_the_auto_preservation_
             granted = await preserved_for(api, namespace)
             return granted if len(granted) == 2 and "manual" in granted else {}
 
-        granted = await eventually(one_auto_and_the_manual)
+        granted = await eventually_async(one_auto_and_the_manual)
         assert set(granted.values()) == {pool_timeout}, "the pool's 45m, not the flag's 72h"
         await _stays(lambda: preserved_for(api, namespace), granted, r.controller)
         machines = await machines_of(api, namespace)
         auto = [n for n, m in machines.items() if m.metadata.annotations.get(P) == "auto-preserve"]
         assert len(auto) == 1, "the pool's max is 1"
-        await eventually(lambda: _machine_set_count(custom, namespace, 1))
+        await eventually_async(lambda: _machine_set_count(custom, namespace, 1))
 
         # The Shoot's pool allows 3 now (and shortens the timeout, for preservations that start from now on).
         await custom.patch_cluster_custom_object(
@@ -189,8 +189,8 @@ async def test_the_pool_in_the_shoot_sets_the_timeout_and_the_auto_preservation_
             granted = await preserved_for(api, namespace)
             return granted if len(granted) == 4 else {}
 
-        granted = await eventually(all_auto_preserved)
-        await eventually(lambda: _machine_set_count(custom, namespace, 3))
+        granted = await eventually_async(all_auto_preserved)
+        await eventually_async(lambda: _machine_set_count(custom, namespace, 3))
     assert granted["manual"] == pool_timeout, "a running preservation keeps its expiry"
     assert granted[auto[0]] == pool_timeout
     assert sorted(t for n, t in granted.items() if n not in ("manual", auto[0])) == [dt.timedelta(minutes=20)] * 2
@@ -200,7 +200,7 @@ async def _stays(read: Any, expected: Any, controller: Any, resyncs: int = 3) ->
     """`read()` still returns `expected` after `resyncs` more resyncs of every machine."""
     caches = controller.caches
     target = caches.machines.stats.resyncs + resyncs
-    await eventually(lambda: caches.machines.stats.resyncs >= target)
+    await eventually_async(lambda: caches.machines.stats.resyncs >= target)
     assert await read() == expected
 
 

@@ -17,7 +17,6 @@ from tests.controller.support import (
     GROUP,
     VERSION,
     create_machine,
-    eventually,
     is_preserved,
     is_unpreserved,
     machine_model,
@@ -28,6 +27,7 @@ from tests.controller.support import (
     read_raw,
     running_pod,
 )
+from tests.polling import eventually_async
 
 
 async def node_model(api: client.ApiClient, name: str) -> Node:
@@ -58,7 +58,7 @@ async def test_now_on_the_node_preserves_and_removing_it_stops(
                 and n.metadata.annotations.get(v.CA_SCALE_DOWN_DISABLED_ANNOTATION) == "true"
             )
 
-        await eventually(preserved)
+        await eventually_async(preserved)
         machine, n = await machine_model(api, namespace, "m"), await node_model(api, node)
         assert machine is not None
         record = machine.preservation
@@ -74,7 +74,7 @@ async def test_now_on_the_node_preserves_and_removing_it_stops(
         assert condition.reason == "Preserved by user."
         assert condition.message.startswith("Machine preserved until ")
         assert not n.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT), "a Running machine is not tainted"
-        await eventually(lambda: _has(event_reasons(api, namespace), "PreservationStarted"))
+        await eventually_async(lambda: _has(event_reasons(api, namespace), "PreservationStarted"))
 
         await core.patch_node(node, {"metadata": {"annotations": {v.PRESERVE_ANNOTATION: None}}})
 
@@ -88,7 +88,7 @@ async def test_now_on_the_node_preserves_and_removing_it_stops(
                 and v.CA_SCALE_DOWN_DISABLED_ANNOTATION not in n.metadata.annotations
             )
 
-        await eventually(stopped)
+        await eventually_async(stopped)
         n = await node_model(api, node)
         condition = n.preserved_condition
         assert condition is not None
@@ -137,7 +137,7 @@ async def test_a_failed_preserved_machine_is_tainted_drained_and_deleted_at_expi
                 and n.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT)
             )
 
-        await eventually(drained)
+        await eventually_async(drained)
         registry = running.controller.metrics.registry
         assert registry.get_sample_value("machine_preservation_drains_total", {"outcome": "succeeded"}) == 1
         pod = await read_raw(core.read_namespaced_pod_without_preload_content("workload", namespace))
@@ -145,7 +145,7 @@ async def test_a_failed_preserved_machine_is_tainted_drained_and_deleted_at_expi
         assert (await node_model(api, node)).spec.unschedulable is False
 
         # Expiry: the machine's own 8s timeout runs out; a Failed machine is then deleted and the node cleaned.
-        await eventually(lambda: _is_none(machine_model(api, namespace, "m")), limit=60)
+        await eventually_async(lambda: _is_none(machine_model(api, namespace, "m")), limit=60)
         n = await node_model(api, node)
         assert not n.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT)
         condition = n.preserved_condition
@@ -180,8 +180,8 @@ async def test_machine_set_auto_preserves_up_to_its_max(
                 and sum(is_preserved(m) for m in machines) == 1
             )
 
-        await eventually(one_auto_preserved)
-        await eventually(lambda: _status_counts(custom, namespace))
+        await eventually_async(one_auto_preserved)
+        await eventually_async(lambda: _status_counts(custom, namespace))
         healthy = await machine_model(api, namespace, "healthy")
         assert healthy is not None
         assert v.PRESERVE_ANNOTATION not in healthy.metadata.annotations
@@ -193,7 +193,7 @@ async def test_metrics_and_probes(control_plane: ControlPlane, api: client.ApiCl
     async with running_controller(kubeconfig=control_plane.kubeconfig, namespace=namespace) as running:
         port = running.controller.metrics_port
         assert port > 0
-        await eventually(lambda: _preserved(api, namespace, "m"))
+        await eventually_async(lambda: _preserved(api, namespace, "m"))
         async with aiohttp.ClientSession() as session:
             async with session.get(f"http://127.0.0.1:{port}/readyz") as response:
                 assert response.status == 200
@@ -210,7 +210,7 @@ async def test_metrics_and_probes(control_plane: ControlPlane, api: client.ApiCl
                 )
                 return text if all(line in text for line in expected) else ""
 
-            text = await eventually(scraped)
+            text = await eventually_async(scraped)
         assert (
             'machine_preservation_api_requests_total{cluster="control",code="200",resource="machines/status",verb="patch"}'
             in text
@@ -247,19 +247,19 @@ async def test_a_converged_cluster_gets_no_writes_across_resyncs(
     async with running_controller(
         kubeconfig=control_plane.kubeconfig, namespace=namespace, resync_period=0.5
     ) as running:
-        await eventually(lambda: _preserved(api, namespace, "preserved"))
+        await eventually_async(lambda: _preserved(api, namespace, "preserved"))
         caches = running.controller.caches
         assert caches is not None
 
         async def settled() -> float:
             before = running.controller.metrics.api_writes()
             resyncs = caches.machines.stats.resyncs
-            await eventually(lambda: caches.machines.stats.resyncs >= resyncs + 2)
+            await eventually_async(lambda: caches.machines.stats.resyncs >= resyncs + 2)
             return before if running.controller.metrics.api_writes() == before else 0.0
 
-        writes = await eventually(settled)
+        writes = await eventually_async(settled)
         resyncs = caches.machines.stats.resyncs
-        await eventually(lambda: caches.machines.stats.resyncs >= resyncs + 3)
+        await eventually_async(lambda: caches.machines.stats.resyncs >= resyncs + 3)
         assert running.controller.metrics.api_writes() == writes, "steady state: every reconcile plans nothing"
         assert running.controller.ready()
 
@@ -276,7 +276,7 @@ async def test_blocked_drains_do_not_hold_up_other_machines(
         {"metadata": {"name": "g"}, "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "guarded"}}}},
     )
     # The budget is in force before any drain: every eviction is refused (429), so the drains block on it.
-    await eventually(lambda: pdb_settled(policy, namespace, "g", allowed=0))
+    await eventually_async(lambda: pdb_settled(policy, namespace, "g", allowed=0))
     healthy = await new_node(api, node_names, ready=True)
     await create_machine(custom, namespace, "c", node=healthy)
     async with running_controller(
@@ -289,9 +289,9 @@ async def test_blocked_drains_do_not_hold_up_other_machines(
             await create_machine(
                 custom, namespace, f"f{index}", node=node, phase="Failed", annotations={v.PRESERVE_ANNOTATION: "now"}
             )
-        await eventually(lambda: _all_tainted(api, blocked))
+        await eventually_async(lambda: _all_tainted(api, blocked))
         await core.patch_node(healthy, {"metadata": {"annotations": {v.PRESERVE_ANNOTATION: "now"}}})
-        await eventually(lambda: _preserved(api, namespace, "c"))
+        await eventually_async(lambda: _preserved(api, namespace, "c"))
         conditions = [(await node_model(api, node)).preserved_condition for node in blocked]
         # Without the drain limit both workers would sit in the drains and c would wait for one to end.
         messages = [c.message if c is not None else "" for c in conditions]
@@ -306,7 +306,7 @@ async def test_blocked_drains_do_not_hold_up_other_machines(
             conditions = [(await node_model(api, node)).preserved_condition for node in blocked]
             return all(c is not None and c.message.startswith(v.DRAIN_FAILED_MESSAGE) for c in conditions)
 
-        await eventually(both_reported, limit=120)
+        await eventually_async(both_reported, limit=120)
     for index in range(2):
         pod = await core.read_namespaced_pod(f"guarded-{index}", namespace)
         assert pod.metadata.deletion_timestamp is None, "the PDB, not a pod's grace period, blocked the drain"
