@@ -387,6 +387,20 @@ def test_plan_after_drain_writes_the_record_then_the_condition_then_events_on_ma
     assert {e.type for e in of_type(success, RecordEvent)} == {"Normal"}
 
 
+def test_a_drain_in_the_plan_that_starts_the_preservation_rewrites_only_the_drain_keys() -> None:
+    # The shell asks with the machine as it was before the plan, which wrote the record first: the outcome
+    # must not write since, until and by a second time.
+    m, n = machine(phase=FAILED, preserve="now"), node()
+    assert m.preservation is None
+    started = plan(m, n)
+    drain = only(started, DrainNode)
+    assert drain.record is not None
+    result = plan_after_drain(machine=m, node=n, drain=drain, drained=True, blocking_pods=(), now=NOW)
+    patch = only(result, PatchMachineAnnotations)
+    assert patch.set == {v.PRESERVED_DRAIN_ANNOTATION: "drained"}
+    assert patch.remove == ()
+
+
 def test_plan_after_drain_needs_the_record() -> None:
     with pytest.raises(ValueError, match="record"):
         plan_after_drain(

@@ -199,9 +199,9 @@ def plan_after_drain(
         outcome = DrainRecord(outcome=v.DrainOutcome.FAILED, failing_since=failing_since or now, last_attempt=now)
     else:
         outcome = record.drain  # evictions given up: nothing new to record
-    to_set, to_remove = record_patch(
-        current=machine.metadata.annotations, record=dataclasses.replace(record, drain=outcome)
-    )
+    # The plan wrote `record` before its DrainNode, so the machine holds exactly that record now (`machine` is
+    # the object as it was before the plan): only the drain's keys change.
+    to_set, to_remove = record_patch(current=record.annotations(), record=dataclasses.replace(record, drain=outcome))
     if to_set or to_remove:
         steps.append(PatchMachineAnnotations(set=to_set, remove=to_remove))
     condition = condition_after_drain(node=node, drain=drain, drained=drained, blocking_pods=blocking_pods, now=now)
