@@ -387,6 +387,16 @@ def test_plan_after_drain_writes_the_record_then_the_condition_then_events_on_ma
     assert {e.type for e in of_type(success, RecordEvent)} == {"Normal"}
 
 
+def test_the_start_is_announced_before_the_mirror_whose_write_may_conflict() -> None:
+    # A 409 on the mirror ends the plan after the record is written; the retry finds the record and does not
+    # announce the start, so the Events must already be out.
+    m, n = machine(phase=RUNNING, preserve="now"), node()
+    kinds = [type(step).__name__ for step in plan(m, n, config=PreservationConfig(mirror_status=True)).steps]
+    assert kinds[0] == "PatchMachineAnnotations"
+    assert "SetPreserveExpiry" in kinds
+    assert max(i for i, k in enumerate(kinds) if k == "RecordEvent") < kinds.index("SetPreserveExpiry")
+
+
 def test_a_drain_in_the_plan_that_starts_the_preservation_rewrites_only_the_drain_keys() -> None:
     # The shell asks with the machine as it was before the plan, which wrote the record first: the outcome
     # must not write since, until and by a second time.

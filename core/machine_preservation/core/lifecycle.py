@@ -330,10 +330,13 @@ def _preserve(context: MachineContext, verdict: _Verdict) -> tuple[list[MachineS
     machine_patch = _merge([PatchMachineAnnotations(set=to_set, remove=to_remove), verdict.machine_patch])
     if not _is_empty(machine_patch):
         steps.append(machine_patch)
-    if config.mirror_status and machine.mirrored_expiry != expiry:
-        steps.append(SetPreserveExpiry(expiry=expiry))
+    # The start is announced right after the record: once the record is written the start is over, so a
+    # later write that fails (the mirror's resourceVersion conflicts whenever MCM updated the status) must not
+    # come between them, or the retry, which finds the record, never announces it.
     if decision.starts:
         steps += events.started(machine=machine, node=context.node, effective=effective, expiry=expiry)
+    if config.mirror_status and machine.mirrored_expiry != expiry:
+        steps.append(SetPreserveExpiry(expiry=expiry))
     steps += verdict.invalid_events
     if node is None:
         return steps, None
