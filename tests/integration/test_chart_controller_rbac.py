@@ -170,7 +170,10 @@ def test_controller_runs_with_the_charts_arguments_and_rbac(
         except AssertionError as error:
             raise AssertionError((tmp_path / "controller.log").read_text()[-6000:]) from error
         # An Event on the Machine (recorded right after the writes).
-        eventually(lambda: core.list_namespaced_event(namespace).items)
+        try:
+            eventually(lambda: core.list_namespaced_event(namespace).items)
+        except AssertionError as error:
+            raise AssertionError((tmp_path / "controller.log").read_text()[-6000:]) from error
         output = (tmp_path / "controller.log").read_text()
         assert "403" not in output, output
         assert "forbidden" not in output.lower(), output
