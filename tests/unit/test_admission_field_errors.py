@@ -8,10 +8,12 @@ from hypothesis import strategies as st
 
 from machine_preservation.core.admission.field_errors import (
     aggregate,
+    duplicate,
     forbidden,
     invalid,
     not_supported,
     render_value,
+    required,
     root,
 )
 from machine_preservation.core.admission.verdict import describe, escape_pointer_token
@@ -58,6 +60,12 @@ def test_forbidden_omits_the_value_and_not_supported_lists_options() -> None:
     assert not_supported(key_path, "x", ("", "now")).render() == (
         'metadata.annotations[a/b]: Unsupported value: "x": supported values: "", "now"'
     )
+
+
+def test_required_omits_the_value_and_duplicate_shows_it() -> None:
+    names = root("workers").index(2).child("name")
+    assert required(names).render() == "workers[2].name: Required value"
+    assert duplicate(names, "a").render() == 'workers[2].name: Duplicate value: "a"'
 
 
 def test_aggregate_brackets_several_and_drops_duplicates() -> None:

@@ -1,4 +1,5 @@
-"""Pool settings from the Machine, MachineSet, MachineDeployment, the Cluster's Shoot or the flags."""
+"""Pool settings from the Machine, MachineSet, MachineDeployment, the Cluster's Shoot, its extension
+providerConfig or the flags."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from machine_preservation.core.pool_settings import (
     ZONE_LABEL,
     ClusterView,
     PoolDefaults,
+    Setting,
     SettingOrigin,
     carries_max,
     pool_name,
@@ -27,6 +29,7 @@ from machine_preservation.core.pool_settings import (
     zone_of,
     zone_share,
 )
+from machine_preservation.core.provider_config import API_VERSION, EXTENSION_TYPE, KIND
 
 DEFAULTS = PoolDefaults(preserve_timeout=dt.timedelta(hours=72), auto_preserve_failed_machine_max=0)
 ABSENT: Any = object()
@@ -96,10 +99,12 @@ def worker(
     return document
 
 
-def cluster_object(*workers: Any, shoot: Any = ABSENT) -> dict[str, Any]:
+def cluster_object(*workers: Any, shoot: Any = ABSENT, extensions: Any = ABSENT) -> dict[str, Any]:
     if shoot is ABSENT:
         shoot = {"apiVersion": "core.gardener.cloud/v1beta1", "kind": "Shoot", "metadata": {"name": "s"}}
         shoot["spec"] = {"provider": {"type": "aws", "workers": list(workers)}}
+        if extensions is not ABSENT:
+            shoot["spec"]["extensions"] = extensions
     return {
         "apiVersion": "extensions.gardener.cloud/v1alpha1",
         "kind": "Cluster",
@@ -108,8 +113,28 @@ def cluster_object(*workers: Any, shoot: Any = ABSENT) -> dict[str, Any]:
     }
 
 
-def cluster(*workers: Any) -> ClusterView:
-    return read_cluster(cluster_object(*workers))
+def cluster(*workers: Any, extensions: Any = ABSENT) -> ClusterView:
+    return read_cluster(cluster_object(*workers, extensions=extensions))
+
+
+def entry(name: str = "cpu", *, maximum: Any = ABSENT, timeout: Any = ABSENT) -> dict[str, Any]:
+    """A pool's entry in the providerConfig's `workers`."""
+    document: dict[str, Any] = {"name": name}
+    if maximum is not ABSENT:
+        document["autoPreserveFailedMachineMax"] = maximum
+    if timeout is not ABSENT:
+        document["machinePreserveTimeout"] = timeout
+    return document
+
+
+def preservation(*entries: dict[str, Any], disabled: bool | None = None, **extra: Any) -> list[dict[str, Any]]:
+    """`spec.extensions` with an unrelated extension first and this one second, its providerConfig listing
+    `entries`."""
+    config = {"apiVersion": API_VERSION, "kind": KIND, "workers": list(entries), **extra}
+    ours: dict[str, Any] = {"type": EXTENSION_TYPE, "providerConfig": config}
+    if disabled is not None:
+        ours["disabled"] = disabled
+    return [{"type": "shoot-dns-service"}, ours]
 
 
 # --- The Cluster resource ----------------------------------------------------------------------------------
@@ -568,8 +593,17 @@ def test_the_defaults_apply_when_nothing_carries_a_setting() -> None:
 level = st.sampled_from(["absent", "valid", "invalid"])
 
 
-@given(m=level, ms=level, md=level, shoot=level)
-def test_the_timeout_precedence_holds_for_every_combination(m: str, ms: str, md: str, shoot: str) -> None:
+NOTE_PREFIXES = {
+    SettingOrigin.MACHINE: "Machine m1 ",
+    SettingOrigin.MACHINE_SET: "MachineSet ms1 ",
+    SettingOrigin.MACHINE_DEPLOYMENT: "MachineDeployment md1 ",
+    SettingOrigin.SHOOT: "Shoot s spec.provider.workers[name=cpu].",
+    SettingOrigin.PROVIDER_CONFIG: "Shoot s spec.extensions[1].providerConfig.workers[name=cpu].",
+}
+
+
+@given(m=level, ms=level, md=level, shoot=level, config=level)
+def test_the_timeout_precedence_holds_for_every_combination(m: str, ms: str, md: str, shoot: str, config: str) -> None:
     def raw(state: str, hours: int) -> Any:
         return {"absent": ABSENT, "valid": f"{hours}h", "invalid": "-1ns"}[state]
 
@@ -577,7 +611,7 @@ def test_the_timeout_precedence_holds_for_every_combination(m: str, ms: str, md:
         machine=machine(raw(m, 1)),
         machine_set=machine_set(timeout=raw(ms, 2)),
         machine_deployment=machine_deployment(timeout=raw(md, 3)),
-        cluster=cluster(worker(timeout=raw(shoot, 4))),
+        cluster=cluster(worker(timeout=raw(shoot, 4)), extensions=preservation(entry(timeout=raw(config, 6)))),
         defaults=PoolDefaults(preserve_timeout=5 * HOURS),
     )
     order = [
@@ -585,6 +619,7 @@ def test_the_timeout_precedence_holds_for_every_combination(m: str, ms: str, md:
         (SettingOrigin.MACHINE_SET, ms, 2),
         (SettingOrigin.MACHINE_DEPLOYMENT, md, 3),
         (SettingOrigin.SHOOT, shoot, 4),
+        (SettingOrigin.PROVIDER_CONFIG, config, 6),
         (SettingOrigin.FLAGS, "valid", 5),
     ]
     chosen = next(index for index, (_, state, _) in enumerate(order) if state == "valid")
@@ -594,7 +629,7 @@ def test_the_timeout_precedence_holds_for_every_combination(m: str, ms: str, md:
     timeout_notes = [note for note in settings.notes if "machinePreserveTimeout" in note]
     assert len(timeout_notes) == len(invalid_before)
     for note, s in zip(timeout_notes, invalid_before, strict=True):
-        assert note.startswith(str(s))
+        assert note.startswith(NOTE_PREFIXES[s])
 
 
 @given(
@@ -602,11 +637,12 @@ def test_the_timeout_precedence_holds_for_every_combination(m: str, ms: str, md:
     md=level,
     shoot=level,
     worker_level=level,
+    config=level,
     zones=st.lists(st.sampled_from(["a", "b", "c", "d"]), max_size=4, unique=True),
     zone=st.sampled_from(["a", "b", "c", "d", None]),
 )
 def test_the_max_precedence_holds_for_every_combination(
-    ms: str, md: str, shoot: str, worker_level: str, zones: list[str], zone: str | None
+    ms: str, md: str, shoot: str, worker_level: str, config: str, zones: list[str], zone: str | None
 ) -> None:
     def raw(state: str, value: int) -> Any:
         return {"absent": ABSENT, "valid": value, "invalid": -1}[state]
@@ -615,16 +651,18 @@ def test_the_max_precedence_holds_for_every_combination(
     setting = resolve_auto_preserve_max(
         machine_set=machine_set(maximum=raw(ms, 1)),
         machine_deployment=machine_deployment(maximum=raw(md, 2), node_labels=labels),
-        cluster=cluster(worker(zones=zones, maximum=raw(shoot, 7), worker_level_max=raw(worker_level, 11))),
+        cluster=cluster(
+            worker(zones=zones, maximum=raw(shoot, 7), worker_level_max=raw(worker_level, 11)),
+            extensions=preservation(entry(maximum=raw(config, 13))),
+        ),
         defaults=PoolDefaults(preserve_timeout=HOURS, auto_preserve_failed_machine_max=3),
     )
-    shares_of = {7: list(distribute_over_zones(total=7, zone_count=len(zones))), 11: []}
-    shares_of[11] = list(distribute_over_zones(total=11, zone_count=len(zones)))
 
     def from_shoot(total: int) -> int:
         if len(zones) <= 1:
             return total
-        return shares_of[total][zones.index(zone)] if zone in zones else min(shares_of[total])
+        shares = distribute_over_zones(total=total, zone_count=len(zones))
+        return shares[zones.index(zone)] if zone in zones else min(shares)
 
     if ms == "valid":
         expected = (SettingOrigin.MACHINE_SET, 1)
@@ -634,6 +672,141 @@ def test_the_max_precedence_holds_for_every_combination(
         expected = (SettingOrigin.SHOOT, from_shoot(7))
     elif worker_level == "valid":
         expected = (SettingOrigin.SHOOT, from_shoot(11))
+    elif config == "valid":
+        expected = (SettingOrigin.PROVIDER_CONFIG, from_shoot(13))
     else:
         expected = (SettingOrigin.FLAGS, 3)
     assert (setting.source, setting.value) == expected
+
+
+# --- The extension's providerConfig ------------------------------------------------------------------------
+
+CONFIG_PATH = "Shoot s spec.extensions[1].providerConfig.workers[name=cpu]"
+
+
+def test_the_provider_config_sets_a_pool_whose_worker_fields_are_absent() -> None:
+    view = cluster(worker(zones=["a"]), extensions=preservation(entry(maximum=1, timeout="45m")))
+    assert (view.provider_config_path, view.provider_config_problem) == ("spec.extensions[1].providerConfig", None)
+    settings = resolve_pool_settings(
+        machine_set=machine_set(), machine_deployment=machine_deployment(), cluster=view, defaults=DEFAULTS
+    )
+    assert settings.preserve_timeout == Setting(
+        dt.timedelta(minutes=45), SettingOrigin.PROVIDER_CONFIG, f"{CONFIG_PATH}.machinePreserveTimeout: 45m0s"
+    )
+    assert settings.auto_preserve_failed_machine_max == Setting(
+        1, SettingOrigin.PROVIDER_CONFIG, f"{CONFIG_PATH}.autoPreserveFailedMachineMax: 1"
+    )
+    assert settings.notes == ()
+
+
+def test_the_shoots_worker_fields_win_setting_by_setting() -> None:
+    view = cluster(worker(zones=["a"], maximum=2), extensions=preservation(entry(maximum=1, timeout="45m")))
+    settings = resolve_pool_settings(
+        machine_set=machine_set(), machine_deployment=machine_deployment(), cluster=view, defaults=DEFAULTS
+    )
+    assert (settings.auto_preserve_failed_machine_max.source, settings.auto_preserve_failed_machine_max.value) == (
+        SettingOrigin.SHOOT,
+        2,
+    )
+    assert (settings.preserve_timeout.source, settings.preserve_timeout.value) == (
+        SettingOrigin.PROVIDER_CONFIG,
+        dt.timedelta(minutes=45),
+    )
+
+
+@pytest.mark.parametrize(
+    ("zone", "value", "how"),
+    [("a", 2, "zone a (label on the MachineDeployment node template): 2"), ("b", 2, "zone b"), ("c", 1, "zone c")],
+)
+def test_the_provider_config_max_is_the_pools_total_spread_over_its_zones(zone: str, value: int, how: str) -> None:
+    view = cluster(worker(zones=["a", "b", "c"]), extensions=preservation(entry(maximum=5)))
+    setting = resolve_auto_preserve_max(
+        machine_set=machine_set(),
+        machine_deployment=machine_deployment(node_labels={ZONE_LABEL: zone}),
+        cluster=view,
+        defaults=DEFAULTS,
+    )
+    assert (setting.source, setting.value) == (SettingOrigin.PROVIDER_CONFIG, value)
+    assert setting.detail.startswith(f"{CONFIG_PATH}.autoPreserveFailedMachineMax: 5 over 3 zones, {how}")
+
+
+def test_with_an_unknown_zone_the_provider_config_max_gives_the_smallest_share() -> None:
+    view = cluster(worker(zones=["a", "b", "c"]), extensions=preservation(entry(maximum=5)))
+    settings = resolve_pool_settings(
+        machine_set=machine_set(), machine_deployment=machine_deployment(), cluster=view, defaults=DEFAULTS
+    )
+    assert settings.auto_preserve_failed_machine_max.value == 1
+    assert settings.notes == (
+        f"{CONFIG_PATH}.autoPreserveFailedMachineMax: the MachineDeployment's zone is not known (no zone label names "
+        "one of the pool's zones); the smallest share is used",
+    )
+
+
+def test_an_invalid_value_in_the_provider_config_falls_through_to_the_flags() -> None:
+    view = cluster(
+        worker(zones=["a"]),
+        extensions=preservation(entry(maximum=-1, timeout="3d"), entry("gpu", maximum=4, timeout="1h")),
+    )
+    settings = resolve_pool_settings(
+        machine_set=machine_set(), machine_deployment=machine_deployment(), cluster=view, defaults=DEFAULTS
+    )
+    assert settings.preserve_timeout.source == settings.auto_preserve_failed_machine_max.source == SettingOrigin.FLAGS
+    assert settings.notes == (
+        f'{CONFIG_PATH}.machinePreserveTimeout "3d" is not a duration (time: unknown unit "d" in duration "3d"): '
+        "ignored",
+        f"{CONFIG_PATH}.autoPreserveFailedMachineMax -1 is not an integer from 0 to 2147483647: ignored",
+    )
+
+
+def test_a_provider_config_that_does_not_decode_is_skipped_and_the_shoot_still_counts() -> None:
+    broken = preservation(entry(maximum="1", timeout="45m"))
+    problem = (
+        "Shoot s spec.extensions[1].providerConfig is ignored, it does not decode: spec.extensions[1].providerConfig"
+        '.workers[0].autoPreserveFailedMachineMax: Invalid value: "1": must be an integer'
+    )
+    view = cluster(worker(zones=["a"], maximum=2, timeout="2h"), extensions=broken)
+    assert (view.provider_config, view.provider_config_problem) == (None, problem)
+    assert view.shoot is not None
+    settings = resolve_pool_settings(
+        machine_set=machine_set(), machine_deployment=machine_deployment(), cluster=view, defaults=DEFAULTS
+    )
+    assert (settings.preserve_timeout.value, settings.auto_preserve_failed_machine_max.value) == (2 * HOURS, 2)
+    assert settings.notes == (), "the providerConfig was not reached"
+    # Where the worker fields are absent, the flags apply, and the note says why the providerConfig did not (once).
+    settings = resolve_pool_settings(
+        machine_set=machine_set(),
+        machine_deployment=machine_deployment(),
+        cluster=cluster(worker(zones=["a"]), extensions=broken),
+        defaults=DEFAULTS,
+    )
+    assert settings.preserve_timeout.source == settings.auto_preserve_failed_machine_max.source == SettingOrigin.FLAGS
+    assert settings.notes == (problem,)
+
+
+@pytest.mark.parametrize(
+    ("extensions", "workers"),
+    [
+        (preservation(entry(maximum=1, timeout="1h"), disabled=True), [worker(zones=["a"])]),
+        (preservation(entry("gpu", maximum=1, timeout="1h")), [worker(zones=["a"]), worker("gpu", zones=["a"])]),
+        (preservation(entry()), [worker(zones=["a"])]),  # the pool's entry sets nothing
+        ([{"type": EXTENSION_TYPE}], [worker(zones=["a"])]),  # enabled without a providerConfig
+        (preservation(entry(maximum=1, timeout="1h")), [worker("gpu", zones=["a"])]),  # no such worker
+    ],
+)
+def test_the_provider_config_does_not_apply(extensions: Any, workers: list[dict[str, Any]]) -> None:
+    settings = resolve_pool_settings(
+        machine_set=machine_set(),
+        machine_deployment=machine_deployment(),
+        cluster=cluster(*workers, extensions=extensions),
+        defaults=DEFAULTS,
+    )
+    assert settings.preserve_timeout.source == settings.auto_preserve_failed_machine_max.source == SettingOrigin.FLAGS
+
+
+def test_the_provider_config_is_read_from_a_shoot_written_as_json_text() -> None:
+    raw = cluster_object(worker(zones=["a"]), extensions=preservation(entry(maximum=3)))
+    raw["spec"]["shoot"] = json.dumps(raw["spec"]["shoot"])
+    setting = resolve_auto_preserve_max(
+        machine_set=machine_set(), machine_deployment=machine_deployment(), cluster=read_cluster(raw), defaults=DEFAULTS
+    )
+    assert (setting.source, setting.value) == (SettingOrigin.PROVIDER_CONFIG, 3)

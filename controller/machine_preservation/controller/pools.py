@@ -1,6 +1,6 @@
 """Each machine's pool settings (machinePreserveTimeout, autoPreserveFailedMachineMax), read from the caches in
 the order `core.pool_settings` decides: the MachineSet, its MachineDeployment, the Shoot in Gardener's `Cluster`
-resource of the control namespace, else the controller's flags."""
+resource of the control namespace, that Shoot's extension providerConfig, else the controller's flags."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from decimal import Decimal
+from typing import Final
 
 _UNIT_NANOSECONDS = {
     "ns": 1,
@@ -23,6 +24,8 @@ _UNIT_NANOSECONDS = {
 }
 _NUMBER = re.compile(r"\d+\.?\d*|\.\d+")
 _MAX_NANOSECONDS = 2**63 - 1
+# What a setting that holds a duration but is not a string is told (Shoot worker fields, the providerConfig).
+NOT_A_DURATION_STRING: Final = 'must be a duration string such as "72h"'
 
 
 class InvalidDuration(ValueError):

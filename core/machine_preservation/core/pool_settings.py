@@ -10,7 +10,8 @@ that carries a valid value:
 | 2 | its MachineSet | `spec.template.spec.machinePreserveTimeout` | `spec.autoPreserveFailedMachineMax` |
 | 3 | the MachineSet's MachineDeployment | (same as the MachineSet) | (same as the MachineSet) |
 | 4 | the Shoot in Gardener's `Cluster` | the pool's `machineControllerManager` | the same, this zone's share |
-| 5 | the controller's flags | `--machine-preserve-timeout` | 0 (auto-preservation off) |
+| 5 | the same Shoot's extension `providerConfig` | the pool's entry in `workers` | the same, this zone's share |
+| 6 | the controller's flags | `--machine-preserve-timeout` | 0 (auto-preservation off) |
 
 A source that does not carry the field is skipped silently; one that carries an invalid value (not a Go
 duration, negative, not an integer) is skipped with a note, so a typo falls back to the next source instead of
@@ -30,13 +31,19 @@ MachineClass's `nodeTemplate.zone`), else a zone label (`topology.kubernetes.io/
 template or the MachineSet's node template, whose value is one of the pool's zones (or ends with `-<zone>`, as
 Azure's `<region>-<zone>`). When the zone cannot be told and the shares differ, the smallest share is used: it
 never lets a zone keep more failed machines than Gardener would give it.
+
+The providerConfig (5): the `PreservationConfig` of the Shoot's `machine-preservation` extension (provider_config.py),
+for Gardener versions whose Shoot API has no preservation fields; its entry for the pool counts only where the
+pool is one of the Shoot's workers (admission demands it; the zones come from there), and its max is the pool's
+total, spread over the zones as (4). A document that does not decode is skipped as a whole, with a note naming
+its bad fields; the Shoot's worker fields are not affected.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final, Generic, TypeVar
@@ -46,6 +53,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from machine_preservation.core.admission.zones import distribute_over_zones
 from machine_preservation.core.durations import InvalidDuration, format_go_duration, parse_go_duration_nanoseconds
 from machine_preservation.core.models import KubeModel, Machine, MachineDeployment, MachineSet, ObjectMeta
+from machine_preservation.core.provider_config import (
+    InvalidPreservationConfig,
+    PreservationConfig,
+    WorkerPreservation,
+    parse_preservation_config,
+    preservation_extension,
+)
 
 WORKER_POOL_LABEL: Final = "worker.gardener.cloud/pool"
 ZONE_LABEL: Final = "topology.kubernetes.io/zone"
@@ -55,6 +69,7 @@ CLUSTER_API_VERSION: Final = "v1alpha1"
 CLUSTER_PLURAL: Final = "clusters"
 _INT32_MAX: Final = 2**31 - 1
 _MAX_KEY: Final = "autoPreserveFailedMachineMax"
+_TIMEOUT_KEY: Final = "machinePreserveTimeout"
 
 T = TypeVar("T")
 
@@ -66,6 +81,7 @@ class SettingOrigin(StrEnum):
     MACHINE_SET = "MachineSet"
     MACHINE_DEPLOYMENT = "MachineDeployment"
     SHOOT = "Shoot"
+    PROVIDER_CONFIG = "providerConfig"
     FLAGS = "flags"
 
 
@@ -160,13 +176,17 @@ class Shoot(KubeModel):
 
 
 class ClusterView(BaseModel):
-    """What the controller takes from a `Cluster`: its name and Shoot, or why there is no usable Shoot."""
+    """What the controller takes from a `Cluster`: its name and Shoot, or why there is no usable Shoot; and the
+    Shoot's extension providerConfig, or why it is ignored."""
 
     model_config = ConfigDict(frozen=True)
 
     name: str = ""
     shoot: Shoot | None = None
     problem: str | None = None  # set when the Cluster exists but its Shoot cannot be read
+    provider_config: PreservationConfig | None = None
+    provider_config_path: str = ""  # e.g. spec.extensions[0].providerConfig
+    provider_config_problem: str | None = None  # set when the providerConfig does not decode
 
 
 def read_cluster(raw: Any) -> ClusterView:
@@ -189,9 +209,19 @@ def read_cluster(raw: Any) -> ClusterView:
     if not isinstance(shoot, Mapping):
         return ClusterView(name=name, problem=f"Cluster {name}: spec.shoot is not a JSON object")
     try:
-        return ClusterView(name=name, shoot=Shoot.model_validate(dict(shoot)))
+        model = Shoot.model_validate(dict(shoot))
     except (ValidationError, RecursionError) as error:
         return ClusterView(name=name, problem=f"Cluster {name}: spec.shoot cannot be read ({_first_line(error)})")
+    extension = preservation_extension(shoot)
+    if extension is None or extension.provider_config is None:
+        return ClusterView(name=name, shoot=model)
+    path = str(extension.path)
+    try:
+        config = parse_preservation_config(extension.provider_config, path=extension.path)
+    except InvalidPreservationConfig as error:
+        problem = f"Shoot {model.metadata.name} {path} is ignored, it does not decode: {error}"
+        return ClusterView(name=name, shoot=model, provider_config_path=path, provider_config_problem=problem)
+    return ClusterView(name=name, shoot=model, provider_config=config, provider_config_path=path)
 
 
 def _first_line(error: Exception) -> str:
@@ -344,29 +374,42 @@ def resolve_preserve_timeout(
 ) -> Setting[dt.timedelta]:
     """The preservation timeout for `machine` (or, without a machine, for new machines of the MachineSet)."""
     notes = [] if notes is None else notes
-    candidates: list[tuple[SettingOrigin, str, Any]] = []
-    if machine is not None:
-        where = f"Machine {machine.metadata.name} spec.machinePreserveTimeout"
-        candidates.append((SettingOrigin.MACHINE, where, machine.spec.machine_preserve_timeout))
-    for source, obj in (
-        (SettingOrigin.MACHINE_SET, machine_set),
-        (SettingOrigin.MACHINE_DEPLOYMENT, machine_deployment),
-    ):
-        if obj is not None:
-            where = f"{source} {obj.metadata.name} spec.template.spec.machinePreserveTimeout"
-            candidates.append((source, where, _template_timeout(obj)))
-    shoot_worker = _shoot_worker(machine_set, machine_deployment, cluster, notes)
-    if shoot_worker is not None:
-        worker, where = shoot_worker
-        settings = worker.machine_controller_manager or {}
-        field = f"{where}.machineControllerManager.machinePreserveTimeout"
-        candidates.append((SettingOrigin.SHOOT, field, settings.get("machinePreserveTimeout")))
-    for source, where, raw in candidates:
+    for source, where, raw in _timeout_candidates(machine, machine_set, machine_deployment, cluster, notes):
         value = _timeout(raw, where, notes)
         if value is not None:
             return Setting(value, source, f"{where}: {format_go_duration(value)}")
     value = defaults.preserve_timeout
     return Setting(value, SettingOrigin.FLAGS, f"--machine-preserve-timeout: {format_go_duration(value)}")
+
+
+def _timeout_candidates(
+    machine: Machine | None,
+    machine_set: MachineSet | None,
+    machine_deployment: MachineDeployment | None,
+    cluster: ClusterView | None,
+    notes: list[str],
+) -> Iterator[tuple[SettingOrigin, str, Any]]:
+    """Each source's raw timeout, in order; the providerConfig is looked at only when reached."""
+    if machine is not None:
+        where = f"Machine {machine.metadata.name} spec.{_TIMEOUT_KEY}"
+        yield SettingOrigin.MACHINE, where, machine.spec.machine_preserve_timeout
+    for source, obj in (
+        (SettingOrigin.MACHINE_SET, machine_set),
+        (SettingOrigin.MACHINE_DEPLOYMENT, machine_deployment),
+    ):
+        if obj is not None:
+            yield source, f"{source} {obj.metadata.name} spec.template.spec.{_TIMEOUT_KEY}", _template_timeout(obj)
+    shoot_worker = _shoot_worker(machine_set, machine_deployment, cluster, notes)
+    if shoot_worker is None or cluster is None:
+        return
+    worker, where = shoot_worker
+    settings = worker.machine_controller_manager or {}
+    field = f"{where}.machineControllerManager.{_TIMEOUT_KEY}"
+    yield SettingOrigin.SHOOT, field, settings.get(_TIMEOUT_KEY)
+    configured = _configured_worker(cluster, worker.name, notes)
+    if configured is not None:
+        entry, where = configured
+        yield SettingOrigin.PROVIDER_CONFIG, f"{where}.{_TIMEOUT_KEY}", entry.machine_preserve_timeout
 
 
 def resolve_auto_preserve_max(
@@ -391,18 +434,14 @@ def resolve_auto_preserve_max(
             if value is not None:
                 return Setting(value, source, f"{where}: {value}")
     shoot_worker = _shoot_worker(machine_set, machine_deployment, cluster, notes)
-    if shoot_worker is not None:
+    if shoot_worker is not None and cluster is not None:
         worker, where = shoot_worker
-        settings = worker.machine_controller_manager or {}
-        # The released API first; the worker-level field of an earlier iteration only where it is not set.
-        for field, raw in (
-            (f"{where}.machineControllerManager.{_MAX_KEY}", settings.get(_MAX_KEY)),
-            (f"{where}.{_MAX_KEY}", worker.auto_preserve_failed_machine_max),
-        ):
+        for source, field, raw in _pool_max_candidates(worker, where, cluster, notes):
             total = _max(raw, field, notes)
             if total is not None:
-                return _shoot_share(
+                return _pool_share(
                     total=total,
+                    source=source,
                     field=field,
                     worker=worker,
                     machine_set=machine_set,
@@ -414,9 +453,24 @@ def resolve_auto_preserve_max(
     return Setting(value, SettingOrigin.FLAGS, f"default: {value}")
 
 
-def _shoot_share(
+def _pool_max_candidates(
+    worker: ShootWorker, where: str, cluster: ClusterView, notes: list[str]
+) -> Iterator[tuple[SettingOrigin, str, Any]]:
+    """The pool's raw total max from the Shoot, then from the providerConfig (looked at only when reached)."""
+    settings = worker.machine_controller_manager or {}
+    # The released API first; the worker-level field of an earlier iteration only where it is not set.
+    yield SettingOrigin.SHOOT, f"{where}.machineControllerManager.{_MAX_KEY}", settings.get(_MAX_KEY)
+    yield SettingOrigin.SHOOT, f"{where}.{_MAX_KEY}", worker.auto_preserve_failed_machine_max
+    configured = _configured_worker(cluster, worker.name, notes)
+    if configured is not None:
+        entry, where = configured
+        yield SettingOrigin.PROVIDER_CONFIG, f"{where}.{_MAX_KEY}", entry.auto_preserve_failed_machine_max
+
+
+def _pool_share(
     *,
     total: int,
+    source: SettingOrigin,
     field: str,
     worker: ShootWorker,
     machine_set: MachineSet | None,
@@ -424,21 +478,34 @@ def _shoot_share(
     zone: str | None,
     notes: list[str],
 ) -> Setting[int]:
+    """This MachineDeployment's share of the pool's `total` (from the Shoot or its providerConfig)."""
     zones = worker.zones
     if zones is None:
         # Without the zones neither their number nor this one's place is known: no share can be trusted.
         notes.append(f"{field}: the pool's zones are not a list of names; auto-preservation is off for it")
-        return Setting(0, SettingOrigin.SHOOT, f"{field}: {total}, zones unreadable: 0")
+        return Setting(0, source, f"{field}: {total}, zones unreadable: 0")
     if len(zones) <= 1:
-        return Setting(total, SettingOrigin.SHOOT, f"{field}: {total}")
+        return Setting(total, source, f"{field}: {total}")
     match = zone_of(zones=zones, machine_set=machine_set, machine_deployment=machine_deployment, zone=zone)
     share = zone_share(total=total, zone_count=len(zones), index=match.index)
     spread = f"{total} over {len(zones)} zones"
     if match.index is not None:
-        return Setting(share, SettingOrigin.SHOOT, f"{field}: {spread}, {match.how}: {share}")
+        return Setting(share, source, f"{field}: {spread}, {match.how}: {share}")
     if total % len(zones):
         notes.append(f"{field}: the MachineDeployment's zone is not known ({match.how}); the smallest share is used")
-    return Setting(share, SettingOrigin.SHOOT, f"{field}: {spread}, zone not known: {share}")
+    return Setting(share, source, f"{field}: {spread}, zone not known: {share}")
+
+
+def _configured_worker(cluster: ClusterView, pool: str, notes: list[str]) -> tuple[WorkerPreservation, str] | None:
+    """The pool's entry in the Shoot's providerConfig, with the path naming it; None (with a note when the
+    providerConfig does not decode) otherwise."""
+    if cluster.provider_config_problem is not None:
+        _note(notes, cluster.provider_config_problem)
+        return None
+    entry = cluster.provider_config.worker(pool) if cluster.provider_config is not None else None
+    if entry is None or cluster.shoot is None:
+        return None
+    return entry, f"Shoot {cluster.shoot.metadata.name} {cluster.provider_config_path}.workers[name={pool}]"
 
 
 def _shoot_worker(

@@ -21,6 +21,7 @@ class ErrorType(StrEnum):
     NOT_SUPPORTED = "Unsupported value"
     FORBIDDEN = "Forbidden"
     REQUIRED = "Required value"
+    DUPLICATE = "Duplicate value"
 
 
 _VALUE_OMITTED = (ErrorType.FORBIDDEN, ErrorType.REQUIRED)
@@ -98,6 +99,14 @@ def not_supported(path: FieldPath, value: Any, supported: Iterable[str]) -> Fiel
 
 def forbidden(path: FieldPath, detail: str) -> FieldError:
     return FieldError(ErrorType.FORBIDDEN, path, detail)
+
+
+def required(path: FieldPath) -> FieldError:
+    return FieldError(ErrorType.REQUIRED, path, "")
+
+
+def duplicate(path: FieldPath, value: Any) -> FieldError:
+    return FieldError(ErrorType.DUPLICATE, path, "", value)
 
 
 def aggregate(errors: Iterable[FieldError]) -> str:

@@ -1,0 +1,181 @@
+"""The extension's `providerConfig`: per-pool settings for Gardener versions whose Shoot API has none.
+
+A Shoot enables the extension with an entry of `spec.extensions` of type `machine-preservation` that is not
+`disabled: true`; gardenlet copies the entry's `providerConfig` into the seed's `Extension` (`spec.providerConfig`),
+and the seed's `Cluster` carries the whole Shoot. The document:
+
+    apiVersion: machine-preservation.extensions.gardener.cloud/v1alpha1
+    kind: PreservationConfig
+    workers:
+    - name: worker1                     # a pool of spec.provider.workers
+      autoPreserveFailedMachineMax: 1   # the pool's total, spread over its zones as the Shoot's own field
+      machinePreserveTimeout: 72h       # a Go duration
+
+It is decoded strictly, as Gardener decodes an extension's configuration: apiVersion and kind must be these;
+unknown fields, wrong types (a max that is not an integer, a timeout that is not a string; worded as for the
+worker fields) and a pool named twice are errors, all reported at once as Kubernetes field errors under the
+caller's path (`spec.extensions[0].providerConfig...`). An absent or null field is not set. What the values may be (the timeout a Go duration ≥ 0
+within the bound, the max ≥ 0 within the pool's maximum) and whether the pool exists depend on the Shoot and are
+judged with the rules of the Shoot's own worker fields: at admission (admission/shoot.py), and by the controller,
+which skips an invalid value (pool_settings.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
+from pydantic_core import ErrorDetails
+
+from machine_preservation.core.admission.field_errors import (
+    FieldError,
+    FieldPath,
+    aggregate,
+    duplicate,
+    forbidden,
+    invalid,
+    not_supported,
+    required,
+    root,
+)
+from machine_preservation.core.durations import NOT_A_DURATION_STRING
+
+EXTENSION_TYPE: Final = "machine-preservation"
+API_VERSION: Final = "machine-preservation.extensions.gardener.cloud/v1alpha1"
+KIND: Final = "PreservationConfig"
+EXTENSIONS_PATH: Final = root("spec", "extensions")
+
+
+class _Strict(BaseModel):
+    # Aliases only (the JSON names): `auto_preserve_failed_machine_max` in a document is an unknown field.
+    model_config = ConfigDict(alias_generator=to_camel, extra="forbid", frozen=True, strict=True)
+
+
+class WorkerPreservation(_Strict):
+    """One pool's settings; None where the document does not set them."""
+
+    name: str = Field(min_length=1)
+    auto_preserve_failed_machine_max: int | None = None
+    # A Go duration as written: its syntax and range are judged with the Shoot's rules (see the module).
+    machine_preserve_timeout: str | None = None
+
+
+class PreservationConfig(_Strict):
+    api_version: Literal["machine-preservation.extensions.gardener.cloud/v1alpha1"]
+    kind: Literal["PreservationConfig"]
+    workers: list[WorkerPreservation] = Field(default_factory=list)
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _null_is_empty(cls, value: Any) -> Any:
+        return [] if value is None else value
+
+    def worker(self, pool: str) -> WorkerPreservation | None:
+        return next((worker for worker in self.workers if worker.name == pool), None)
+
+
+class InvalidPreservationConfig(ValueError):
+    """The document does not decode; `errors` names every problem by its field path."""
+
+    def __init__(self, errors: tuple[FieldError, ...]) -> None:
+        super().__init__(aggregate(errors))
+        self.errors = errors
+
+
+_CONFIG_FIELDS: Final = tuple(field.alias or name for name, field in PreservationConfig.model_fields.items())
+_WORKER_FIELDS: Final = tuple(field.alias or name for name, field in WorkerPreservation.model_fields.items())
+# As the Shoot's worker fields say it.
+_FIELD_TYPE_DETAILS: Final = {"machinePreserveTimeout": NOT_A_DURATION_STRING}
+_TYPE_DETAILS: Final = {
+    "int_type": "must be an integer",
+    "string_type": "must be a string",
+    "list_type": "must be a list",
+    "model_type": "must be an object",
+    "model_attributes_type": "must be an object",
+    "dict_type": "must be an object",
+}
+
+
+def _field_path(base: FieldPath, loc: tuple[int | str, ...]) -> FieldPath:
+    path = base
+    for part in loc:
+        path = path.index(part) if isinstance(part, int) else path.child(part)
+    return path
+
+
+def _field_error(base: FieldPath, error: ErrorDetails) -> FieldError:
+    loc = error["loc"]
+    path = _field_path(base, loc)
+    kind, value = error["type"], error.get("input")
+    if kind == "missing" or kind == "string_too_short":
+        return required(path)
+    if kind == "extra_forbidden":
+        known = _WORKER_FIELDS if len(loc) > 1 else _CONFIG_FIELDS
+        return forbidden(path, f"unknown field (known fields: {', '.join(known)})")
+    if kind == "literal_error":
+        return not_supported(path, value, [API_VERSION if loc == ("apiVersion",) else KIND])
+    last = loc[-1] if loc else None
+    detail = _FIELD_TYPE_DETAILS.get(last) if isinstance(last, str) and kind in _TYPE_DETAILS else None
+    return invalid(path, value, detail or _TYPE_DETAILS.get(kind, error["msg"]))
+
+
+def _duplicates(raw: Any, base: FieldPath) -> list[FieldError]:
+    """Every pool named again after its first entry (judged on the raw document, so that these come with the
+    other errors)."""
+    workers = raw.get("workers") if isinstance(raw, Mapping) else None
+    seen: set[str] = set()
+    errors: list[FieldError] = []
+    for index, worker in enumerate(workers if isinstance(workers, list) else []):
+        name = worker.get("name") if isinstance(worker, Mapping) else None
+        if isinstance(name, str) and name:
+            if name in seen:
+                errors.append(duplicate(base.child("workers").index(index).child("name"), name))
+            seen.add(name)
+    return errors
+
+
+def parse_preservation_config(raw: Any, *, path: FieldPath) -> PreservationConfig:
+    """Decode a `providerConfig` as written (JSON); raises InvalidPreservationConfig with field paths under
+    `path`."""
+    errors: list[FieldError] = []
+    config: PreservationConfig | None = None
+    try:
+        config = PreservationConfig.model_validate(raw)
+    except ValidationError as error:
+        errors += [_field_error(path, details) for details in error.errors(include_url=False)]
+    except RecursionError:  # absurdly nested: say so instead of failing
+        errors.append(invalid(path, raw, "is nested too deeply"))
+    errors += _duplicates(raw, path)
+    if errors or config is None:
+        raise InvalidPreservationConfig(tuple(errors))
+    return config
+
+
+@dataclass(frozen=True)
+class PreservationExtension:
+    """The Shoot's enabled entry of this extension in `spec.extensions`."""
+
+    index: int
+    provider_config: Any  # as written; None when the entry has none
+
+    @property
+    def path(self) -> FieldPath:
+        return EXTENSIONS_PATH.index(self.index).child("providerConfig")
+
+
+def preservation_extension(shoot: Any) -> PreservationExtension | None:
+    """The first entry of `spec.extensions` with type `machine-preservation` and not `disabled: true` (Gardener
+    allows one entry per type); None when there is none. Parts of the wrong type count as absent."""
+    spec = shoot.get("spec") if isinstance(shoot, Mapping) else None
+    extensions = spec.get("extensions") if isinstance(spec, Mapping) else None
+    for index, extension in enumerate(extensions if isinstance(extensions, list) else []):
+        if (
+            isinstance(extension, Mapping)
+            and extension.get("type") == EXTENSION_TYPE
+            and extension.get("disabled") is not True
+        ):
+            return PreservationExtension(index=index, provider_config=extension.get("providerConfig"))
+    return None
