@@ -10,6 +10,15 @@ All errors are reported at once, in Kubernetes field-error style with full paths
 key `machineControllerManager` (what users write), not Gardener's Go name `machineControllerManagerSettings`.
 A max that cannot be spread evenly over the pool's zones earns a warning saying what each zone gets.
 On UPDATE only workers that changed (compared by name with the old Shoot) are judged.
+
+The extension's `providerConfig` (`spec.extensions[i].providerConfig` of the enabled `machine-preservation`
+entry, provider_config.py) is judged as well:
+- one that does not decode is denied with every bad field's path;
+- each entry of its `workers` must name a pool of `spec.provider.workers`; its max and timeout follow the rules
+  above, against that pool, under the entry's own path;
+- a setting of a pool in both its `machineControllerManager` and the providerConfig with different values (the
+  timeouts compared as durations) is denied naming both paths: which one counts would otherwise be a surprise.
+On UPDATE the document is judged when it changed; else only its entries whose pool changed.
 """
 
 from __future__ import annotations
@@ -29,10 +38,18 @@ from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.verdict import Verdict, allow, deny
 from machine_preservation.core.admission.zones import distribute_over_zones
 from machine_preservation.core.durations import (
+    NOT_A_DURATION_STRING,
     InvalidDuration,
     format_go_duration_nanoseconds,
     parse_go_duration_nanoseconds,
     timedelta_nanoseconds,
+)
+from machine_preservation.core.provider_config import (
+    InvalidPreservationConfig,
+    PreservationExtension,
+    WorkerPreservation,
+    parse_preservation_config,
+    preservation_extension,
 )
 
 WORKERS_PATH = root("spec", "provider", "workers")
@@ -89,7 +106,7 @@ def _max_errors(*, worker: Mapping[str, Any], path: FieldPath, value: Any, warni
 
 def _timeout_errors(*, path: FieldPath, value: Any, settings: AdmissionSettings) -> list[FieldError]:
     if not isinstance(value, str):
-        return [invalid(path, value, 'must be a duration string such as "72h"')]
+        return [invalid(path, value, NOT_A_DURATION_STRING)]
     try:
         nanoseconds = parse_go_duration_nanoseconds(value)
     except InvalidDuration as error:
@@ -122,28 +139,116 @@ def _worker_errors(
     return errors
 
 
+def _comparable(key: str, value: Any) -> int | None:
+    """A setting as compared between the two places: the max as it is, the timeout in nanoseconds; None when it
+    is invalid (then it is reported on its own)."""
+    if key == MAX_KEY:
+        return value if _is_int(value) else None
+    try:
+        return parse_go_duration_nanoseconds(value) if isinstance(value, str) else None
+    except InvalidDuration:
+        return None
+
+
+def _conflicts(
+    *, entry: WorkerPreservation, path: FieldPath, worker: Mapping[str, Any], worker_path: FieldPath
+) -> list[FieldError]:
+    """The pool's settings set in both places with different values."""
+    settings_block = worker.get(MCM_KEY)
+    if not isinstance(settings_block, Mapping):
+        return []
+    errors: list[FieldError] = []
+    for key, configured in (
+        (MAX_KEY, entry.auto_preserve_failed_machine_max),
+        (TIMEOUT_KEY, entry.machine_preserve_timeout),
+    ):
+        own = settings_block.get(key)
+        ours, theirs = _comparable(key, configured), _comparable(key, own)
+        if ours is not None and theirs is not None and ours != theirs:
+            other = worker_path.child(MCM_KEY).child(key)
+            detail = f"differs from {other} ({render_value(own)}): set the pool's {key} in one place only"
+            errors.append(invalid(path.child(key), configured, detail))
+    return errors
+
+
+def _provider_config_errors(
+    *,
+    extension: PreservationExtension,
+    old_extension: PreservationExtension | None,
+    workers: list[Any],
+    changed_pools: set[str],
+    settings: AdmissionSettings,
+    warnings: list[str],
+) -> list[FieldError]:
+    """The providerConfig's errors: all of them when it changed, else those of entries whose pool changed."""
+    document_changed = old_extension is None or old_extension.provider_config != extension.provider_config
+    try:
+        config = parse_preservation_config(extension.provider_config, path=extension.path)
+    except InvalidPreservationConfig as error:
+        return list(error.errors) if document_changed else []
+    pools = _by_name(workers)
+    errors: list[FieldError] = []
+    for position, entry in enumerate(config.workers):
+        if not document_changed and entry.name not in changed_pools:
+            continue
+        path = extension.path.child("workers").index(position)
+        if entry.name not in pools:
+            known = ", ".join(pools) or "none"
+            detail = f"must name a worker pool of {WORKERS_PATH} (pools: {known})"
+            errors.append(invalid(path.child("name"), entry.name, detail))
+            continue
+        worker = pools[entry.name]
+        index = next(index for index, candidate in enumerate(workers) if candidate is worker)
+        if entry.auto_preserve_failed_machine_max is not None:
+            value = entry.auto_preserve_failed_machine_max
+            errors += _max_errors(worker=worker, path=path.child(MAX_KEY), value=value, warnings=warnings)
+        if entry.machine_preserve_timeout is not None:
+            errors += _timeout_errors(
+                path=path.child(TIMEOUT_KEY), value=entry.machine_preserve_timeout, settings=settings
+            )
+        errors += _conflicts(entry=entry, path=path, worker=worker, worker_path=WORKERS_PATH.index(index))
+    return errors
+
+
+def _by_name(workers: Any) -> dict[str, Mapping[str, Any]]:
+    """The named workers by name (Gardener denies duplicate names; the last one counts here)."""
+    return {
+        worker["name"]: worker
+        for worker in (workers if isinstance(workers, list) else [])
+        if isinstance(worker, Mapping) and isinstance(worker.get("name"), str)
+    }
+
+
 def validate_shoot(
     *, shoot: Mapping[str, Any], old_shoot: Mapping[str, Any] | None, settings: AdmissionSettings
 ) -> Verdict:
-    """Allow (with zone-spread warnings) or deny listing every field error of the judged workers."""
+    """Allow (with zone-spread warnings) or deny listing every field error of the judged workers and of the
+    providerConfig."""
     workers = _workers(shoot)
-    if workers is None:
-        return allow()
-    if not isinstance(workers, list):
+    if workers is not None and not isinstance(workers, list):
         return deny(aggregate([invalid(WORKERS_PATH, workers, "must be a list")]))
-    old_workers = _workers(old_shoot) if old_shoot is not None else None
-    unchanged = {
-        worker["name"]: worker
-        for worker in (old_workers if isinstance(old_workers, list) else [])
-        if isinstance(worker, Mapping) and isinstance(worker.get("name"), str)
-    }
+    workers = workers or []
+    old = _by_name(_workers(old_shoot)) if old_shoot is not None else {}
+    new = _by_name(workers)
+    # Pools added, changed or removed (a removed pool may be named by the providerConfig).
+    changed_pools = {name for name in new.keys() | old.keys() if new.get(name) != old.get(name)}
     errors: list[FieldError] = []
     warnings: list[str] = []
     for index, worker in enumerate(workers):
         name = worker.get("name") if isinstance(worker, Mapping) else None
-        if isinstance(name, str) and unchanged.get(name) == worker:
+        if isinstance(name, str) and old.get(name) == worker:
             continue
         errors += _worker_errors(worker=worker, path=WORKERS_PATH.index(index), settings=settings, warnings=warnings)
+    extension = preservation_extension(shoot)
+    if extension is not None and extension.provider_config is not None:
+        errors += _provider_config_errors(
+            extension=extension,
+            old_extension=preservation_extension(old_shoot) if old_shoot is not None else None,
+            workers=workers,
+            changed_pools=changed_pools,
+            settings=settings,
+            warnings=warnings,
+        )
     if errors:
         return deny(aggregate(errors), warnings=tuple(warnings))
     return allow(warnings=tuple(warnings))
