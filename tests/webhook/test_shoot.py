@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from machine_preservation.core.provider_config import API_VERSION, EXTENSION_TYPE, KIND
 from tests.webhook.conftest import Webhook
 from tests.webhook.reviews import SHOOT_KIND, review, shoot
 
@@ -86,4 +87,17 @@ async def test_gardener_edge_cases_over_the_wire(webhook: Webhook) -> None:
         "must be an integer, "
         "spec.provider.workers[2].machineControllerManager.autoPreserveFailedMachineMax: Invalid value: 1: "
         "must be less than or equal to maximum (0)]"
+    )
+
+
+async def test_the_extension_provider_config_over_the_wire(webhook: Webhook) -> None:
+    old = shoot(worker("a"))
+    new = shoot(worker("a"))
+    settings = {"apiVersion": API_VERSION, "kind": KIND, "workers": [{"name": "b", "machinePreserveTimeout": "1h"}]}
+    new["spec"]["extensions"] = [{"type": EXTENSION_TYPE, "providerConfig": settings}]
+    response = await webhook.review(PATH, review(kind=SHOOT_KIND, operation="UPDATE", obj=new, old=old))
+    assert response["allowed"] is False
+    assert response["status"]["message"] == (
+        'spec.extensions[0].providerConfig.workers[0].name: Invalid value: "b": must name a worker pool of '
+        "spec.provider.workers (pools: a)"
     )

@@ -14,10 +14,10 @@ and the seed's `Cluster` carries the whole Shoot. The document:
 It is decoded strictly, as Gardener decodes an extension's configuration: apiVersion and kind must be these;
 unknown fields, wrong types (a max that is not an integer, a timeout that is not a string; worded as for the
 worker fields) and a pool named twice are errors, all reported at once as Kubernetes field errors under the
-caller's path (`spec.extensions[0].providerConfig...`). An absent or null field is not set. What the values may be (the timeout a Go duration ≥ 0
-within the bound, the max ≥ 0 within the pool's maximum) and whether the pool exists depend on the Shoot and are
-judged with the rules of the Shoot's own worker fields: at admission (admission/shoot.py), and by the controller,
-which skips an invalid value (pool_settings.py).
+caller's path (`spec.extensions[0].providerConfig...`). An absent or null field is not set. What the values may
+be (the timeout a Go duration ≥ 0 within the bound, the max ≥ 0 within the pool's maximum) and whether the pool
+exists depend on the Shoot and are judged with the rules of the Shoot's own worker fields: at admission
+(admission/shoot.py), and by the controller, which skips an invalid value (pool_settings.py).
 """
 
 from __future__ import annotations
@@ -117,9 +117,10 @@ def _field_error(base: FieldPath, error: ErrorDetails) -> FieldError:
         return forbidden(path, f"unknown field (known fields: {', '.join(known)})")
     if kind == "literal_error":
         return not_supported(path, value, [API_VERSION if loc == ("apiVersion",) else KIND])
-    last = loc[-1] if loc else None
-    detail = _FIELD_TYPE_DETAILS.get(last) if isinstance(last, str) and kind in _TYPE_DETAILS else None
-    return invalid(path, value, detail or _TYPE_DETAILS.get(kind, error["msg"]))
+    detail = _TYPE_DETAILS.get(kind)
+    if detail is not None and loc and loc[-1] in _FIELD_TYPE_DETAILS:
+        detail = _FIELD_TYPE_DETAILS[str(loc[-1])]
+    return invalid(path, value, detail or error["msg"])
 
 
 def _duplicates(raw: Any, base: FieldPath) -> list[FieldError]:
@@ -146,8 +147,6 @@ def parse_preservation_config(raw: Any, *, path: FieldPath) -> PreservationConfi
         config = PreservationConfig.model_validate(raw)
     except ValidationError as error:
         errors += [_field_error(path, details) for details in error.errors(include_url=False)]
-    except RecursionError:  # absurdly nested: say so instead of failing
-        errors.append(invalid(path, raw, "is nested too deeply"))
     errors += _duplicates(raw, path)
     if errors or config is None:
         raise InvalidPreservationConfig(tuple(errors))
