@@ -479,7 +479,7 @@ async def _exercise(
     assert "m-failed" in denial
     assert calls("validate-machine-deletion") == deletions + 1
 
-    # Shoots: called on create, and on update only when the workers change.
+    # Shoots: called on create, and on update only when the workers (or spec.extensions) change.
     shoot = {
         "apiVersion": "core.gardener.cloud/v1beta1",
         "kind": "Shoot",

@@ -2,7 +2,8 @@
 `autoPreserveFailedMachineMax` to MachineSets and Machines, so the controller finds them through the
 MachineSet's MachineDeployment, labelled with its Gardener worker pool, in the Shoot that Gardener's `Cluster`
 resource (cluster-scoped, named after the control namespace) carries: the pool's timeout sets each expiry, its
-max the MachineSet's auto-preservation budget, and a change of the Shoot takes effect at once."""
+max the MachineSet's auto-preservation budget, and a change of the Shoot takes effect at once. On Gardener
+versions without those Shoot fields, the same comes from the Shoot's extension providerConfig."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from machine_preservation.core.pool_settings import (
     CLUSTER_PLURAL,
     WORKER_POOL_LABEL,
 )
+from machine_preservation.core.provider_config import API_VERSION, EXTENSION_TYPE, KIND
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.crds import apply_crd
 from machine_preservation.localcluster.mcm import gardener_cluster_crd
@@ -108,20 +110,53 @@ def shoot(*, timeout: str, maximum: int) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-async def cluster(api: client.ApiClient, namespace: str, cluster_crd: None) -> AsyncIterator[str]:
-    """The namespace's Cluster, its Shoot's pool with 45m and a max of 1; deleted afterwards."""
+def shoot_with_provider_config(*, timeout: str, maximum: int) -> dict[str, Any]:
+    """A Shoot of a Gardener without the preservation fields: POOL's settings are only in the extension's
+    providerConfig (second among the extensions; its first entry is the other pool's)."""
+    document = shoot(timeout=timeout, maximum=maximum)
+    workers = document["spec"]["provider"]["workers"]
+    del workers[1]["machineControllerManager"]
+    config = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "workers": [
+            {"name": "other", "machinePreserveTimeout": "1m"},
+            {"name": POOL, "machinePreserveTimeout": timeout, "autoPreserveFailedMachineMax": maximum},
+        ],
+    }
+    document["spec"]["extensions"] = [{"type": "shoot-dns-service"}, {"type": EXTENSION_TYPE, "providerConfig": config}]
+    return document
+
+
+@contextlib.asynccontextmanager
+async def _cluster_of(api: client.ApiClient, namespace: str, shoot_object: dict[str, Any]) -> AsyncIterator[str]:
     body = {
         "apiVersion": f"{CLUSTER_API_GROUP}/{CLUSTER_API_VERSION}",
         "kind": "Cluster",
         "metadata": {"name": namespace},
-        "spec": {"cloudProfile": {}, "seed": {}, "shoot": shoot(timeout="45m", maximum=1)},
+        "spec": {"cloudProfile": {}, "seed": {}, "shoot": shoot_object},
     }
     custom = client.CustomObjectsApi(api)
     await custom.create_cluster_custom_object(CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL, body)
-    yield namespace
-    with contextlib.suppress(ApiException):
-        await custom.delete_cluster_custom_object(CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL, namespace)
+    try:
+        yield namespace
+    finally:
+        with contextlib.suppress(ApiException):
+            await custom.delete_cluster_custom_object(CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL, namespace)
+
+
+@pytest.fixture
+async def cluster(api: client.ApiClient, namespace: str, cluster_crd: None) -> AsyncIterator[str]:
+    """The namespace's Cluster, its Shoot's pool with 45m and a max of 1; deleted afterwards."""
+    async with _cluster_of(api, namespace, shoot(timeout="45m", maximum=1)) as name:
+        yield name
+
+
+@pytest.fixture
+async def cluster_with_provider_config(api: client.ApiClient, namespace: str, cluster_crd: None) -> AsyncIterator[str]:
+    """The namespace's Cluster, 45m and a max of 1 for its Shoot's pool in the providerConfig; deleted afterwards."""
+    async with _cluster_of(api, namespace, shoot_with_provider_config(timeout="45m", maximum=1)) as name:
+        yield name
 
 
 async def preserved_for(api: client.ApiClient, namespace: str) -> dict[str, dt.timedelta]:
@@ -132,11 +167,10 @@ async def preserved_for(api: client.ApiClient, namespace: str) -> dict[str, dt.t
     }
 
 
-async def test_the_pool_in_the_shoot_sets_the_timeout_and_the_auto_preservation_budget(
-    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str], cluster: str
-) -> None:
+async def _pool_machine_set(api: client.ApiClient, namespace: str) -> dict[str, Any]:
+    """A MachineDeployment labelled with POOL and its MachineSet, neither carrying a setting (as under MCM
+    v0.61)."""
     custom = client.CustomObjectsApi(api)
-    # Neither the MachineDeployment nor the MachineSet carries a setting (as under MCM v0.61): only the pool label.
     deployment = await create_custom(api, namespace, "MachineDeployment", "md", spec={"replicas": 4})
     await custom.patch_namespaced_custom_object(
         GROUP,
@@ -147,10 +181,16 @@ async def test_the_pool_in_the_shoot_sets_the_timeout_and_the_auto_preservation_
         {"metadata": {"labels": {WORKER_POOL_LABEL: POOL}}},
         _content_type="application/merge-patch+json",
     )
-    machine_set = await create_custom(
+    return await create_custom(
         api, namespace, "MachineSet", "ms", spec={"replicas": 4}, owner=owner_reference("MachineDeployment", deployment)
     )
-    owner = owner_reference("MachineSet", machine_set)
+
+
+async def test_the_pool_in_the_shoot_sets_the_timeout_and_the_auto_preservation_budget(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str], cluster: str
+) -> None:
+    custom = client.CustomObjectsApi(api)
+    owner = owner_reference("MachineSet", await _pool_machine_set(api, namespace))
     for name in ("failed-a", "failed-b", "failed-c"):
         node = await new_node(api, node_names, ready=False)
         await create_machine(custom, namespace, name, node=node, phase="Failed", owner=owner)
@@ -207,3 +247,41 @@ async def _stays(read: Any, expected: Any, controller: Any, resyncs: int = 3) ->
 async def _machine_set_count(custom: client.CustomObjectsApi, namespace: str, expected: int) -> bool:
     current = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "machinesets", "ms")
     return bool((current.get("status") or {}).get("autoPreserveFailedMachineCount") == expected)
+
+
+async def test_the_extension_provider_config_sets_the_pool_where_the_shoot_fields_are_absent(
+    control_plane: ControlPlane,
+    api: client.ApiClient,
+    namespace: str,
+    node_names: list[str],
+    cluster_with_provider_config: str,
+) -> None:
+    custom = client.CustomObjectsApi(api)
+    owner = owner_reference("MachineSet", await _pool_machine_set(api, namespace))
+    for name in ("failed-a", "failed-b"):
+        node = await new_node(api, node_names, ready=False)
+        await create_machine(custom, namespace, name, node=node, phase="Failed", owner=owner)
+
+    async with running_controller(kubeconfig=control_plane.kubeconfig, namespace=namespace, resync_period=0.5) as r:
+
+        async def preserved(count: int) -> dict[str, dt.timedelta]:
+            granted = await preserved_for(api, namespace)
+            return granted if len(granted) == count else {}
+
+        granted = await eventually_async(lambda: preserved(1))
+        assert list(granted.values()) == [dt.timedelta(minutes=45)], "the providerConfig's 45m, not the flag's 72h"
+        await _stays(lambda: preserved_for(api, namespace), granted, r.controller)
+        await eventually_async(lambda: _machine_set_count(custom, namespace, 1))
+
+        # The owner raises the pool's max in the providerConfig: the second failed machine is kept too.
+        await custom.patch_cluster_custom_object(
+            CLUSTER_API_GROUP,
+            CLUSTER_API_VERSION,
+            CLUSTER_PLURAL,
+            cluster_with_provider_config,
+            {"spec": {"shoot": shoot_with_provider_config(timeout="20m", maximum=2)}},
+            _content_type="application/merge-patch+json",
+        )
+        granted = await eventually_async(lambda: preserved(2))
+        await eventually_async(lambda: _machine_set_count(custom, namespace, 2))
+    assert sorted(granted.values()) == [dt.timedelta(minutes=20), dt.timedelta(minutes=45)]

@@ -30,6 +30,9 @@ from machine_preservation.certs.authority import generate_ca
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.preservation_record import PreservationRecord, format_timestamp
+from machine_preservation.core.provider_config import API_VERSION as PRESERVATION_API_VERSION
+from machine_preservation.core.provider_config import EXTENSION_TYPE
+from machine_preservation.core.provider_config import KIND as PRESERVATION_KIND
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.toolchain import Toolchain
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
@@ -728,3 +731,56 @@ def test_shoot_workers_are_validated_with_field_paths_and_zone_warnings(env: Env
     before = env.server.requests("validate-shoot")
     env.ok(ALICE, "-n", ns, "label", "shoots.core.gardener.cloud", "s2", "team=sre")
     assert env.server.requests("validate-shoot") == before
+
+
+def _shoot_with_provider_config(name: str, workers: list[dict[str, Any]], settings: list[dict[str, Any]]) -> str:
+    config = {"apiVersion": PRESERVATION_API_VERSION, "kind": PRESERVATION_KIND, "workers": settings}
+    document = yaml.safe_load(_shoot(name, *workers))
+    document["spec"]["extensions"] = [{"type": EXTENSION_TYPE, "providerConfig": config}]
+    return yaml.safe_dump(document)
+
+
+def test_the_extension_provider_config_is_validated_like_the_worker_fields(env: Env) -> None:
+    ns = env.namespace
+    pool = {"name": "a", "minimum": 1, "maximum": 4, "systemComponents": {"allow": False}}
+    denied = f'admission webhook "{wc.SHOOT_WEBHOOK}" denied the request: '
+    settings = [{"name": "a", "autoPreserveFailedMachineMax": 1}, {"name": "a", "machinePreserveTimeout": "3d"}]
+    stderr = env.denied(ALICE, "-n", ns, "create", "-f", "-", stdin=_shoot_with_provider_config("p1", [pool], settings))
+    assert f'{denied}spec.extensions[0].providerConfig.workers[1].name: Duplicate value: "a"' in stderr
+    settings = [{"name": "a", "autoPreserveFailedMachineMax": 1, "machinePreserveTimeout": "3d"}]
+    stderr = env.denied(ALICE, "-n", ns, "create", "-f", "-", stdin=_shoot_with_provider_config("p1", [pool], settings))
+    assert (
+        f'{denied}spec.extensions[0].providerConfig.workers[0].machinePreserveTimeout: Invalid value: "3d": '
+        'must be a duration such as "72h" (time: unknown unit "d" in duration "3d")'
+    ) in stderr
+    # Set in both places, differently.
+    both = {**pool, "machineControllerManager": {"autoPreserveFailedMachineMax": 1}}
+    settings = [{"name": "a", "autoPreserveFailedMachineMax": 2}]
+    stderr = env.denied(ALICE, "-n", ns, "create", "-f", "-", stdin=_shoot_with_provider_config("p1", [both], settings))
+    assert (
+        f"{denied}spec.extensions[0].providerConfig.workers[0].autoPreserveFailedMachineMax: Invalid value: 2: "
+        "differs from spec.provider.workers[0].machineControllerManager.autoPreserveFailedMachineMax (1): set the "
+        "pool's autoPreserveFailedMachineMax in one place only"
+    ) in stderr
+    settings = [{"name": "a", "autoPreserveFailedMachineMax": 3, "machinePreserveTimeout": "48h"}]
+    env.ok(ALICE, "-n", ns, "create", "-f", "-", stdin=_shoot_with_provider_config("p1", [pool], settings))
+    # A change of the extensions alone is sent to the webhook (and judged against the pool's maximum).
+    before = env.server.requests("validate-shoot")
+    too_many = {
+        "apiVersion": PRESERVATION_API_VERSION,
+        "kind": PRESERVATION_KIND,
+        "workers": [{"name": "a", "autoPreserveFailedMachineMax": 5}],
+    }
+    patch: dict[str, Any] = {"spec": {"extensions": [{"type": EXTENSION_TYPE, "providerConfig": too_many}]}}
+    stderr = env.denied(
+        ALICE, "-n", ns, "patch", "shoots.core.gardener.cloud", "p1", "--type=merge", "-p", json.dumps(patch)
+    )
+    assert (
+        f"{denied}spec.extensions[0].providerConfig.workers[0].autoPreserveFailedMachineMax: Invalid value: 5: "
+        "must be less than or equal to maximum (4)"
+    ) in stderr
+    assert env.server.requests("validate-shoot") == before + 1
+    # Disabling the extension is a change too, and its providerConfig no longer counts.
+    patch["spec"]["extensions"][0]["disabled"] = True
+    env.ok(ALICE, "-n", ns, "patch", "shoots.core.gardener.cloud", "p1", "--type=merge", "-p", json.dumps(patch))
+    assert env.server.requests("validate-shoot") == before + 2

@@ -306,6 +306,10 @@ def _workers_present(obj: str) -> str:
     return f"(has({obj}.spec) && has({obj}.spec.provider) && has({obj}.spec.provider.workers))"
 
 
+def _extensions_present(obj: str) -> str:
+    return f"(has({obj}.spec) && has({obj}.spec.extensions))"
+
+
 def shoot_webhook(
     *,
     client: ClientConfig,
@@ -313,11 +317,15 @@ def shoot_webhook(
     timeout_seconds: int = 10,
     namespace_selector: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Validating, Shoots CREATE/UPDATE, called on UPDATE only when the workers change."""
+    """Validating, Shoots CREATE/UPDATE, called on UPDATE only when the workers or the extensions (which hold
+    the extension's providerConfig) change."""
     new, old = _workers_present("object"), _workers_present("oldObject")
-    workers_changed = (
+    new_extensions, old_extensions = _extensions_present("object"), _extensions_present("oldObject")
+    settings_changed = (
         f"request.operation != 'UPDATE' || {new} != {old} || "
-        f"({new} && object.spec.provider.workers != oldObject.spec.provider.workers)"
+        f"({new} && object.spec.provider.workers != oldObject.spec.provider.workers) || "
+        f"{new_extensions} != {old_extensions} || "
+        f"({new_extensions} && object.spec.extensions != oldObject.spec.extensions)"
     )
     return _webhook(
         name=SHOOT_WEBHOOK,
@@ -331,7 +339,7 @@ def shoot_webhook(
                 operations=["CREATE", "UPDATE"],
             )
         ],
-        match_conditions=[_condition("workers-change", workers_changed)],
+        match_conditions=[_condition("preservation-settings-change", settings_changed)],
         failure_policy=failure_policy,
         timeout_seconds=timeout_seconds,
         object_selector=None,

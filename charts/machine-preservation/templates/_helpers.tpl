@@ -170,6 +170,10 @@ app.kubernetes.io/component: {{ .component }}
 (has({{ . }}.spec) && has({{ . }}.spec.provider) && has({{ . }}.spec.provider.workers))
 {{- end -}}
 
+{{- define "mp.cel.extensionsPresent" -}}
+(has({{ . }}.spec) && has({{ . }}.spec.extensions))
+{{- end -}}
+
 {{/* The preserve annotation and the controller-owned markers (core/vocabulary.py). */}}
 {{- define "mp.preserveRelatedAnnotations" -}}
 {{- list
