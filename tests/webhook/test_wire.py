@@ -6,11 +6,12 @@ import base64
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from machine_preservation.core.admission.verdict import PatchOperation, Verdict, allow, deny
-from machine_preservation.webhook.wire import BadRequest, parse_review, review_response, uid_of
+from machine_preservation.webhook.wire import BadRequest, load_json, parse_review, review_response, uid_of
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
@@ -31,6 +32,40 @@ def test_anything_parses_or_is_a_bad_request(body: bytes) -> None:
         assert outcome.reason
     else:
         assert outcome.request.uid
+
+
+def json_outcome(load: Any, body: bytes) -> tuple[str, str]:
+    """What decoding `body` gives, comparable across decoders: the value's repr (NaN != NaN), or the error."""
+    try:
+        return "value", repr(load(body))
+    except (ValueError, RecursionError) as error:
+        return type(error).__name__, str(error)
+
+
+EDGE_CASES = [
+    b'{"a": 1, "b": 2, "a": 3}',  # duplicate keys: the last value, at the first key's place
+    b'{"s": "\\ud800"}',  # a lone surrogate escape
+    b"[NaN, Infinity, -Infinity, 1e400, -0.0, 123456789012345678901234567890]",
+    b'\xef\xbb\xbf{"a": 1}',  # UTF-8 with a byte-order mark
+    '{"a": "\u00e9"}'.encode("utf-16"),
+    '{"a": "\u00e9"}'.encode("utf-32-le"),
+    b"[" * 300 + b"]" * 300,
+    b"[" * 100_000 + b"]" * 100_000,
+    b'{"a": "\xff"}',
+    b'{"a": 1} trailing',
+    b'{"a": "\x01"}',
+    b"",
+]
+
+
+@pytest.mark.parametrize("body", EDGE_CASES)
+def test_bodies_decode_exactly_as_json_decodes_them(body: bytes) -> None:
+    assert json_outcome(load_json, body) == json_outcome(json.loads, body)
+
+
+@given(st.binary(max_size=200) | json_values.map(lambda value: json.dumps(value).encode()))
+def test_any_body_decodes_exactly_as_json_decodes_it(body: bytes) -> None:
+    assert json_outcome(load_json, body) == json_outcome(json.loads, body)
 
 
 @given(json_values)

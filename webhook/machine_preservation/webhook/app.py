@@ -230,15 +230,24 @@ class Endpoints:
 
 
 async def _read_body(request: web.Request, *, limit: int, seconds: float) -> bytes:
+    """The body, read from the stream rather than with `request.read()`: that keeps a copy on the request, and
+    aiohttp holds the last request of a kept-alive connection until the next one arrives."""
     if request.content_length is not None and request.content_length > limit:
         raise BadRequest(f"body of {request.content_length} bytes exceeds the limit of {limit} bytes", status=413)
+    content = request.content
+    chunks: list[bytes] = []
+    size = 0
     try:
-        async with asyncio.timeout(seconds):
-            return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise BadRequest(f"body exceeds the limit of {limit} bytes", status=413) from None
+        # The API server sends the whole review at once: usually it is all in already and needs no timer.
+        async with asyncio.timeout(None if content.is_eof() else seconds):
+            while chunk := await content.readany():
+                size += len(chunk)
+                if size > limit:
+                    raise BadRequest(f"body exceeds the limit of {limit} bytes", status=413)
+                chunks.append(chunk)
     except TimeoutError:
         raise BadRequest(f"body not received within {seconds:g} s", status=408) from None
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _serve(config: WebhookConfig, path: str, decide: Decide) -> Callable[[web.Request], Awaitable[web.Response]]:

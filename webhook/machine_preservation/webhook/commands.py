@@ -179,8 +179,8 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
         type=_positive_int,
         default=DEFAULT_MAX_CONNECTIONS,
         help="open client connections at most (default "
-        f"{DEFAULT_MAX_CONNECTIONS}; each costs ~0.3 MiB); at the limit a new one replaces the oldest that has not "
-        "sent a request yet, or is refused before TLS when all have",
+        f"{DEFAULT_MAX_CONNECTIONS}; each costs up to ~0.12 MiB); at the limit a new one replaces the oldest that "
+        "has not sent a request yet, or is refused before TLS when all have",
     )
     parser.add_argument(
         "--max-preserve-timeout",

@@ -1,7 +1,7 @@
 """The listening site: TLS per connection, with bounds on what one client connection may cost.
 
 aiohttp's own TCPSite hands asyncio a listening socket with TLS on. Then a connection cannot be refused before
-its TLS handshake has run (and its TLS buffers, a quarter MiB, are allocated), a connection that fails its
+its TLS handshake has run (and its TLS state is allocated), a connection that fails its
 handshake is never reported to the application, and nothing bounds how long a client may take to send its
 first request: each silent or half-sent connection stays open as long as aiohttp's keep-alive timeout, an hour.
 
@@ -11,7 +11,8 @@ first request: each silent or half-sent connection stays open as long as aiohttp
    connection has sent a request, refuses the new one at once, before any TLS work. A flood of silent
    connections therefore cannot lock the API server out: its connections send their request within
    milliseconds of connecting, and the flood would have to replace every waiting connection that fast;
-2. upgrades it with `loop.start_tls`;
+2. upgrades it to TLS as `loop.start_tls` does, but with one receive buffer for all connections
+   (`_TLSProtocol`) instead of asyncio's 256 KiB for each, idle or not;
 3. hands the plaintext to aiohttp's request handler through `_Plaintext`, which passes everything through
    and reports when the head of the first request is complete (its blank line has arrived);
 4. closes it if the handshake and that first head together take longer than `header_timeout`, so a client
@@ -25,8 +26,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from asyncio import sslproto
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -40,9 +42,11 @@ DEFAULT_HEADER_TIMEOUT: Final = 10.0
 # Longer than the idle timeout of Go's HTTP client (90 s), which the API server calls webhooks with: the
 # client closes an idle connection first, so it never sends a request on one that the server is closing.
 DEFAULT_IDLE_TIMEOUT: Final = 120.0
-# Each open TLS connection costs ~0.3 MiB (mostly asyncio's 256 KiB TLS read buffer); 200 stay well under the
-# chart's 256 MiB limit, and are far more than the API servers' keep-alive pools need.
+# An open TLS connection costs ~30 KiB idle, up to ~0.12 MiB after a large review (see BENCHMARKS.md); 200 stay
+# well under the chart's 256 MiB limit, and are far more than the API servers' keep-alive pools need.
 DEFAULT_MAX_CONNECTIONS: Final = 200
+# The most one socket read takes in (asyncio's own figure); one buffer of it serves all connections.
+RECEIVE_BUFFER_BYTES: Final = sslproto.SSLProtocol.max_size
 _LIMIT_WARNING_INTERVAL: Final = 60.0
 _HEAD_END: Final = b"\r\n\r\n"
 
@@ -86,6 +90,8 @@ class TLSSite(web.BaseSite):
         self._waiting: dict[_Connection, None] = {}
         self._unreported: dict[str, int] = {}
         self._limit_warned_at: float | None = None
+        # Every connection receives its TLS records into this one buffer (see `_TLSProtocol`).
+        self.receive_buffer = memoryview(bytearray(RECEIVE_BUFFER_BYTES))
 
     @property
     def name(self) -> str:
@@ -182,14 +188,14 @@ class _Connection(asyncio.Protocol):
         plaintext = _Plaintext(self, self._site.new_handler())
         timeout = self._site.limits.header_timeout
         try:
-            tls = await loop.start_tls(
+            tls = await _start_tls(
+                loop,
                 transport,
                 plaintext,
                 self._site.tls_context,
-                server_side=True,
-                ssl_handshake_timeout=timeout,
-                # A closing connection whose peer never answers the TLS close stays open no longer than this.
-                ssl_shutdown_timeout=timeout,
+                receive_buffer=self._site.receive_buffer,
+                # Also bounds a closing connection whose peer never answers the TLS close.
+                seconds=timeout,
             )
         except asyncio.CancelledError:
             # Our deadline or the site stopping; not re-raised, as nothing awaits this task but `stop`.
@@ -287,3 +293,59 @@ class _Plaintext(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._handler.resume_writing()
+
+
+class _TLSProtocol(sslproto.SSLProtocol):
+    """asyncio's TLS protocol, receiving from the socket into a buffer shared by all connections of the site.
+
+    asyncio gives each connection a receive buffer of its own, 256 KiB, held as long as the connection is open,
+    idle or not. Nothing needs it between reads: the socket transport fills it and at once calls
+    `buffer_updated`, which copies the bytes into the TLS object's input before anything else can run. One
+    buffer per site (one event loop) is therefore enough.
+    """
+
+    def __init__(self, *args: Any, receive_buffer: memoryview, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._ssl_buffer = receive_buffer.obj  # the parent's own buffer is dropped here
+        self._ssl_buffer_view = receive_buffer
+
+    def get_buffer(self, n: int) -> memoryview:
+        return self._ssl_buffer_view
+
+
+async def _start_tls(
+    loop: asyncio.AbstractEventLoop,
+    transport: asyncio.Transport,
+    protocol: asyncio.Protocol,
+    context: ssl.SSLContext,
+    *,
+    receive_buffer: memoryview,
+    seconds: float,
+) -> asyncio.Transport | None:
+    """`loop.start_tls(transport, protocol, context, server_side=True, ...)`, with `_TLSProtocol`.
+
+    Handshake and shutdown each get `seconds`. Returns the TLS transport once the handshake is done (None when
+    the connection closed as it ended); `transport` must have its reading paused.
+    """
+    waiter = loop.create_future()
+    tls = _TLSProtocol(
+        loop,
+        protocol,
+        context,
+        waiter,
+        server_side=True,
+        call_connection_made=False,
+        ssl_handshake_timeout=seconds,
+        ssl_shutdown_timeout=seconds,
+        receive_buffer=receive_buffer,
+    )
+    transport.set_protocol(tls)
+    tls.connection_made(transport)
+    transport.resume_reading()
+    try:
+        await waiter
+    except BaseException:
+        transport.close()
+        raise
+    app_transport: asyncio.Transport | None = tls._app_transport
+    return app_transport

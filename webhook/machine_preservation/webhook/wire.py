@@ -12,6 +12,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
+from pydantic_core import from_json
 
 from machine_preservation.core.admission.verdict import Verdict
 
@@ -95,10 +96,24 @@ def uid_of(document: Any) -> str:
     return uid if isinstance(uid, str) else ""
 
 
+def load_json(body: bytes) -> Any:
+    """`json.loads(body)`, in about half the time for what the API server sends.
+
+    Decoding the review is the largest cost of a request (a Node UPDATE carries two whole Nodes, often 60 KB and
+    more). pydantic-core's parser builds the same objects from UTF-8 JSON; whatever it refuses (another encoding,
+    a byte-order mark, a lone surrogate escape, deep nesting, anything malformed) is decoded by `json.loads`, so
+    the result and every error are exactly json's.
+    """
+    try:
+        return from_json(body, cache_strings="keys")
+    except ValueError:
+        return json.loads(body)
+
+
 def parse_review(body: bytes) -> AdmissionReviewIn:
     """The review in `body`, or BadRequest saying what is wrong with it (first problem found)."""
     try:
-        document = json.loads(body)
+        document = load_json(body)
     except (UnicodeDecodeError, ValueError) as error:
         raise BadRequest(f"body is not JSON: {error}") from None
     except RecursionError:
