@@ -396,7 +396,7 @@ async def _exercise(
                 "metadata": {
                     "annotations": {
                         v.CA_SCALE_DOWN_DISABLED_ANNOTATION: "true",
-                        v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION: "true",
+                        v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION: "true",
                     }
                 }
             },

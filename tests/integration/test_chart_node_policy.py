@@ -54,6 +54,8 @@ ROLES = (KUBELET, SRE, CONTROLLER, MCM_ROLE)
 NOBODY: frozenset[str] = frozenset()
 EVERYBODY = frozenset(ROLES)
 MARKER_WRITERS = frozenset({CONTROLLER, MCM_ROLE})
+OWN_MARKER = v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION
+ONLY_THE_CONTROLLER = frozenset({CONTROLLER})
 
 
 @dataclass(frozen=True)
@@ -226,6 +228,10 @@ CHANGES = [
     Change("remove the marker", {MARKER: "true"}, {MARKER: None}, MARKER_WRITERS),
     Change("add the marker through nodes/status", {}, {MARKER: "true"}, MARKER_WRITERS, status=True),
     Change("create a node with the marker", {}, {MARKER: "true"}, MARKER_WRITERS, create=True),
+    # Our own marker: the controller only (MCM v0.61 would otherwise be able to take the annotation back).
+    Change("add our marker", {}, {OWN_MARKER: "true"}, ONLY_THE_CONTROLLER),
+    Change("remove our marker", {OWN_MARKER: "true"}, {OWN_MARKER: None}, ONLY_THE_CONTROLLER),
+    Change("add our marker through nodes/status", {}, {OWN_MARKER: "true"}, ONLY_THE_CONTROLLER, status=True),
     # Everything else passes, also on a node already carrying both.
     Change("an unrelated annotation", LEGACY, {"example.com/owner": "team-a"}, EVERYBODY),
     Change("the CA annotation itself", {}, {v.CA_SCALE_DOWN_DISABLED_ANNOTATION: "true"}, EVERYBODY),
@@ -296,7 +302,7 @@ def test_the_policy_alone_guards_the_auto_value_and_the_marker(
             continue
         if outcome.denial is not None:
             assert f"ValidatingAdmissionPolicy '{release.policy}'" in outcome.denial, outcome.denial
-            key = P if P in change.annotations else MARKER
+            key = next(k for k in (P, MARKER, OWN_MARKER) if k in change.annotations)
             assert f"metadata.annotations[{key}]: Forbidden" in outcome.denial, outcome.denial
         else:
             keys = {P, MARKER, *change.annotations}

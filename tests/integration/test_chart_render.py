@@ -386,17 +386,18 @@ def test_node_annotation_policy_wherever_node_webhooks_are_registered(
             }
         ],
     }
-    # Only requests changing one of the two annotations get as far as the validations (the webhook's own CEL).
+    # Only requests changing one of the three annotations get as far as the validations (the webhook's own CEL).
+    own_marker = vocabulary.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION
     assert spec["matchConditions"] == [
         {
             "name": "preserve-or-marker-changes",
             "expression": builder.any_annotation_changed(
-                [vocabulary.PRESERVE_ANNOTATION, vocabulary.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION]
+                [vocabulary.PRESERVE_ANNOTATION, vocabulary.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION, own_marker]
             ),
         }
     ]
-    auto, marker = spec["validations"]
-    for validation in (auto, marker):
+    auto, marker, ours = spec["validations"]
+    for validation in (auto, marker, ours):
         assert validation["reason"] == "Forbidden"
     assert "'auto-preserve', 'auto-preserved'" in auto["expression"]
     assert "userInfo" not in auto["expression"], "nobody sets the auto value on a Node, the controller neither"
@@ -419,6 +420,10 @@ def test_node_annotation_policy_wherever_node_webhooks_are_registered(
     mcm = [MCM, SEED_MCM] if name == "registration-only" else [MCM]
     assert allowed == sorted([controller, *mcm])
     assert all(user in marker["message"] for user in allowed)
+    # Our own marker: the controller alone.
+    assert ours["message"].startswith(f"metadata.annotations[{own_marker}]: Forbidden: ")
+    assert ours["expression"].endswith(f"|| !{builder.annotation_changed(own_marker)}")
+    assert _username_list(ours["expression"]) == [controller]
 
 
 def test_webhook_configurations_are_plain_release_resources(rendered: dict[str, list[dict[str, Any]]]) -> None:

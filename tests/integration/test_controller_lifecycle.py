@@ -80,7 +80,7 @@ async def stopped_on_node(api: client.ApiClient, namespace: str, name: str, node
         and condition is not None
         and (condition.status, condition.reason, condition.message) == STOPPED
         and not (
-            {v.CA_SCALE_DOWN_DISABLED_ANNOTATION, v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION}
+            {v.CA_SCALE_DOWN_DISABLED_ANNOTATION, v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION}
             & set(n.metadata.annotations)
         )
         and not n.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT)

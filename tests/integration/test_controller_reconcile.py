@@ -68,7 +68,7 @@ async def test_now_on_the_node_preserves_and_removing_it_stops(
         assert record.until == record.since + dt.timedelta(hours=72), "the default timeout"
         assert machine.mirrored_expiry == record.until
         assert machine.metadata.annotations[v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION] == "now"
-        assert n.metadata.annotations[v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION] == "true"
+        assert n.metadata.annotations[v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION] == "true"
         condition = n.preserved_condition
         assert condition is not None
         assert condition.reason == "Preserved by user."
@@ -93,7 +93,7 @@ async def test_now_on_the_node_preserves_and_removing_it_stops(
         condition = n.preserved_condition
         assert condition is not None
         assert (condition.reason, condition.message) == ("Preservation stopped.", "")
-        assert v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION not in n.metadata.annotations
+        assert v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION not in n.metadata.annotations
 
 
 async def test_a_failed_preserved_machine_is_tainted_drained_and_deleted_at_expiry(

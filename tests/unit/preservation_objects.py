@@ -22,7 +22,8 @@ def _annotations(**values: object) -> dict[str, str]:
         "last_priority": v.LAST_MACHINE_PRIORITY_ANNOTATION,
         "reported_invalid": v.REPORTED_INVALID_PRESERVE_VALUES_ANNOTATION,
         "ca": v.CA_SCALE_DOWN_DISABLED_ANNOTATION,
-        "ca_marker": v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION,
+        "ca_marker": v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION,
+        "mcm_marker": v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION,
     }
     return {keys[name]: value for name, value in values.items() if value is not ABSENT and isinstance(value, str)}
 
@@ -106,6 +107,7 @@ def node(
     preserve: object = ABSENT,
     ca: object = ABSENT,
     ca_marker: object = ABSENT,
+    mcm_marker: object = ABSENT,
     ready: str = "False",
     tainted: bool = False,
     unschedulable: bool = False,
@@ -118,7 +120,10 @@ def node(
     taints = [{"key": v.PRESERVED_TAINT_KEY, "effect": v.PRESERVED_TAINT_EFFECT}] if tainted else []
     return Node.model_validate(
         {
-            "metadata": {"name": name, "annotations": _annotations(preserve=preserve, ca=ca, ca_marker=ca_marker)},
+            "metadata": {
+                "name": name,
+                "annotations": _annotations(preserve=preserve, ca=ca, ca_marker=ca_marker, mcm_marker=mcm_marker),
+            },
             "spec": {"taints": [{"key": "other", "effect": "NoExecute"}, *taints], "unschedulable": unschedulable},
             "status": {"conditions": conditions},
         }

@@ -15,9 +15,9 @@ from machine_preservation.core.admission.verdict import PatchOperation, Verdict
 from machine_preservation.core.models import Node
 
 CONTROLLER = "system:serviceaccount:mp:controller"
-SETTINGS = AdmissionSettings(controller_username=CONTROLLER)
 CA = v.CA_SCALE_DOWN_DISABLED_ANNOTATION
-MARKER = v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION
+MARKER = v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION
+MCM_MARKER = v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION
 CA_POINTER = "/metadata/annotations/cluster-autoscaler.kubernetes.io~1scale-down-disabled"
 
 
@@ -31,9 +31,12 @@ def node(annotations: dict[str, str] | None = None, preserved: str | None = None
 PRESERVED_BY_MARKER = {CA: "true", MARKER: "true"}
 
 
-def guard(old: Node | None, new: Node, *, username: str = "alice", present: bool = True) -> Verdict:
+def guard(
+    old: Node | None, new: Node, *, username: str = "alice", present: bool = True, native: bool = False
+) -> Verdict:
+    settings = AdmissionSettings(controller_username=CONTROLLER, mcm_native_preservation=native)
     return guard_ca_annotation(
-        old_node=old, new_node=new, annotations_present=present, username=username, settings=SETTINGS
+        old_node=old, new_node=new, annotations_present=present, username=username, settings=settings
     )
 
 
@@ -87,17 +90,27 @@ def test_a_request_dropping_marker_and_annotation_together_is_still_guarded() ->
 
 
 @pytest.mark.parametrize(
-    ("candidate", "preserved"),
+    ("candidate", "native", "preserved"),
     [
-        (node({MARKER: "true"}), True),
-        (node({MARKER: ""}), True),
-        (node({}, preserved="True"), True),
-        (node({}, preserved="False"), False),
-        (node({CA: "true"}), False),
+        (node({MARKER: "true"}), False, True),
+        (node({MARKER: ""}), False, True),
+        (node({MARKER: "true"}), True, True),
+        (node({}, preserved="True"), False, True),
+        (node({}, preserved="False"), False, False),
+        (node({CA: "true"}), False, False),
+        # MCM's marker: its preservation where it preserves natively, else only its rollout's annotation.
+        (node({CA: "true", MCM_MARKER: "true"}), True, True),
+        (node({CA: "true", MCM_MARKER: "true"}), False, False),
     ],
 )
-def test_what_counts_as_preserved(candidate: Node, preserved: bool) -> None:
-    assert is_preserved_node(candidate) is preserved
+def test_what_counts_as_preserved(candidate: Node, native: bool, preserved: bool) -> None:
+    assert is_preserved_node(candidate, mcm_native_preservation=native) is preserved
+
+
+def test_a_rollouts_annotation_is_not_guarded_without_native_preservation() -> None:
+    rollout = node({CA: "true", MCM_MARKER: "true"})
+    assert guard(rollout, node({MCM_MARKER: "true"})).patch == ()
+    assert guard(rollout, node({MCM_MARKER: "true"}), native=True).patch == (PatchOperation("add", CA_POINTER, "true"),)
 
 
 values = st.one_of(st.none(), st.sampled_from(["true", "false", "", "True", "1"]))

@@ -431,6 +431,18 @@ def test_a_denial_with_replica_counts_says_the_delete_would_only_replace_it() ->
 
 
 @pytest.mark.parametrize(
+    ("annotations", "named"),
+    [
+        ({P: "auto-preserved"}, '"auto-preserved" from its machine'),  # upstream's spelling, as on the object
+        ({P: "auto-preserve"}, '"auto-preserve" from its machine'),
+        ({P: "auto-preserved", v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION: "when-failed"}, '"when-failed" from its node'),
+    ],
+)
+def test_pending_denials_name_the_value_as_written(annotations: dict[str, str], named: str) -> None:
+    assert f"about to be preserved (preserve value {named})" in assess(machine(annotations=annotations)).message
+
+
+@pytest.mark.parametrize(
     ("timeout", "shown"),
     [
         (None, "kept for the configured machinePreserveTimeout from the start"),

@@ -30,7 +30,8 @@ KEPT = NOW + 5 * HOUR
 UNTIL_KEPT = "Machine preserved until 2026-08-20 15:00:00 +0000 UTC."
 DRAINED = f"Preserved node drained successfully. {UNTIL_KEPT}"
 NOT_DRAINED = f"Preserved node could not be drained. {UNTIL_KEPT}"
-CA, MARKER = v.CA_SCALE_DOWN_DISABLED_ANNOTATION, v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION
+CA, MARKER = v.CA_SCALE_DOWN_DISABLED_ANNOTATION, v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION
+MCM_MARKER = v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION
 STEADY = {"priority": "5", "last_priority": ""}
 MINUTE = dt.timedelta(minutes=1)
 # The drain record of the current failure: the one place the drain's outcome is read from.
@@ -49,45 +50,61 @@ def preserved_machine(phase: str = RUNNING, value: str = "now", **kwargs: object
 
 
 @pytest.mark.parametrize(
-    ("ca", "marker", "expected"),
+    ("ca", "marker", "mcm_marker", "expected"),
     [
-        (ABSENT, ABSENT, PatchNodeAnnotations(set={CA: "true", MARKER: "true"})),
-        ("false", ABSENT, PatchNodeAnnotations(set={CA: "true", MARKER: "true"})),  # user's value overwritten
-        ("false", "true", PatchNodeAnnotations(set={CA: "true", MARKER: "true"})),  # drift re-asserted
-        ("true", ABSENT, None),  # the user's own "true": no marker, so it survives the stop
-        ("true", "true", None),
+        (ABSENT, ABSENT, ABSENT, PatchNodeAnnotations(set={CA: "true", MARKER: "true"})),
+        ("false", ABSENT, ABSENT, PatchNodeAnnotations(set={CA: "true", MARKER: "true"})),  # user's value overwritten
+        ("false", "true", ABSENT, PatchNodeAnnotations(set={CA: "true"})),  # drift re-asserted
+        ("true", ABSENT, ABSENT, None),  # the user's own "true": no marker, so it survives the stop
+        ("true", "true", ABSENT, None),
+        # MCM's marker (its rollout's, or ours of an earlier version): taken over in one write, annotation kept.
+        ("true", ABSENT, "true", PatchNodeAnnotations(set={MARKER: "true"}, remove=(MCM_MARKER,))),
+        ("true", "true", "true", PatchNodeAnnotations(remove=(MCM_MARKER,))),
+        (ABSENT, ABSENT, "true", PatchNodeAnnotations(set={CA: "true", MARKER: "true"}, remove=(MCM_MARKER,))),
     ],
 )
-def test_ca_annotation_while_preserved(ca: object, marker: object, expected: PatchNodeAnnotations | None) -> None:
+def test_ca_annotation_while_preserved(
+    ca: object, marker: object, mcm_marker: object, expected: PatchNodeAnnotations | None
+) -> None:
     result = plan(
         preserved_machine(),
-        node(ca=ca, ca_marker=marker, condition=preserved_condition(message=UNTIL_KEPT)),
+        node(ca=ca, ca_marker=marker, mcm_marker=mcm_marker, condition=preserved_condition(message=UNTIL_KEPT)),
     )
     assert of_type(result, PatchNodeAnnotations) == ([expected] if expected else [])
+    if expected is not None:
+        # The record says the annotation is ours before the node says so.
+        patch = of_type(result, PatchMachineAnnotations)[0]
+        assert patch.set[v.PRESERVED_ADDED_CA_ANNOTATION] == "true"
+        assert result.steps.index(patch) < result.steps.index(expected)
 
 
 @pytest.mark.parametrize(
-    ("added_ca", "ca", "marker", "removed"),
+    ("added_ca", "ca", "marker", "mcm_marker", "removed"),
     [
-        (True, "true", "true", (CA, MARKER)),
-        (True, "true", ABSENT, ()),  # not ours: never removed
-        (True, "true", "false", ()),  # a marker that is not "true" does not make it ours
-        (True, ABSENT, "true", (MARKER,)),  # only what is there
-        (False, "true", "true", ()),  # the record does not say this preservation added it
+        (True, "true", "true", ABSENT, (CA, MARKER)),
+        (True, "true", ABSENT, ABSENT, ()),  # not ours: never removed
+        (True, "true", "false", ABSENT, ()),  # a marker that is not "true" does not make it ours
+        (True, ABSENT, "true", ABSENT, (MARKER,)),  # only what is there
+        (False, "true", "true", ABSENT, ()),  # the record does not say this preservation added it
+        (True, "true", ABSENT, "true", (CA, MCM_MARKER)),  # our marker of an earlier version
+        (True, "true", "true", "true", (CA, MARKER, MCM_MARKER)),  # a rollout marked it again meanwhile
+        (False, "true", ABSENT, "true", ()),  # MCM's rollout annotation, never ours: left to MCM
     ],
 )
 def test_stop_removes_the_ca_annotation_only_with_our_marker(
-    added_ca: bool, ca: object, marker: object, removed: tuple[str, ...]
+    added_ca: bool, ca: object, marker: object, mcm_marker: object, removed: tuple[str, ...]
 ) -> None:
     m = machine(preserve="false", expiry=KEPT, added_ca=added_ca, **STEADY)
-    result = plan(m, node(ca=ca, ca_marker=marker, condition=preserved_condition(message=UNTIL_KEPT)))
-    patches = of_type(result, PatchNodeAnnotations)
+    n = node(ca=ca, ca_marker=marker, mcm_marker=mcm_marker, condition=preserved_condition(message=UNTIL_KEPT))
+    patches = of_type(plan(m, n), PatchNodeAnnotations)
     assert patches == ([PatchNodeAnnotations(remove=removed)] if removed else [])
 
 
 def test_unpreserved_machine_never_touches_a_rollout_ca_annotation() -> None:
-    # MCM's rollout uses the same marker on every node of the MachineDeployment: not ours to clean up.
-    n = node(ca="true", ca_marker="true", condition=preserved_condition(status="False", reason="Preservation stopped."))
+    # MCM's rollout marks every node of the MachineDeployment: not ours to clean up.
+    n = node(
+        ca="true", mcm_marker="true", condition=preserved_condition(status="False", reason="Preservation stopped.")
+    )
     assert plan(machine(preserve="when-failed"), n) == MachinePlan()
 
 

@@ -34,7 +34,7 @@ RUNNING, FAILED, UNKNOWN, PENDING = (
 )
 T = NOW + 72 * HOUR
 KEPT = NOW + 5 * HOUR
-CA_SET = {v.CA_SCALE_DOWN_DISABLED_ANNOTATION: "true", v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION: "true"}
+CA_SET = {v.CA_SCALE_DOWN_DISABLED_ANNOTATION: "true", v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION: "true"}
 STARTED = [("Machine", v.EventReason.PRESERVATION_STARTED), ("Node", v.EventReason.PRESERVATION_STARTED)]
 STOPPED = [("Machine", v.EventReason.PRESERVATION_STOPPED), ("Node", v.EventReason.PRESERVATION_STOPPED)]
 EXPIRED = [("Machine", v.EventReason.PRESERVATION_EXPIRED), ("Node", v.EventReason.PRESERVATION_EXPIRED)]
@@ -42,6 +42,9 @@ EXPIRED = [("Machine", v.EventReason.PRESERVATION_EXPIRED), ("Node", v.EventReas
 MIRROR = dataclasses.replace(CONFIG, mirror_status=True)
 # The record a start writes (since now, until now + the default 72h; the CA annotation is ours when we add it).
 STARTED_RECORD = PreservationRecord(since=NOW, until=T, by=v.PreservedBy.USER, added_ca_annotation=True)
+# A start writes the record, announcement pending, then the record again once the Events are out.
+START = ["PatchMachineAnnotations", "PatchMachineAnnotations"]
+ANNOUNCED = PatchMachineAnnotations(remove=(v.PRESERVED_ANNOUNCEMENT_PENDING_ANNOTATION,))
 RECORD_REMOVED = PatchMachineAnnotations(
     remove=(v.PRESERVED_SINCE_ANNOTATION, v.PRESERVED_UNTIL_ANNOTATION, v.PRESERVED_BY_ANNOTATION)
 )
@@ -76,6 +79,11 @@ def record_written(result: MachinePlan) -> dict[str, str]:
     return {k: val for patch in machine_patches(result) for k, val in patch.set.items() if k in keys}
 
 
+def announcing(record: PreservationRecord) -> dict[str, str]:
+    """The record keys a start writes first: `record`, its announcement pending."""
+    return dataclasses.replace(record, announcement_pending=True).annotations()
+
+
 def removal_of(m: Machine) -> PatchMachineAnnotations:
     """The last write of a stop: every record key the machine carries."""
     return PatchMachineAnnotations(
@@ -91,8 +99,9 @@ def removes_the_record(result: MachinePlan) -> bool:
 @pytest.mark.parametrize("phase", [RUNNING, UNKNOWN, PENDING, v.MachinePhase.CRASH_LOOP_BACK_OFF, ""])
 def test_now_preserves_a_machine_that_is_not_failed_without_taint_or_drain(phase: str) -> None:
     result = plan(machine(phase=phase, preserve="now"), node(unschedulable=True))
-    assert write_kinds(result) == ["PatchMachineAnnotations", "PatchNodeAnnotations", "SetPreservedCondition"]
-    assert record_written(result) == STARTED_RECORD.annotations()
+    assert write_kinds(result) == [*START, "PatchNodeAnnotations", "SetPreservedCondition"]
+    assert record_written(result) == announcing(STARTED_RECORD)
+    assert machine_patches(result)[1] == ANNOUNCED
     assert only(result, PatchNodeAnnotations) == PatchNodeAnnotations(set=CA_SET)
     assert only(result, SetPreservedCondition) == SetPreservedCondition(
         status="True", reason="Preserved by user.", message=PRESERVED_UNTIL_T, last_transition_time=NOW
@@ -103,27 +112,22 @@ def test_now_preserves_a_machine_that_is_not_failed_without_taint_or_drain(phase
 
 def test_now_on_the_node_syncs_the_machine_annotations() -> None:
     result = plan(machine(preserve="when-failed"), node(preserve="now"))
-    patch = only(result, PatchMachineAnnotations)
+    patch = machine_patches(result)[0]
     assert patch.remove == (v.PRESERVE_ANNOTATION,)
     assert patch.set[v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION] == "now"
 
 
 def test_the_record_goes_first_and_the_mirror_only_where_the_crd_keeps_it() -> None:
     result = plan(machine(preserve="now"), node(), config=MIRROR)
-    assert write_kinds(result) == [
-        "PatchMachineAnnotations",
-        "SetPreserveExpiry",
-        "PatchNodeAnnotations",
-        "SetPreservedCondition",
-    ]
-    assert record_written(result) == STARTED_RECORD.annotations()
+    assert write_kinds(result) == [*START, "SetPreserveExpiry", "PatchNodeAnnotations", "SetPreservedCondition"]
+    assert record_written(result) == announcing(STARTED_RECORD)
     assert only(result, SetPreserveExpiry).expiry == T
 
 
 def test_without_a_node_label_a_start_writes_only_the_record_and_the_priority() -> None:
     result = plan(machine(node="", preserve="now"))
-    assert write_kinds(result) == ["PatchMachineAnnotations"]
-    assert record_written(result) == dataclasses.replace(STARTED_RECORD, added_ca_annotation=False).annotations()
+    assert write_kinds(result) == START
+    assert record_written(result) == announcing(dataclasses.replace(STARTED_RECORD, added_ca_annotation=False))
     assert event_reasons(result) == [("Machine", v.EventReason.PRESERVATION_STARTED)]
     assert "no node: only the expiry" in of_type(result, RecordEvent)[0].message
 
@@ -136,7 +140,7 @@ def test_without_a_node_label_a_start_writes_only_the_record_and_the_priority() 
 def test_failed_machine_is_preserved_tainted_and_drained(value: str, reason: str) -> None:
     result = plan(machine(phase=FAILED, preserve=value, drain_timeout="30m"), node(), pods_to_evict=("ns/web-0",))
     assert write_kinds(result) == [
-        "PatchMachineAnnotations",
+        *START,
         "PatchNodeAnnotations",
         "SetPreservedTaint",
         "SetPreservedCondition",
@@ -151,7 +155,7 @@ def test_failed_machine_is_preserved_tainted_and_drained(value: str, reason: str
     )
     by = v.PreservedBy.AUTO if value == "auto-preserve" else v.PreservedBy.USER
     record = dataclasses.replace(STARTED_RECORD, by=by)
-    assert record_written(result) == record.annotations()
+    assert record_written(result) == announcing(record)
     assert only(result, DrainNode) == DrainNode(
         record=record, reason=reason, expiry=T, timeout=dt.timedelta(minutes=30)
     )
@@ -230,7 +234,7 @@ def test_when_failed_machine_recovered_stops_and_keeps_its_annotation() -> None:
     # last: until the record goes, an interrupted stop is finished rather than taken for "not preserved"
     assert last == PatchMachineAnnotations(remove=(*RECORD_REMOVED.remove, v.PRESERVED_ADDED_CA_ANNOTATION))
     assert only(result, PatchNodeAnnotations) == PatchNodeAnnotations(
-        remove=(v.CA_SCALE_DOWN_DISABLED_ANNOTATION, v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION)
+        remove=(v.CA_SCALE_DOWN_DISABLED_ANNOTATION, v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION)
     )
     assert only(result, SetPreservedCondition) == SetPreservedCondition(
         status="False", reason="Preservation stopped.", message="", last_transition_time=NOW
@@ -355,8 +359,8 @@ def test_deleted_machine_gets_no_plan(m: object) -> None:
 # The node label names a node that does not exist: the machine's value, expiry only
 def test_missing_node_uses_machine_value_and_sets_only_the_record() -> None:
     result = plan(machine(phase=FAILED, preserve="now", last_applied="false"), NoNode.NOT_FOUND)
-    assert write_kinds(result) == ["PatchMachineAnnotations"]
-    assert record_written(result) == dataclasses.replace(STARTED_RECORD, added_ca_annotation=False).annotations()
+    assert write_kinds(result) == START
+    assert record_written(result) == announcing(dataclasses.replace(STARTED_RECORD, added_ca_annotation=False))
     assert 'Node "n1" not found' in of_type(result, RecordEvent)[0].message
 
 
@@ -462,11 +466,11 @@ def test_failed_machine_about_to_be_preserved_whose_node_is_healthy_is_recovered
     result = plan(machine(phase=FAILED, preserve="now"), node(ready="True"))
     assert write_kinds(result) == [
         "SetMachinePhase",
-        "PatchMachineAnnotations",
+        *START,
         "PatchNodeAnnotations",
         "SetPreservedCondition",
     ]  # preserved as Running: no taint, no drain
-    assert record_written(result) == STARTED_RECORD.annotations()
+    assert record_written(result) == announcing(STARTED_RECORD)
 
 
 def test_start_event_names_the_value_and_where_it_came_from() -> None:

@@ -18,6 +18,7 @@ from machine_preservation.core.native import observed_expiry, plan_native
 from machine_preservation.core.plan import (
     MachinePlan,
     PatchMachineAnnotations,
+    PatchNodeAnnotations,
     RecordEvent,
     SetPreservedTaint,
     SetPreserveExpiry,
@@ -64,6 +65,11 @@ def test_hand_over_writes_the_mirror_first_and_removes_the_record_last() -> None
     assert writes(result) == [
         SetPreserveExpiry(expiry=KEPT),
         SetPreservedTaint(present=False),  # MCM v0.62 cordons instead and would never remove it
+        # Our marker becomes MCM's, so that MCM's stop removes the CA annotation as its own.
+        PatchNodeAnnotations(
+            set={v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION: "true"},
+            remove=(v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION,),
+        ),
         PatchMachineAnnotations(remove=(*RECORD_KEYS, v.PRESERVED_ADDED_CA_ANNOTATION, v.PRESERVED_DRAIN_ANNOTATION)),
     ]
     # nothing else on the node: condition and CA annotation use MCM's keys and messages
@@ -74,6 +80,19 @@ def test_hand_over_writes_the_mirror_first_and_removes_the_record_last() -> None
         "which preserves machines itself."
     }
     assert {e.type for e in events} == {"Normal"}
+
+
+@pytest.mark.parametrize(
+    "node_annotations",
+    [
+        {"ca": "true", "mcm_marker": "true"},  # our marker of an earlier version: MCM's already
+        {"ca": "true"},  # the user's own annotation: not ours to give away
+    ],
+)
+def test_hand_over_leaves_a_ca_annotation_without_our_marker_alone(node_annotations: dict[str, str]) -> None:
+    m = machine(phase=FAILED, preserve="now", expiry=KEPT, added_ca=True, mirrored=KEPT)
+    n = node(**node_annotations, condition=preserved_condition(message="Machine preserved until x."))  # type: ignore[arg-type]
+    assert of_type(native(m, n), PatchNodeAnnotations) == []
 
 
 @pytest.mark.parametrize(
@@ -290,6 +309,7 @@ def test_hand_over_removes_our_taint_which_mcm_does_not_know() -> None:
     assert [type(step).__name__ for step in writes(result)] == [
         "SetPreserveExpiry",
         "SetPreservedTaint",
+        "PatchNodeAnnotations",
         "PatchMachineAnnotations",
     ]
     assert only(result, SetPreservedTaint) == SetPreservedTaint(present=False)

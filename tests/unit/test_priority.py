@@ -20,7 +20,7 @@ from machine_preservation.core.priority import (
     unpreserved_priority_ceiling,
 )
 
-from .lifecycle_helpers import only, plan
+from .lifecycle_helpers import of_type, plan
 from .plan_simulator import patched_annotations
 from .preservation_objects import ABSENT, HOUR, NOW, machine, node
 
@@ -97,8 +97,8 @@ def test_priority_patch(
 def test_machine_plan_raises_auto_below_manual() -> None:
     manual = plan(machine(phase="Failed", preserve="now"), ceiling=6)
     auto = plan(machine(phase="Failed", preserve="auto-preserve"), ceiling=6)
-    assert only(manual, PatchMachineAnnotations).set[PRIORITY] == "8"
-    assert only(auto, PatchMachineAnnotations).set[PRIORITY] == "7"
+    assert of_type(manual, PatchMachineAnnotations)[0].set[PRIORITY] == "8"
+    assert of_type(auto, PatchMachineAnnotations)[0].set[PRIORITY] == "7"
 
 
 def test_machine_plan_restores_on_stop_before_clearing_the_expiry() -> None:

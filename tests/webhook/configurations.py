@@ -97,7 +97,11 @@ def _username_not_in(usernames: Iterable[str]) -> str:
 
 
 def _preserved(obj: str) -> str:
-    marker = _has_annotation(obj, v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION)
+    # Our CA marker, or MCM's (its own preservation where it preserves natively; the webhook tells them apart).
+    marker = (
+        f"{_has_annotation(obj, v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION)} || "
+        f"{_has_annotation(obj, v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION)}"
+    )
     condition = (
         f"({obj} != null && has({obj}.status) && has({obj}.status.conditions) && "
         f"{obj}.status.conditions.exists(c, c.type == {_cel_string(v.PRESERVED_CONDITION_TYPE)} && "

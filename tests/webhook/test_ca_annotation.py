@@ -12,7 +12,7 @@ from tests.webhook.reviews import CONTROLLER, NODE_KIND, apply_patch, decoded_pa
 
 PATH = "/mutate-node-ca-annotation"
 CA = v.CA_SCALE_DOWN_DISABLED_ANNOTATION
-MARKER = v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION
+MARKER = v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION
 PRESERVED = {CA: "true", MARKER: "true"}
 
 

@@ -73,6 +73,15 @@ async def test_mcm_may_write_its_own_ca_marker(webhook: Webhook) -> None:
     assert (await webhook.review(PATH, body))["allowed"] is True
 
 
+async def test_only_the_controller_writes_our_ca_marker(webhook: Webhook) -> None:
+    marker = v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION
+    for username, allowed in ((MCM, False), ("alice", False), (CONTROLLER, True)):
+        body = review(
+            kind=NODE_KIND, operation="UPDATE", obj=node(annotations={marker: "true"}), old=node(), username=username
+        )
+        assert (await webhook.review(PATH, body))["allowed"] is allowed, username
+
+
 async def test_an_object_with_a_bad_value_can_still_be_updated_otherwise(webhook: Webhook) -> None:
     old = node(annotations={P: "garbage"})
     new = node(annotations={P: "garbage", "team": "sre"})

@@ -157,9 +157,11 @@ app.kubernetes.io/component: {{ .component }}
 [{{ join ", " $quoted }}]
 {{- end -}}
 
+{{- /* Our CA marker, or MCM's (its own preservation where it preserves natively; the webhook tells them apart). */ -}}
 {{- define "mp.cel.preserved" -}}
-{{- $marker := include "mp.cel.hasAnnotation" (dict "obj" . "key" "cluster-autoscaler.kubernetes.io/scale-down-disabled-by-mcm") -}}
-({{ $marker }} || ({{ . }} != null && has({{ . }}.status) && has({{ . }}.status.conditions) && {{ . }}.status.conditions.exists(c, c.type == 'Preserved' && c.status == 'True')))
+{{- $marker := include "mp.cel.hasAnnotation" (dict "obj" . "key" "node.machine.sapcloud.io/scale-down-disabled-by-preservation") -}}
+{{- $mcmMarker := include "mp.cel.hasAnnotation" (dict "obj" . "key" "cluster-autoscaler.kubernetes.io/scale-down-disabled-by-mcm") -}}
+({{ $marker }} || {{ $mcmMarker }} || ({{ . }} != null && has({{ . }}.status) && has({{ . }}.status.conditions) && {{ . }}.status.conditions.exists(c, c.type == 'Preserved' && c.status == 'True')))
 {{- end -}}
 
 {{- define "mp.cel.failed" -}}
@@ -185,8 +187,10 @@ app.kubernetes.io/component: {{ .component }}
   "node.machine.sapcloud.io/preserved-drain"
   "node.machine.sapcloud.io/preserved-drain-failing-since"
   "node.machine.sapcloud.io/preserved-drain-last-attempt"
+  "node.machine.sapcloud.io/preserved-announcement-pending"
   "node.machine.sapcloud.io/last-applied-node-preserve-value"
   "cluster-autoscaler.kubernetes.io/scale-down-disabled-by-mcm"
+  "node.machine.sapcloud.io/scale-down-disabled-by-preservation"
   "node.machine.sapcloud.io/last-machine-priority"
   "node.machine.sapcloud.io/reported-invalid-preserve-values"
   | toJson -}}

@@ -236,6 +236,7 @@ class Writer:
             type=step.type,
             reason=step.reason,
             message=step.message,
+            key=step.key,
             action="Preservation",
             now=now,
             once=step.once,

@@ -54,8 +54,10 @@ class EventRecorder:
         action: str,
         now: dt.datetime,
         once: bool = False,
+        key: str = "",
     ) -> None:
-        """Create the Event, or count a repeat of it (`once`: a repeat changes nothing)."""
+        """Create the Event, or count a repeat of it (`once`: a repeat changes nothing). The Event is named
+        after `key` where one is given, else after the message."""
         if regarding.kind == "Machine":
             api_client, namespace = self.control, self.machine_namespace
             reference = client.V1ObjectReference(
@@ -70,7 +72,7 @@ class EventRecorder:
             reference = client.V1ObjectReference(
                 api_version="v1", kind="Node", name=regarding.name, uid=regarding.uid or None
             )
-        digest = hashlib.sha256("\0".join((regarding.kind, type, reason, message)).encode()).hexdigest()[:16]
+        digest = hashlib.sha256("\0".join((regarding.kind, type, reason, key or message)).encode()).hexdigest()[:16]
         name = f"{regarding.name[:200]}.{digest}"  # object names reach 253 characters, Event names too
         api = client.CoreV1Api(api_client)
         body = client.CoreV1Event(

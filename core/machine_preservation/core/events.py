@@ -13,6 +13,7 @@ from machine_preservation.core.conditions import gave_up_message, go_time_string
 from machine_preservation.core.decision import StopCause
 from machine_preservation.core.models import Machine, Node, NoNode
 from machine_preservation.core.plan import RecordEvent
+from machine_preservation.core.preservation_record import format_timestamp
 from machine_preservation.core.preserve_value import EffectivePreserveValue, InvalidValue
 
 _STOP_MESSAGES = {
@@ -30,10 +31,11 @@ def on_machine_and_node(
     reason: v.EventReason,
     message: str,
     once: bool = False,
+    key: str = "",
 ) -> tuple[RecordEvent, ...]:
     targets = [("Machine", machine.metadata.name)] + ([("Node", node.metadata.name)] if node is not None else [])
     return tuple(
-        RecordEvent(kind=kind, name=name, type=event_type, reason=reason, message=message, once=once)
+        RecordEvent(kind=kind, name=name, type=event_type, reason=reason, message=message, once=once, key=key)
         for kind, name in targets
     )
 
@@ -46,8 +48,9 @@ def observed(*, machine: Machine, node: Node | None, reason: v.EventReason, mess
 
 
 def started(
-    *, machine: Machine, node: Node | NoNode, effective: EffectivePreserveValue, expiry: dt.datetime
+    *, machine: Machine, node: Node | NoNode, effective: EffectivePreserveValue, since: dt.datetime, expiry: dt.datetime
 ) -> tuple[RecordEvent, ...]:
+    """Once per preservation (named by its start), however often a restart announces it again."""
     message = (
         f'Machine preserved until {go_time_string(expiry)} (preserve value "{effective.value}" '
         f"from the {effective.source})."
@@ -62,6 +65,8 @@ def started(
         event_type=v.EventType.NORMAL,
         reason=v.EventReason.PRESERVATION_STARTED,
         message=message,
+        once=True,
+        key=f"preserved since {format_timestamp(since)}",
     )
 
 

@@ -319,11 +319,10 @@ def _preserve(context: MachineContext, verdict: _Verdict) -> tuple[list[MachineS
     failed = verdict.phase == v.MachinePhase.FAILED
     if not failed and record.drain is not None:
         record = dataclasses.replace(record, drain=None)  # the drain belongs to one failure
-    adds_ca = (
-        node is not None
-        and node.metadata.annotations.get(v.CA_SCALE_DOWN_DISABLED_ANNOTATION) != v.CA_SCALE_DOWN_DISABLED_VALUE
-    )
-    if adds_ca:
+    if decision.starts:
+        record = dataclasses.replace(record, announcement_pending=True)
+    ca_patch = _ca_annotation_on_preserve(node) if node is not None else PatchNodeAnnotations()
+    if not _is_empty(ca_patch):
         record = dataclasses.replace(record, added_ca_annotation=True)  # recorded before the node write
     to_set, to_remove = record_patch(current=machine.metadata.annotations, record=record)
     steps: list[MachineStep] = []
@@ -332,24 +331,22 @@ def _preserve(context: MachineContext, verdict: _Verdict) -> tuple[list[MachineS
         steps.append(machine_patch)
     # The start is announced right after the record: once the record is written the start is over, so a
     # later write that fails (the mirror's resourceVersion conflicts whenever MCM updated the status) must not
-    # come between them, or the retry, which finds the record, never announces it.
-    if decision.starts:
-        steps += events.started(machine=machine, node=context.node, effective=effective, expiry=expiry)
+    # come between them. The record says the announcement is pending until the Events are recorded, so a
+    # restart in between announces it (the Events are named after the start: never twice).
+    if record.announcement_pending:
+        steps += events.started(
+            machine=machine, node=context.node, effective=effective, since=record.since, expiry=expiry
+        )
+        record = dataclasses.replace(record, announcement_pending=False)
+        steps.append(PatchMachineAnnotations(remove=(v.PRESERVED_ANNOUNCEMENT_PENDING_ANNOTATION,)))
     if config.mirror_status and machine.mirrored_expiry != expiry:
         steps.append(SetPreserveExpiry(expiry=expiry))
     steps += verdict.invalid_events
     if node is None:
         return steps, None
 
-    if adds_ca:
-        steps.append(
-            PatchNodeAnnotations(
-                set={
-                    v.CA_SCALE_DOWN_DISABLED_ANNOTATION: v.CA_SCALE_DOWN_DISABLED_VALUE,
-                    v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION: v.CA_SCALE_DOWN_DISABLED_VALUE,
-                }
-            )
-        )
+    if not _is_empty(ca_patch):
+        steps.append(ca_patch)
     if failed != node.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT):
         steps.append(SetPreservedTaint(present=failed))
 
@@ -446,19 +443,39 @@ def _stop_or_idle(context: MachineContext, verdict: _Verdict) -> list[MachineSte
     return steps
 
 
+def _ca_annotation_on_preserve(node: Node) -> PatchNodeAnnotations:
+    """The node write that makes the CA annotation ours, or nothing where it is ours or someone else's already.
+
+    Missing or not `"true"`: we add it with our marker. `"true"` with MCM's marker: MCM's rollout annotation (or
+    our marker of an earlier version of the product), which MCM v0.61 removes from a complete MachineDeployment's
+    nodes; we take it over by swapping the marker in one write, so the annotation itself never goes.
+    """
+    annotations = node.metadata.annotations
+    ca_true = annotations.get(v.CA_SCALE_DOWN_DISABLED_ANNOTATION) == v.CA_SCALE_DOWN_DISABLED_VALUE
+    mcm_marked = v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION in annotations
+    if ca_true and not mcm_marked:
+        return PatchNodeAnnotations()
+    wanted = {
+        v.CA_SCALE_DOWN_DISABLED_ANNOTATION: v.CA_SCALE_DOWN_DISABLED_VALUE,
+        v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION: v.CA_SCALE_DOWN_DISABLED_VALUE,
+    }
+    return PatchNodeAnnotations(
+        set={key: value for key, value in wanted.items() if annotations.get(key) != value},
+        remove=(v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION,) if mcm_marked else (),
+    )
+
+
 def _node_annotations_on_stop(
     *, node: Node, effective: EffectivePreserveValue, decision: PreservationDecision, added_ca: bool
 ) -> PatchNodeAnnotations:
     annotations = node.metadata.annotations
     remove: list[str] = []
-    if added_ca and annotations.get(v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION) == v.CA_SCALE_DOWN_DISABLED_VALUE:
-        # Ours: this preservation added it (its record says so), and the marker is still there (without it,
-        # someone took the annotation over since).
-        remove += [
-            key
-            for key in (v.CA_SCALE_DOWN_DISABLED_ANNOTATION, v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION)
-            if key in annotations
-        ]
+    markers = (v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION, v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION)
+    if added_ca and any(annotations.get(key) == v.CA_SCALE_DOWN_DISABLED_VALUE for key in markers):
+        # Ours: this preservation added it (its record says so), and a marker is still there (without one,
+        # someone took the annotation over since). MCM's marker counts too: an earlier version of the product
+        # wrote it, or MCM's rollout did, which would remove the annotation itself once the rollout completes.
+        remove += [key for key in (v.CA_SCALE_DOWN_DISABLED_ANNOTATION, *markers) if key in annotations]
     if decision.remove_annotations and effective.source == ValueOrigin.NODE and effective.node_raw:
         remove.append(v.PRESERVE_ANNOTATION)
     return PatchNodeAnnotations(remove=tuple(remove))

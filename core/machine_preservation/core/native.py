@@ -10,9 +10,10 @@ priority our preservation raised is restored in the same write as the record's r
 machines last itself, and once we only observe nothing would lower it after MCM's preservation ends. Our taint
 (`node.machine.sapcloud.io/preserved`) goes before the record: MCM v0.62 does not know it (it cordons instead)
 and would never remove it, so it would outlive the preservation. The node keeps our condition and CA
-annotation: they use MCM's keys and messages, so MCM carries on from them (a drained node is not drained again,
-and MCM removes the CA annotation by its marker when its preservation stops). A node whose providerID is not the
-machine's is not touched.
+annotation: they use MCM's keys and messages, so MCM carries on from them (a drained node is not drained again).
+Our ownership marker of the CA annotation becomes MCM's (`…-by-mcm`), in one write that leaves the annotation
+itself in place, so that MCM removes it by that marker when its preservation stops, as it would its own. A node
+whose providerID is not the machine's is not touched.
 
 Observation: Events from what MCM's objects show, each recorded once (`RecordEvent.once`): a preservation
 starting (the expiry appears; the message names it, so each preservation is distinct) and ending (the node's
@@ -33,6 +34,7 @@ from machine_preservation.core.plan import (
     MachinePlan,
     MachineStep,
     PatchMachineAnnotations,
+    PatchNodeAnnotations,
     SetPreservedTaint,
     SetPreserveExpiry,
 )
@@ -61,6 +63,13 @@ def _hand_over(*, machine: Machine, node: Node | None, config: PreservationConfi
         node = None
     if node is not None and node.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT):
         steps.append(SetPreservedTaint(present=False))
+    if node is not None and v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION in node.metadata.annotations:
+        steps.append(
+            PatchNodeAnnotations(
+                set={v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION: v.CA_SCALE_DOWN_DISABLED_VALUE},
+                remove=(v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION,),
+            )
+        )
     annotations = machine.metadata.annotations
     respell = (
         {v.PRESERVE_ANNOTATION: v.UPSTREAM_AUTO_PRESERVE_VALUE}

@@ -102,6 +102,9 @@ class RecordEvent:
     message: str
     # Recorded at most once (an observation re-made on every look), instead of counting repeats.
     once: bool = False
+    # What makes two Events one: the message, unless a key names the happening itself (a message written again
+    # after a restart may say it differently).
+    key: str = ""
 
 
 MachineStep = (

@@ -67,7 +67,8 @@ class PreservationRecord:
     by: v.PreservedBy
     drain: DrainRecord | None = None
     damaged: bool = False
-    added_ca_annotation: bool = False  # this preservation put the CA annotation on the node
+    added_ca_annotation: bool = False  # this preservation put the CA annotation on the node (or took it over)
+    announcement_pending: bool = False  # its PreservationStarted Events are not recorded yet
 
     def expiry(self, *, max_timeout: dt.timedelta) -> dt.datetime:
         """When the preservation ends: `until`, but never later than `since + max_timeout`."""
@@ -85,6 +86,8 @@ class PreservationRecord:
         }
         if self.added_ca_annotation:
             written[v.PRESERVED_ADDED_CA_ANNOTATION] = "true"
+        if self.announcement_pending:
+            written[v.PRESERVED_ANNOUNCEMENT_PENDING_ANNOTATION] = "true"
         if self.drain is not None:
             written.update(self.drain.annotations())
         return written
@@ -114,6 +117,7 @@ def read_record(annotations: Mapping[str, str]) -> PreservationRecord | None:
         by=by,
         drain=_read_drain(annotations),
         added_ca_annotation=annotations.get(v.PRESERVED_ADDED_CA_ANNOTATION) == "true",
+        announcement_pending=annotations.get(v.PRESERVED_ANNOUNCEMENT_PENDING_ANNOTATION) == "true",
     )
 
 

@@ -13,6 +13,12 @@ LAST_APPLIED_NODE_PRESERVE_ANNOTATION: Final = "node.machine.sapcloud.io/last-ap
 CA_SCALE_DOWN_DISABLED_ANNOTATION: Final = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
 CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION: Final = "cluster-autoscaler.kubernetes.io/scale-down-disabled-by-mcm"
 CA_SCALE_DOWN_DISABLED_VALUE: Final = "true"
+# Our ownership marker of the CA annotation on a Node, where MCM does not preserve natively. Not MCM's `-by-mcm`:
+# MCM v0.61 removes every `scale-down-disabled` carrying that marker from the nodes of a complete
+# MachineDeployment on each of its syncs (its clean-up after a rollout), preserved or not.
+CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION: Final = (
+    "node.machine.sapcloud.io/scale-down-disabled-by-preservation"
+)
 
 MACHINE_PRIORITY_ANNOTATION: Final = "machinepriority.machine.sapcloud.io"
 # Our own record of the priority a machine had before preservation raised it, so stop can restore it.
@@ -75,6 +81,9 @@ PRESERVED_ADDED_CA_ANNOTATION: Final = "node.machine.sapcloud.io/preserved-added
 PRESERVED_DRAIN_ANNOTATION: Final = "node.machine.sapcloud.io/preserved-drain"  # DrainOutcome
 PRESERVED_DRAIN_FAILING_SINCE_ANNOTATION: Final = "node.machine.sapcloud.io/preserved-drain-failing-since"
 PRESERVED_DRAIN_LAST_ATTEMPT_ANNOTATION: Final = "node.machine.sapcloud.io/preserved-drain-last-attempt"
+# "true" from the record's first write until its PreservationStarted Events are recorded: a controller that
+# dies in between announces the start after its restart (absent on records of earlier versions: announced).
+PRESERVED_ANNOUNCEMENT_PENDING_ANNOTATION: Final = "node.machine.sapcloud.io/preserved-announcement-pending"
 
 PRESERVATION_RECORD_ANNOTATIONS: Final = (
     PRESERVED_SINCE_ANNOTATION,
@@ -84,6 +93,7 @@ PRESERVATION_RECORD_ANNOTATIONS: Final = (
     PRESERVED_DRAIN_ANNOTATION,
     PRESERVED_DRAIN_FAILING_SINCE_ANNOTATION,
     PRESERVED_DRAIN_LAST_ATTEMPT_ANNOTATION,
+    PRESERVED_ANNOUNCEMENT_PENDING_ANNOTATION,
 )
 DRAIN_RECORD_ANNOTATIONS: Final = (
     PRESERVED_DRAIN_ANNOTATION,
@@ -109,6 +119,7 @@ CONTROLLER_OWNED_ANNOTATIONS: Final = (
     *PRESERVATION_RECORD_ANNOTATIONS,
     LAST_APPLIED_NODE_PRESERVE_ANNOTATION,
     CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION,
+    CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION,
     LAST_MACHINE_PRIORITY_ANNOTATION,
     REPORTED_INVALID_PRESERVE_VALUES_ANNOTATION,
 )

@@ -1,10 +1,12 @@
 """Keep the cluster-autoscaler's scale-down-disabled annotation on preserved nodes (mutating).
 
-A node counts as preserved when its `Preserved` condition is True or the CA ownership marker is present,
-before or after the request (a request that drops the marker too is still judged as on a preserved node;
-the validating webhook then denies the marker change). If anyone but the controller removes
-`cluster-autoscaler.kubernetes.io/scale-down-disabled` or changes it to anything but `"true"`, the request is
-patched back to `"true"` with a warning, because the cluster-autoscaler only honours exactly `"true"`.
+A node counts as preserved when its `Preserved` condition is True or the CA annotation's preservation marker
+is present, before or after the request (a request that drops the marker too is still judged as on a
+preserved node; the validating webhook then denies the marker change). The marker is ours
+(`…/scale-down-disabled-by-preservation`), or MCM's `…-by-mcm` where MCM preserves natively; with an older
+MCM, `…-by-mcm` only says that a rollout disabled scale-down, which is no preservation. If anyone but the
+controller removes `cluster-autoscaler.kubernetes.io/scale-down-disabled` or changes it to anything but `"true"`,
+the request is patched back to `"true"` with a warning, because the cluster-autoscaler only honours exactly `"true"`.
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ RESTORED_WARNING: Final = (
 )
 
 
-def is_preserved_node(node: Node) -> bool:
+def is_preserved_node(node: Node, *, mcm_native_preservation: bool) -> bool:
     condition = node.preserved_condition
     if condition is not None and condition.status == "True":
         return True
-    return v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION in node.metadata.annotations
+    annotations = node.metadata.annotations
+    if v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION in annotations:
+        return True
+    return mcm_native_preservation and v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION in annotations
 
 
 def guard_ca_annotation(
@@ -44,7 +49,11 @@ def guard_ca_annotation(
     """
     if old_node is None or settings.is_controller(username):
         return allow()
-    if not (is_preserved_node(old_node) or is_preserved_node(new_node)):
+    native = settings.mcm_native_preservation
+    if not (
+        is_preserved_node(old_node, mcm_native_preservation=native)
+        or is_preserved_node(new_node, mcm_native_preservation=native)
+    ):
         return allow()
     key = v.CA_SCALE_DOWN_DISABLED_ANNOTATION
     before = old_node.metadata.annotations.get(key)

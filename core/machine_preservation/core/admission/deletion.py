@@ -65,7 +65,7 @@ from machine_preservation.core.pool_settings import (
     resolve_preserve_timeout,
 )
 from machine_preservation.core.preservation_record import PreservationRecord, format_timestamp, read_record
-from machine_preservation.core.preserve_value import effective_preserve_value
+from machine_preservation.core.preserve_value import ValueOrigin, effective_preserve_value
 from machine_preservation.core.priority import parse_priority
 
 # MCM's marker for a machine to be deleted at once (no drain); Gardener sets it on hibernation and deletion.
@@ -190,11 +190,17 @@ def machine_set_to_read(*, machine: Machine, username: str, settings: AdmissionS
     return _owner_set_name(machine)
 
 
-def _asks_for_preservation(machine: Machine) -> tuple[v.PreserveValue, str] | None:
+def _asks_for_preservation(machine: Machine) -> tuple[str, str] | None:
+    """The value asking for preservation as it is written where it comes from (`auto-preserved` stays
+    upstream's spelling), and that place; None when no value asks for it."""
     effective = effective_preserve_value(machine=machine, node=last_known_node(machine))
-    if effective.value in _ASKS_FOR_PRESERVATION:
-        return effective.value, effective.source.value
-    return None
+    if effective.value not in _ASKS_FOR_PRESERVATION:
+        return None
+    if effective.source == ValueOrigin.NODE:
+        written = effective.node_raw or ""
+    else:
+        written = machine.metadata.annotations.get(v.PRESERVE_ANNOTATION, "")
+    return written, effective.source.value
 
 
 def _owned_by(machine: Machine, machine_set: MachineSet) -> bool:
