@@ -234,6 +234,7 @@ def _builder_webhooks(
             builder.node_ca_annotation_webhook(
                 client=client, controller_username=controller, mcm_usernames=mcm, timeout_seconds=node_timeout
             ),
+            builder.node_mcm_marker_webhook(client=client, mcm_usernames=mcm, timeout_seconds=node_timeout),
         ]
     if machines:
         built += [
@@ -339,7 +340,12 @@ def test_node_webhooks_can_never_block_nodes(rendered: dict[str, list[dict[str, 
             assert all("nodes/status" in rule["resources"] for rule in webhook["rules"]), name
             conditions = {c["name"]: c["expression"] for c in webhook["matchConditions"]}
             assert conditions["not-a-kubelet"] == "!('system:nodes' in request.userInfo.groups)"
-            assert MCM in conditions["not-mcm-or-controller"]
+            if webhook["name"] != builder.NODE_MCM_MARKER_WEBHOOK:
+                assert MCM in conditions["not-mcm-or-controller"]
+                continue
+            # The one exception: only MCM's requests, and only those adding its marker to a node we preserve.
+            assert set(conditions) == {"not-a-kubelet", "by-mcm", "mcm-marker-added", "preserved-by-the-controller"}
+            assert MCM in _username_list(conditions["by-mcm"])
 
 
 def _username_list(expression: str) -> list[str]:

@@ -214,7 +214,8 @@ def env(
         webhooks=[
             wc.node_ca_annotation_webhook(
                 client=client_config, controller_username=CONTROLLER, mcm_usernames=[MCM], object_selector=nodes
-            )
+            ),
+            wc.node_mcm_marker_webhook(client=client_config, mcm_usernames=[MCM], object_selector=nodes),
         ],
     )
     registration = client.AdmissionregistrationV1Api(kube_client)
@@ -386,6 +387,20 @@ def test_on_unpreserved_nodes_and_for_the_controller_the_annotation_is_free(env:
     preserved = env.create_node("released", {CA_KEY: "true", MARKER: "true"})
     env.ok(CONTROLLER, "annotate", "node", preserved, f"{CA_KEY}-", f"{MARKER}-")
     assert CA_KEY not in env.node_annotations(preserved)
+
+
+def test_mcm_cannot_mark_a_node_the_controller_preserves(env: Env) -> None:
+    """MCM v0.61's rollout marks every node; on ours its marker is taken out of the request, so its clean-up
+    after the rollout passes the node by. On other nodes MCM marks as it likes."""
+    mcm_marker = v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION
+    ours = env.create_node("mcm-rollout", {CA_KEY: "true", MARKER: "true"})
+    result = env.ok(MCM, "annotate", "node", ours, f"{CA_KEY}=true", f"{mcm_marker}=true", "--overwrite")
+    assert f"Warning: {mcm_marker} not added" in result.stderr
+    assert env.node_annotations(ours) == {CA_KEY: "true", MARKER: "true"}
+    assert env.server.sample("machine_preservation_webhook_patches_total", endpoint="mutate-node-mcm-marker") >= 1
+    plain = env.create_node("mcm-rollout-plain", {})
+    env.ok(MCM, "annotate", "node", plain, f"{CA_KEY}=true", f"{mcm_marker}=true")
+    assert env.node_annotations(plain) == {CA_KEY: "true", mcm_marker: "true"}
 
 
 # --- Machines -------------------------------------------------------------------------------------------------

@@ -9,7 +9,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.admission.ca_guard import RESTORED_WARNING, guard_ca_annotation, is_preserved_node
+from machine_preservation.core.admission.ca_guard import (
+    MCM_MARKER_WARNING,
+    RESTORED_WARNING,
+    guard_ca_annotation,
+    guard_mcm_marker,
+    is_preserved_node,
+)
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.verdict import PatchOperation, Verdict
 from machine_preservation.core.models import Node
@@ -135,3 +141,72 @@ def test_after_the_patch_the_annotation_is_true_or_was_left_alone(
         assert before != after
     elif protected:
         assert after == "true" or after == before
+
+
+# --- MCM's rollout marker on nodes we preserve ---------------------------------------------------------------
+
+MCM = "system:serviceaccount:kube-system:machine-controller-manager"
+MCM_POINTER = "/metadata/annotations/cluster-autoscaler.kubernetes.io~1scale-down-disabled-by-mcm"
+
+
+def guard_marker(old: Node | None, new: Node, *, username: str = MCM, native: bool = False) -> Verdict:
+    settings = AdmissionSettings(
+        controller_username=CONTROLLER, mcm_usernames=frozenset({MCM}), mcm_native_preservation=native
+    )
+    return guard_mcm_marker(old_node=old, new_node=new, username=username, settings=settings)
+
+
+def test_mcm_adding_its_marker_to_a_node_we_preserve_is_patched_out() -> None:
+    verdict = guard_marker(node(PRESERVED_BY_MARKER), node({**PRESERVED_BY_MARKER, MCM_MARKER: "true"}))
+    assert verdict.allowed
+    assert verdict.patch == (PatchOperation("remove", MCM_POINTER),)
+    assert verdict.patch[0].as_json() == {"op": "remove", "path": MCM_POINTER}
+    assert verdict.warnings == (MCM_MARKER_WARNING,)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "username", "native"),
+    [
+        (node({CA: "true"}), node({CA: "true", MCM_MARKER: "true"}), MCM, False),  # not ours: MCM's rollout as usual
+        (node(PRESERVED_BY_MARKER), node({**PRESERVED_BY_MARKER, MCM_MARKER: "true"}), "alice", False),  # not MCM
+        (node(PRESERVED_BY_MARKER), node({**PRESERVED_BY_MARKER, MCM_MARKER: "true"}), MCM, True),  # MCM's own
+        (node({**PRESERVED_BY_MARKER, MCM_MARKER: "true"}), node({**PRESERVED_BY_MARKER, MCM_MARKER: "x"}), MCM, False),
+        (
+            node(PRESERVED_BY_MARKER),
+            node({CA: "true", MCM_MARKER: "true"}),
+            MCM,
+            False,
+        ),  # ours dropped: denied elsewhere
+        (node(PRESERVED_BY_MARKER), node(PRESERVED_BY_MARKER), MCM, False),  # nothing added
+    ],
+)
+def test_everything_else_keeps_mcms_marker(old: Node, new: Node, username: str, native: bool) -> None:
+    verdict = guard_marker(old, new, username=username, native=native)
+    assert verdict.allowed
+    assert verdict.patch == ()
+    assert verdict.warnings == ()
+
+
+@given(
+    ours_before=st.booleans(),
+    ours_after=st.booleans(),
+    marker_before=st.booleans(),
+    marker_after=st.booleans(),
+    by_mcm=st.booleans(),
+    native=st.booleans(),
+)
+def test_the_marker_is_patched_out_exactly_when_mcm_adds_it_to_a_node_we_preserve(
+    ours_before: bool, ours_after: bool, marker_before: bool, marker_after: bool, by_mcm: bool, native: bool
+) -> None:
+    def make(ours: bool, marker: bool) -> Node:
+        return node({CA: "true", **({MARKER: "true"} if ours else {}), **({MCM_MARKER: "true"} if marker else {})})
+
+    verdict = guard_marker(
+        make(ours_before, marker_before),
+        make(ours_after, marker_after),
+        username=MCM if by_mcm else "alice",
+        native=native,
+    )
+    expected = by_mcm and not native and ours_before and ours_after and marker_after and not marker_before
+    assert verdict.allowed
+    assert bool(verdict.patch) is expected

@@ -22,6 +22,7 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.webhook.app import (
     CA_ANNOTATION_PATH,
     MACHINE_DELETION_PATH,
+    MCM_MARKER_PATH,
     PRESERVE_ANNOTATION_PATH,
     SHOOT_PATH,
 )
@@ -30,6 +31,7 @@ DOMAIN: Final = "machine-preservation.sapcloud.io"
 NODE_PRESERVE_WEBHOOK: Final = f"preserve-annotation.nodes.{DOMAIN}"
 MACHINE_PRESERVE_WEBHOOK: Final = f"preserve-annotation.machines.{DOMAIN}"
 NODE_CA_WEBHOOK: Final = f"ca-annotation.nodes.{DOMAIN}"
+NODE_MCM_MARKER_WEBHOOK: Final = f"mcm-marker.nodes.{DOMAIN}"
 MACHINE_DELETION_WEBHOOK: Final = f"deletion.machines.{DOMAIN}"
 SHOOT_WEBHOOK: Final = f"workers.shoots.{DOMAIN}"
 
@@ -183,7 +185,7 @@ def _node_timeout(timeout_seconds: int) -> int:
     return timeout_seconds
 
 
-# --- the five webhooks -----------------------------------------------------------------------------------
+# --- the six webhooks ------------------------------------------------------------------------------------
 
 
 def node_preserve_annotation_webhook(
@@ -242,6 +244,40 @@ def node_ca_annotation_webhook(
     # Another mutating webhook could change the annotation after us; look again if so.
     webhook["reinvocationPolicy"] = "IfNeeded"
     return webhook
+
+
+def node_mcm_marker_webhook(
+    *,
+    client: ClientConfig,
+    mcm_usernames: Iterable[str],
+    timeout_seconds: int = MAX_NODE_TIMEOUT_SECONDS,
+    object_selector: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Mutating, Nodes UPDATE by MCM: keep its CA marker off the nodes the controller preserves."""
+    mcm_marker, ours = v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION, v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION
+    listed = ", ".join(_cel_string(name) for name in sorted(set(mcm_usernames)))
+    return _webhook(
+        name=NODE_MCM_MARKER_WEBHOOK,
+        client=client,
+        path=MCM_MARKER_PATH,
+        rules=[_rule(group="", version="v1", resources=["nodes", "nodes/status"], operations=["UPDATE"])],
+        match_conditions=[
+            _condition(
+                "mcm-marker-added",
+                f"!{_has_annotation('oldObject', mcm_marker)} && {_has_annotation('object', mcm_marker)}",
+            ),
+            _condition(
+                "preserved-by-the-controller",
+                f"{_has_annotation('oldObject', ours)} && {_has_annotation('object', ours)}",
+            ),
+            _condition("by-mcm", f"request.userInfo.username in [{listed}]"),
+            _node_exclusions(controller_username="", mcm_usernames=())[0],
+        ],
+        failure_policy="Ignore",
+        timeout_seconds=_node_timeout(timeout_seconds),
+        object_selector=object_selector,
+        namespace_selector=None,
+    )
 
 
 def machine_preserve_annotation_webhook(

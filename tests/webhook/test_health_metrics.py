@@ -48,6 +48,7 @@ async def test_metrics_are_prometheus_text_with_every_family(webhook: Webhook) -
     assert requests == {
         "validate-preserve-annotation": 1,
         "mutate-node-ca-annotation": 0,
+        "mutate-node-mcm-marker": 0,
         "validate-machine-deletion": 0,
         "validate-shoot": 1,
     }

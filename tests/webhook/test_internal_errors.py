@@ -132,6 +132,7 @@ def test_the_table_matches_the_registered_webhooks() -> None:
     webhooks: list[dict[str, Any]] = [
         wc.node_preserve_annotation_webhook(client=client, controller_username="c", mcm_usernames=["m"]),
         wc.node_ca_annotation_webhook(client=client, controller_username="c", mcm_usernames=["m"]),
+        wc.node_mcm_marker_webhook(client=client, mcm_usernames=["m"]),
         wc.machine_preserve_annotation_webhook(client=client, controller_username="c"),
         wc.machine_deletion_webhook(client=client, mcm_usernames=["m"]),
         wc.shoot_webhook(client=client),

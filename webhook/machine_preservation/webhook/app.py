@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.annotations import judge_annotations
-from machine_preservation.core.admission.ca_guard import guard_ca_annotation
+from machine_preservation.core.admission.ca_guard import guard_ca_annotation, guard_mcm_marker
 from machine_preservation.core.admission.deletion import (
     RELEASES,
     MachineSetView,
@@ -60,6 +60,7 @@ INTERNAL_ERROR_MESSAGE: Final = "machine-preservation webhook: internal error, r
 
 PRESERVE_ANNOTATION_PATH: Final = "/validate-preserve-annotation"
 CA_ANNOTATION_PATH: Final = "/mutate-node-ca-annotation"
+MCM_MARKER_PATH: Final = "/mutate-node-mcm-marker"
 MACHINE_DELETION_PATH: Final = "/validate-machine-deletion"
 SHOOT_PATH: Final = "/validate-shoot"
 
@@ -75,6 +76,7 @@ FailurePolicy = Literal["Fail", "Ignore"]
 FAILURE_POLICIES: Final[Mapping[tuple[str, tuple[str, str]], FailurePolicy]] = {
     (PRESERVE_ANNOTATION_PATH, NODE): "Ignore",
     (CA_ANNOTATION_PATH, NODE): "Ignore",
+    (MCM_MARKER_PATH, NODE): "Ignore",
     (PRESERVE_ANNOTATION_PATH, MACHINE): "Fail",
     (MACHINE_DELETION_PATH, MACHINE): "Fail",
     (SHOOT_PATH, SHOOT): "Fail",
@@ -180,6 +182,17 @@ class Endpoints:
             old_node=_parse(Node, request.old_object, field="oldObject", uid=request.uid),
             new_node=_parse(Node, request.object, field="object", uid=request.uid),
             annotations_present=_annotations_present(request.object),
+            username=request.user_info.username,
+            settings=self._config.settings,
+        )
+
+    async def mcm_marker(self, request: AdmissionRequest) -> Verdict:
+        _require_kind(request, NODE)
+        if request.operation != "UPDATE":
+            return allow()
+        return guard_mcm_marker(
+            old_node=_parse(Node, request.old_object, field="oldObject", uid=request.uid),
+            new_node=_parse(Node, request.object, field="object", uid=request.uid),
             username=request.user_info.username,
             settings=self._config.settings,
         )
@@ -296,6 +309,7 @@ def build_app(config: WebhookConfig) -> web.Application:
     for path, decide in (
         (PRESERVE_ANNOTATION_PATH, endpoints.preserve_annotation),
         (CA_ANNOTATION_PATH, endpoints.ca_annotation),
+        (MCM_MARKER_PATH, endpoints.mcm_marker),
         (MACHINE_DELETION_PATH, endpoints.machine_deletion),
         (SHOOT_PATH, endpoints.shoot),
     ):

@@ -7,6 +7,11 @@ preserved node; the validating webhook then denies the marker change). The marke
 MCM, `…-by-mcm` only says that a rollout disabled scale-down, which is no preservation. If anyone but the
 controller removes `cluster-autoscaler.kubernetes.io/scale-down-disabled` or changes it to anything but `"true"`,
 the request is patched back to `"true"` with a warning, because the cluster-autoscaler only honours exactly `"true"`.
+
+MCM v0.61 marks every node of a MachineDeployment with `…-by-mcm` while a rollout runs, and removes the CA
+annotation from each node carrying that marker once the rollout is complete. On a node we preserve (our marker
+before and after the request), MCM's request adding its marker is patched so that it does not: MCM's update then
+changes nothing, and its clean-up later passes the node by. Where MCM preserves natively the marker is MCM's.
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ from machine_preservation.core.models import Node
 RESTORED_WARNING: Final = (
     f'{v.CA_SCALE_DOWN_DISABLED_ANNOTATION} restored to "{v.CA_SCALE_DOWN_DISABLED_VALUE}": '
     "the node is preserved by machine-preservation"
+)
+MCM_MARKER_WARNING: Final = (
+    f"{v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION} not added: machine-preservation keeps "
+    f"{v.CA_SCALE_DOWN_DISABLED_ANNOTATION} on this preserved node"
 )
 
 
@@ -67,3 +76,17 @@ def guard_ca_annotation(
     else:
         operation = PatchOperation("add", "/metadata/annotations", {key: v.CA_SCALE_DOWN_DISABLED_VALUE})
     return allow(warnings=(RESTORED_WARNING,), patch=(operation,))
+
+
+def guard_mcm_marker(*, old_node: Node | None, new_node: Node, username: str, settings: AdmissionSettings) -> Verdict:
+    """Allow untouched, or allow with a JSONPatch that takes out the `…-by-mcm` marker MCM adds to a node we
+    preserve (see the module's docstring)."""
+    if old_node is None or settings.mcm_native_preservation or not settings.is_mcm(username):
+        return allow()
+    ours = v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION
+    marker = v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION
+    before, after = old_node.metadata.annotations, new_node.metadata.annotations
+    if not (ours in before and ours in after) or marker in before or marker not in after:
+        return allow()
+    operation = PatchOperation("remove", f"/metadata/annotations/{escape_pointer_token(marker)}")
+    return allow(warnings=(MCM_MARKER_WARNING,), patch=(operation,))

@@ -15,6 +15,8 @@ class PatchOperation:
     value: Any = None
 
     def as_json(self) -> dict[str, Any]:
+        if self.op == "remove":
+            return {"op": self.op, "path": self.path}
         return {"op": self.op, "path": self.path, "value": self.value}
 
 
