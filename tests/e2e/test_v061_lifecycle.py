@@ -355,8 +355,8 @@ async def test_killed_controller_continues_the_same_preservation(real_mcm: RealM
     record = await wait_preserved_and_failed(real_mcm, victim)
     until = parse_time(record[v.PRESERVED_UNTIL_ANNOTATION])
 
-    # Killed once the start is complete, Events included: a kill between the record's write and its Events
-    # loses the PreservationStarted Events (the record is there, so the restart does not start again).
+    # Killed once the start is complete, Events included (a kill between the record's write and its Events is
+    # tested write by write in tests/integration/test_controller_crash.py: the restart announces it once).
     async def announced() -> bool:
         return await reasons(product, victim, "PreservationStarted") == [(1, CONTROLLER_SOURCE)]
 
