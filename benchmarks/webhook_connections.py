@@ -7,7 +7,9 @@ nothing sent) and N slow ones (handshake done, half a request head sent, then no
 server's RSS (from /proc) before, with all of them open, and after its header timeout has passed, with the
 cost per open connection, how many were open (at the limit, newer ones close older ones), whether a normal
 request still got an answer meanwhile, how many were still open after the timeout, and the RSS with a second
-wave like the first open (memory of closed connections is reused). About a minute with the defaults.
+wave like the first open (memory of closed connections is reused). Last, against a fresh webhook, the RSS per
+kept-alive connection after each sent one ~66 KB Node UPDATE review (what the API server's pool holds between
+requests). About a minute and a half with the defaults.
 
     .venv/bin/python benchmarks/webhook_connections.py                  # 500 idle + 500 slow
     .venv/bin/python benchmarks/webhook_connections.py --connections 100
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from local_webhook import HOST, announced_port, webhook_command, write_certificates
 from machine_preservation.webhook.connections import DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS
+from webhook_load import ENDPOINT, review_body
 
 HALF_HEAD = b"POST /validate-preserve-annotation HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\n"
 UNBOUNDED = ["--header-timeout", "3600", "--idle-timeout", "3600", "--max-connections", "1000000"]
@@ -166,6 +169,30 @@ async def measure(label: str, flags: list[str], *, connections: int, wait: float
         process.wait(timeout=30)
 
 
+async def kept_alive(count: int, cert_dir: Path) -> tuple[int, float]:
+    """RSS per connection of `count` kept-alive connections that each had one review judged: (open, KiB each)."""
+    context = write_certificates(cert_dir)
+    process, port = start_webhook(cert_dir, UNBOUNDED)
+    body = review_body()
+    request = (
+        f"POST {ENDPOINT} HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    try:
+        assert await request_ok(port, context), "the webhook does not answer"
+        await asyncio.sleep(0.5)
+        before = rss_bytes(process.pid)
+        streams = await open_many(port, context, count, request)
+        answered = await asyncio.gather(*(reader.readuntil(b'"allowed": true') for reader, _ in streams))
+        await asyncio.sleep(0.5)
+        per = (rss_bytes(process.pid) - before) / len(answered) / 1024
+        await close_all(streams)
+        return len(answered), per
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
 def report(results: list[Result], limit_mib: int) -> None:
     print(
         "| webhook | open / offered | RSS before | RSS with them open | per open connection "
@@ -204,7 +231,11 @@ def main() -> int:
             results.append(
                 asyncio.run(measure(label, flags, connections=args.connections, wait=wait, cert_dir=cert_dir))
             )
+        cert_dir = Path(directory) / "kept-alive"
+        cert_dir.mkdir()
+        count, per_kept_alive = asyncio.run(kept_alive(args.max_connections, cert_dir))
     report(results, args.memory_limit_mib)
+    print(f"kept-alive connections after one ~66 KB review each: {count} open, {per_kept_alive:.0f} KiB per connection")
     return 0
 
 
