@@ -9,7 +9,7 @@ import datetime as dt
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +42,56 @@ class MachineEvent:
     deleting: bool
 
 
+async def follow(
+    *,
+    list_page: Callable[[], Awaitable[dict[str, Any]]],
+    watch_from: Callable[[str], Awaitable[Any]],
+    record: Callable[[str, dict[str, Any]], None],
+    listed: asyncio.Event,
+) -> None:
+    """List, then watch from the list's resourceVersion, for ever: `record(type, object)` for each object listed
+    (type `LISTED`) and each watch event but bookmarks; an expired watch lists again. `listed` is set after the
+    first list."""
+    resource_version = ""
+    while True:
+        try:
+            if not resource_version:
+                page = await list_page()
+                for item in page["items"]:
+                    record("LISTED", item)
+                resource_version = page["metadata"]["resourceVersion"]
+                listed.set()
+            response = await watch_from(resource_version)
+            try:
+                async for line in response.content:
+                    event = json.loads(line)
+                    if event["type"] == "ERROR":
+                        resource_version = ""  # expired: list again
+                        break
+                    resource_version = event["object"]["metadata"]["resourceVersion"]
+                    if event["type"] != "BOOKMARK":
+                        record(event["type"], event["object"])
+            finally:
+                response.release()
+        except (ApiException, OSError, ValueError) as error:
+            logger.warning("watch: %s", error)
+            await asyncio.sleep(0.5)
+
+
+@contextlib.asynccontextmanager
+async def following(loop: Callable[[asyncio.Event], Awaitable[None]], *, name: str) -> AsyncIterator[None]:
+    """Run `loop` (a `follow` of some kind) in a task from its first list until the block ends."""
+    listed = asyncio.Event()
+    task = asyncio.create_task(loop(listed), name=name)
+    try:
+        await asyncio.wait_for(listed.wait(), 30)
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 @dataclass
 class MachineRecorder:
     """Watches the namespace's Machines and records every state it sees, so a test can tell what happened
@@ -53,15 +103,8 @@ class MachineRecorder:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[MachineRecorder]:
-        listed = asyncio.Event()
-        task = asyncio.create_task(self._loop(listed), name=f"machine-recorder-{self.namespace}")
-        try:
-            await asyncio.wait_for(listed.wait(), 30)
+        async with following(self._loop, name=f"machine-recorder-{self.namespace}"):
             yield self
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     def history(self, name: str) -> list[str]:
         """The machine's phases in order, repeats folded, `deleted` at the end once it is gone."""
@@ -100,39 +143,26 @@ class MachineRecorder:
 
     async def _loop(self, listed: asyncio.Event) -> None:
         custom = client.CustomObjectsApi(self.api)
-        resource_version = ""
-        while True:
-            try:
-                if not resource_version:
-                    page = await custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "machines")
-                    for machine in page["items"]:
-                        self._record("LISTED", machine)
-                    resource_version = page["metadata"]["resourceVersion"]
-                    listed.set()
-                response = await custom.list_namespaced_custom_object_without_preload_content(
-                    GROUP,
-                    VERSION,
-                    self.namespace,
-                    "machines",
-                    watch=True,
-                    resource_version=resource_version,
-                    allow_watch_bookmarks=True,
-                    timeout_seconds=300,
-                )
-                try:
-                    async for line in response.content:
-                        event = json.loads(line)
-                        if event["type"] == "ERROR":
-                            resource_version = ""  # expired: list again
-                            break
-                        resource_version = event["object"]["metadata"]["resourceVersion"]
-                        if event["type"] != "BOOKMARK":
-                            self._record(event["type"], event["object"])
-                finally:
-                    response.release()
-            except (ApiException, OSError, ValueError) as error:
-                logger.warning("machine recorder of %s: %s", self.namespace, error)
-                await asyncio.sleep(0.5)
+
+        async def list_page() -> dict[str, Any]:
+            page: dict[str, Any] = await custom.list_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, "machines"
+            )
+            return page
+
+        async def watch_from(resource_version: str) -> Any:
+            return await custom.list_namespaced_custom_object_without_preload_content(
+                GROUP,
+                VERSION,
+                self.namespace,
+                "machines",
+                watch=True,
+                resource_version=resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=300,
+            )
+
+        await follow(list_page=list_page, watch_from=watch_from, record=self._record, listed=listed)
 
 
 @dataclass

@@ -23,12 +23,11 @@ from typing import Any
 
 import pytest
 from kubernetes.aio import client
-from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.core import vocabulary as v
 from machine_preservation.localcluster.mcm_pool import machine_phase
 from machine_preservation.localcluster.mcm_runner import McmSettings
-from tests.e2e.harness import RealMcm, patch_machine_deployment, preserved_condition
+from tests.e2e.harness import RealMcm, follow, following, patch_machine_deployment, preserved_condition
 from tests.e2e.product import Product
 from tests.e2e.test_v061_lifecycle import fail_machine, owner_set, set_node_preserve, setup_pool, wait_replaced
 from tests.polling import eventually_async
@@ -61,15 +60,8 @@ class NodeVersions:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[NodeVersions]:
-        listed = asyncio.Event()
-        task = asyncio.create_task(self._loop(listed))
-        try:
-            await asyncio.wait_for(listed.wait(), 30)
+        async with following(self._loop, name="node-versions"):
             yield self
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     def since_preserved(self, name: str) -> list[dict[str, Any]]:
         """The node's versions from the first one our controller marked as preserved (its marker or its
@@ -80,35 +72,22 @@ class NodeVersions:
 
     async def _loop(self, listed: asyncio.Event) -> None:
         core = client.CoreV1Api(self.api)
-        resource_version = ""
-        while True:
-            try:
-                if not resource_version:
-                    page = await core.list_node()
-                    for node in page.items:
-                        self._add(self.api.sanitize_for_serialization(node))
-                    resource_version = page.metadata.resource_version
-                    listed.set()
-                response = await core.list_node_without_preload_content(
-                    watch=True, resource_version=resource_version, allow_watch_bookmarks=True, timeout_seconds=300
-                )
-                try:
-                    async for line in response.content:
-                        event = json.loads(line)
-                        if event["type"] == "ERROR":
-                            resource_version = ""
-                            break
-                        resource_version = event["object"]["metadata"]["resourceVersion"]
-                        if event["type"] in ("ADDED", "MODIFIED"):
-                            self._add(event["object"])
-                finally:
-                    response.release()
-            except (ApiException, OSError, ValueError) as error:
-                logger.warning("node watch: %s", error)
-                await asyncio.sleep(0.2)
 
-    def _add(self, node: dict[str, Any]) -> None:
-        self.seen.setdefault(node["metadata"]["name"], []).append(node)
+        async def list_page() -> dict[str, Any]:
+            response = await core.list_node_without_preload_content()
+            page: dict[str, Any] = json.loads(await response.read())
+            return page
+
+        async def watch_from(resource_version: str) -> Any:
+            return await core.list_node_without_preload_content(
+                watch=True, resource_version=resource_version, allow_watch_bookmarks=True, timeout_seconds=300
+            )
+
+        await follow(list_page=list_page, watch_from=watch_from, record=self._add, listed=listed)
+
+    def _add(self, event_type: str, node: dict[str, Any]) -> None:
+        if event_type != "DELETED":
+            self.seen.setdefault(node["metadata"]["name"], []).append(node)
 
 
 def _annotations(node: dict[str, Any] | None) -> dict[str, str]:

@@ -216,14 +216,7 @@ async def test_the_pool_in_the_shoot_sets_the_timeout_and_the_auto_preservation_
         await eventually_async(lambda: _machine_set_count(custom, namespace, 1))
 
         # The Shoot's pool allows 3 now (and shortens the timeout, for preservations that start from now on).
-        await custom.patch_cluster_custom_object(
-            CLUSTER_API_GROUP,
-            CLUSTER_API_VERSION,
-            CLUSTER_PLURAL,
-            cluster,
-            {"spec": {"shoot": shoot(timeout="20m", maximum=3)}},
-            _content_type="application/merge-patch+json",
-        )
+        await _set_shoot(custom, cluster, shoot(timeout="20m", maximum=3))
 
         async def all_auto_preserved() -> dict[str, dt.timedelta]:
             granted = await preserved_for(api, namespace)
@@ -242,6 +235,18 @@ async def _stays(read: Any, expected: Any, controller: Any, resyncs: int = 3) ->
     target = caches.machines.stats.resyncs + resyncs
     await eventually_async(lambda: caches.machines.stats.resyncs >= target)
     assert await read() == expected
+
+
+async def _set_shoot(custom: client.CustomObjectsApi, cluster: str, shoot: dict[str, Any]) -> None:
+    """What gardenlet does when the Shoot changes: the Cluster's copy of it is replaced."""
+    await custom.patch_cluster_custom_object(
+        CLUSTER_API_GROUP,
+        CLUSTER_API_VERSION,
+        CLUSTER_PLURAL,
+        cluster,
+        {"spec": {"shoot": shoot}},
+        _content_type="application/merge-patch+json",
+    )
 
 
 async def _machine_set_count(custom: client.CustomObjectsApi, namespace: str, expected: int) -> bool:
@@ -274,14 +279,7 @@ async def test_the_extension_provider_config_sets_the_pool_where_the_shoot_field
         await eventually_async(lambda: _machine_set_count(custom, namespace, 1))
 
         # The owner raises the pool's max in the providerConfig: the second failed machine is kept too.
-        await custom.patch_cluster_custom_object(
-            CLUSTER_API_GROUP,
-            CLUSTER_API_VERSION,
-            CLUSTER_PLURAL,
-            cluster_with_provider_config,
-            {"spec": {"shoot": shoot_with_provider_config(timeout="20m", maximum=2)}},
-            _content_type="application/merge-patch+json",
-        )
+        await _set_shoot(custom, cluster_with_provider_config, shoot_with_provider_config(timeout="20m", maximum=2))
         granted = await eventually_async(lambda: preserved(2))
         await eventually_async(lambda: _machine_set_count(custom, namespace, 2))
     assert sorted(granted.values()) == [dt.timedelta(minutes=20), dt.timedelta(minutes=45)]

@@ -11,6 +11,7 @@ from kubernetes.aio import client
 
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Node
+from machine_preservation.core.preservation_record import format_timestamp
 from machine_preservation.localcluster.controlplane import ControlPlane
 from tests.controller.running import running_controller
 from tests.controller.support import (
@@ -94,6 +95,46 @@ async def test_now_on_the_node_preserves_and_removing_it_stops(
         assert condition is not None
         assert (condition.reason, condition.message) == ("Preservation stopped.", "")
         assert v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION not in n.metadata.annotations
+
+
+async def test_a_node_marked_by_an_earlier_version_is_migrated_without_a_gap(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str]
+) -> None:
+    """An earlier version marked its CA annotation with MCM's `-by-mcm`, which MCM v0.61 removes after rollouts:
+    the controller swaps it for its own marker in one write, and the annotation stays throughout."""
+    custom = client.CustomObjectsApi(api)
+    ca, legacy, ours = (
+        v.CA_SCALE_DOWN_DISABLED_ANNOTATION,
+        v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION,
+        v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION,
+    )
+    node = await new_node(
+        api, node_names, ready=True, annotations={v.PRESERVE_ANNOTATION: "now", ca: "true", legacy: "true"}
+    )
+    since = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=5)
+    record = {
+        v.PRESERVED_SINCE_ANNOTATION: format_timestamp(since),
+        v.PRESERVED_UNTIL_ANNOTATION: format_timestamp(since + dt.timedelta(hours=1)),
+        v.PRESERVED_BY_ANNOTATION: "user",
+        v.PRESERVED_ADDED_CA_ANNOTATION: "true",
+        v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION: "now",
+    }
+    await create_machine(custom, namespace, "m", node=node, annotations=record)
+    seen: list[str | None] = []
+    async with running_controller(kubeconfig=control_plane.kubeconfig, namespace=namespace):
+
+        async def migrated() -> bool:
+            annotations = (await node_model(api, node)).metadata.annotations
+            seen.append(annotations.get(ca))
+            return annotations.get(ours) == "true" and legacy not in annotations
+
+        await eventually_async(migrated, interval=0.02)
+    assert set(seen) == {"true"}, seen
+    assert (await node_model(api, node)).metadata.annotations.get(ca) == "true"
+    machine = await machine_model(api, namespace, "m")
+    assert machine is not None
+    assert machine.preservation is not None
+    assert machine.preservation.since == since, "the same preservation, not a new one"
 
 
 async def test_a_failed_preserved_machine_is_tainted_drained_and_deleted_at_expiry(

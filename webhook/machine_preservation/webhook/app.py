@@ -146,6 +146,17 @@ def _parse(model: type[M], document: dict[str, Any] | None, *, field: str, uid: 
         raise BadRequest(f"request.{field} is not a valid {model.__name__}: {first_problem(error)}", uid=uid) from None
 
 
+def _node_update(request: AdmissionRequest) -> tuple[Node, Node] | None:
+    """The Node before and after an UPDATE (what the mutating node endpoints judge); None for other operations."""
+    _require_kind(request, NODE)
+    if request.operation != "UPDATE":
+        return None
+    return (
+        _parse(Node, request.old_object, field="oldObject", uid=request.uid),
+        _parse(Node, request.object, field="object", uid=request.uid),
+    )
+
+
 def _annotations_present(document: dict[str, Any] | None) -> bool:
     metadata = document.get("metadata") if document is not None else None
     return isinstance(metadata, dict) and isinstance(metadata.get("annotations"), dict)
@@ -175,26 +186,23 @@ class Endpoints:
         )
 
     async def ca_annotation(self, request: AdmissionRequest) -> Verdict:
-        _require_kind(request, NODE)
-        if request.operation != "UPDATE":
+        update = _node_update(request)
+        if update is None:
             return allow()
         return guard_ca_annotation(
-            old_node=_parse(Node, request.old_object, field="oldObject", uid=request.uid),
-            new_node=_parse(Node, request.object, field="object", uid=request.uid),
+            old_node=update[0],
+            new_node=update[1],
             annotations_present=_annotations_present(request.object),
             username=request.user_info.username,
             settings=self._config.settings,
         )
 
     async def mcm_marker(self, request: AdmissionRequest) -> Verdict:
-        _require_kind(request, NODE)
-        if request.operation != "UPDATE":
+        update = _node_update(request)
+        if update is None:
             return allow()
         return guard_mcm_marker(
-            old_node=_parse(Node, request.old_object, field="oldObject", uid=request.uid),
-            new_node=_parse(Node, request.object, field="object", uid=request.uid),
-            username=request.user_info.username,
-            settings=self._config.settings,
+            old_node=update[0], new_node=update[1], username=request.user_info.username, settings=self._config.settings
         )
 
     async def machine_deletion(self, request: AdmissionRequest) -> Verdict:
