@@ -21,7 +21,8 @@ from machine_preservation.webhook.server import WebhookServer
 from tests.certificates import install, local_serving_pair
 from tests.webhook.conftest import StaticMachineSets
 from tests.webhook.reviews import NODE_KIND, node, review
-from tests.webhook.test_server_tls import client_context, make_ca
+from tests.webhook.test_connection_limits import connect_tls
+from tests.webhook.test_server_tls import make_ca
 
 Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
@@ -80,17 +81,13 @@ async def answer(stream: Stream) -> dict[str, Any]:
     return response
 
 
-async def connect(server: WebhookServer, ca: KeyPair) -> Stream:
-    return await asyncio.open_connection("127.0.0.1", server.port, ssl=client_context(ca))
-
-
 async def test_concurrent_large_reviews_each_get_their_own_answer(server: WebhookServer, ca: KeyPair) -> None:
     """Eight connections send their reviews interleaved, a piece at a time: each answer carries its own uid and
     its own verdict (allowed for `now`, denied for the unsupported value)."""
     values = ["now" if i % 2 == 0 else f"bad-{i}" for i in range(8)]
     bodies = [large_review(f"uid-{i}", value) for i, value in enumerate(values)]
     assert all(len(body) > BODY_BYTES for body in bodies)
-    streams = [await connect(server, ca) for _ in bodies]
+    streams = [await connect_tls(server, ca) for _ in bodies]
     pending = [request_bytes(body) for body in bodies]
     piece = RECEIVE_BUFFER_BYTES // 3
     while any(pending):
@@ -112,7 +109,7 @@ async def test_open_connections_keep_no_buffers_between_requests(server: Webhook
     """Idle connections, some after a large review on them, cost the server a few KiB each: neither a TLS receive
     buffer of their own (asyncio's default: 256 KiB each) nor the last request's body."""
     body = large_review("uid", "now")
-    warm = await connect(server, ca)
+    warm = await connect_tls(server, ca)
     warm[1].write(request_bytes(body))
     assert (await answer(warm))["allowed"] is True
     tracing = tracemalloc.is_tracing()
@@ -122,7 +119,7 @@ async def test_open_connections_keep_no_buffers_between_requests(server: Webhook
         before = tracemalloc.take_snapshot().filter_traces([SERVER_CODE])
         streams = []
         for i in range(10):
-            stream = await connect(server, ca)
+            stream = await connect_tls(server, ca)
             streams.append(stream)
             if i % 2 == 0:
                 stream[1].write(request_bytes(body))
