@@ -1,0 +1,271 @@
+"""The preservation lifecycle of one shoot: its control namespace (MCM's objects) and its target cluster (Nodes,
+Pods), given API clients for both.
+
+The standalone controller runs one of these for its one namespace; the Gardener extension runs one per enabled
+shoot in the same process. A runtime:
+1. `prepare`: inspects MCM's CRDs and Deployment, decides whether MCM preserves natively (then it hands over and
+   only observes) and builds its caches;
+2. `run`: wires the handlers, starts the informers, waits until they synced, starts the workers, and runs until
+   `stop` or `lost` is set or an informer ends for good (`informer_failed`);
+3. on the way out stops taking work, lets in-flight reconciles finish (bounded; not at all when `lost`: another
+   leader may already write) and stops the informers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import enum
+import json
+import logging
+from dataclasses import dataclass, field
+
+from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
+
+from machine_preservation.controller.api_errors import ApiError, classify
+from machine_preservation.controller.apply import Writer
+from machine_preservation.controller.caches import Caches, new_caches
+from machine_preservation.controller.crd_check import inspect_crds
+from machine_preservation.controller.drain import Drainer
+from machine_preservation.controller.events import EventRecorder
+from machine_preservation.controller.handlers import Queues, wire_handlers
+from machine_preservation.controller.metrics import Metrics, preserved_counts
+from machine_preservation.controller.pools import PoolSettingsReader
+from machine_preservation.controller.queue import WorkQueue, run_worker
+from machine_preservation.controller.reconcile import (
+    MachineDeploymentReconciler,
+    MachineReconciler,
+    MachineSetReconciler,
+)
+from machine_preservation.core.clock import system_clock
+from machine_preservation.core.config import PreservationConfig
+from machine_preservation.core.mcm_evidence import MCM_DEPLOYMENT, mcm_image
+from machine_preservation.core.mcm_generation import (
+    ClusterEvidence,
+    NativeDecision,
+    NativePreservationMode,
+    decide_native_preservation,
+)
+from machine_preservation.core.pool_settings import CLUSTER_API_GROUP, CLUSTER_PLURAL, PoolDefaults
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_DRAIN_ATTEMPT_TIMEOUT = dt.timedelta(minutes=2)
+CLUSTER_CRD = f"{CLUSTER_PLURAL}.{CLUSTER_API_GROUP}"
+
+
+class Outcome(enum.Enum):
+    STOPPED = "stopped"  # `stop` was set
+    LOST = "lost"  # `lost` was set: leadership is gone
+    INFORMER_FAILED = "informer failed"  # a cache no longer follows its cluster
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    namespace: str  # the control namespace: MCM's objects, Gardener's Cluster of the same name
+    identity: str  # names the Events' reporting instance
+    preservation: PreservationConfig = field(default_factory=PreservationConfig)
+    native_preservation: NativePreservationMode = NativePreservationMode.AUTO
+    workers: int = 4
+    resync_period: float = 600.0
+    max_drain_attempt: dt.timedelta = DEFAULT_DRAIN_ATTEMPT_TIMEOUT
+    shutdown_grace: float = 30.0
+
+
+@dataclass
+class ShootRuntime:
+    options: RuntimeOptions
+    control: client.ApiClient
+    target: client.ApiClient
+    metrics: Metrics
+    caches: Caches | None = None
+    native: bool = False  # MCM preserves natively (decided by `prepare`)
+    preservation: PreservationConfig = field(default_factory=PreservationConfig)  # options' + what the CRDs keep
+    informer_failed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def synced(self) -> bool:
+        return self.caches is not None and self.caches.synced()
+
+    async def prepare(self) -> None:
+        """Decide native preservation and what MCM's CRDs keep; build the caches (not started yet)."""
+        decision, keeps_expiry = await inspect_mcm(
+            self.control, namespace=self.options.namespace, mode=self.options.native_preservation
+        )
+        self.native = decision.native
+        logger.info(
+            "%s: MCM native preservation: %s (%s)%s",
+            self.options.namespace,
+            "on" if decision.native else "off",
+            decision.because,
+            "; the controller hands over and only observes" if decision.native else "",
+        )
+        self.preservation = dataclasses.replace(self.options.preservation, mirror_status=keeps_expiry)
+        self.caches = new_caches(
+            control=self.control,
+            target=self.target,
+            namespace=self.options.namespace,
+            resync_period=self.options.resync_period,
+            with_cluster=await has_crd(self.control, CLUSTER_CRD),
+        )
+
+    async def run(self, *, stop: asyncio.Event, lost: asyncio.Event) -> Outcome:
+        assert self.caches is not None, "prepare() first"
+        caches, options = self.caches, self.options
+        queues = Queues(
+            machines=WorkQueue(name="machines"),
+            machine_sets=WorkQueue(name="machinesets"),
+            machine_deployments=WorkQueue(name="machinedeployments"),
+        )
+        for queue in queues.all:
+            self.metrics.watch_queue(queue.name, queue.__len__)
+        # Handlers first: the initial lists enqueue every object; workers start once all caches synced.
+        wire_handlers(caches=caches, queues=queues)
+        informers = [asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in caches.all]
+        for task in informers:
+            task.add_done_callback(self._supervise)
+        workers: list[asyncio.Task[None]] = []
+        synced = asyncio.Event()
+        waiting = asyncio.create_task(_set_when_synced(caches, synced))
+        failed = self.informer_failed
+        try:
+            await wait_any(stop, lost, synced, failed)
+            if synced.is_set() and not (stop.is_set() or lost.is_set() or failed.is_set()):
+                logger.info(
+                    "%s: caches synced: %d machines, %d machinesets, %d nodes, %d pods",
+                    options.namespace,
+                    len(caches.machines),
+                    len(caches.machine_sets),
+                    len(caches.nodes),
+                    len(caches.pods),
+                )
+                workers = self._start_workers(queues)
+                await wait_any(stop, lost, failed)
+            if failed.is_set():
+                return Outcome.INFORMER_FAILED
+            return Outcome.LOST if lost.is_set() else Outcome.STOPPED
+        finally:
+            for queue in queues.all:
+                queue.shutdown()
+            if workers:
+                grace = 0.0 if lost.is_set() else options.shutdown_grace
+                _, pending = await asyncio.wait(workers, timeout=grace) if grace else (set(), set(workers))
+                for task in pending:
+                    task.cancel()
+            waiting.cancel()
+            for task in informers:
+                task.cancel()
+            await asyncio.gather(waiting, *informers, *workers, return_exceptions=True)
+
+    def _supervise(self, task: asyncio.Task[None]) -> None:
+        """An informer runs until cancelled; one that ended otherwise leaves its cache stale for good."""
+        if task.cancelled():
+            return
+        error = task.exception()
+        logger.error(
+            "%s: %s ended (%r): its cache no longer follows the cluster", self.options.namespace, task.get_name(), error
+        )
+        self.informer_failed.set()
+
+    def _start_workers(self, queues: Queues) -> list[asyncio.Task[None]]:
+        assert self.caches is not None
+        options, caches = self.options, self.caches
+        recorder = EventRecorder(
+            control=self.control, target=self.target, machine_namespace=options.namespace, instance=options.identity
+        )
+        writer = Writer(control=self.control, target=self.target, namespace=options.namespace, recorder=recorder)
+        machines = MachineReconciler(
+            caches=caches,
+            writer=writer,
+            drainer=Drainer(target=self.target, pods=caches.pods),
+            config=self.preservation,
+            metrics=self.metrics,
+            native=self.native,
+            max_drain_attempt=options.max_drain_attempt,
+            max_concurrent_drains=max(options.workers // 2, 1),
+        )
+        pools = PoolSettingsReader(
+            caches=caches,
+            namespace=options.namespace,
+            defaults=PoolDefaults(preserve_timeout=self.preservation.default_preserve_timeout),
+        )
+        machines.pool_timeout = pools.preserve_timeout
+        machine_sets = MachineSetReconciler(
+            caches=caches, writer=writer, config=self.preservation, pool_limit=pools.auto_preserve_max
+        )
+        deployments = MachineDeploymentReconciler(caches=caches, writer=writer)
+        config, native = self.preservation, self.native
+        self.metrics.watch_preserved(
+            lambda: preserved_counts(caches.machines.values(), now=system_clock(), config=config, native=native)
+        )
+        workers = [(queues.machines, machines.reconcile, max(options.workers, 1))]
+        if not self.native:  # MCM runs auto-preservation and its counters itself
+            workers.append((queues.machine_sets, machine_sets.reconcile, 1))
+            if self.preservation.mirror_status:  # the counters are all a MachineDeployment plan writes
+                workers.append((queues.machine_deployments, deployments.reconcile, 1))
+        return [
+            asyncio.create_task(run_worker(queue, reconcile, metrics=self.metrics), name=f"{queue.name}-worker-{n}")
+            for queue, reconcile, count in workers
+            for n in range(count)
+        ]
+
+
+async def inspect_mcm(
+    control: client.ApiClient, *, namespace: str, mode: NativePreservationMode
+) -> tuple[NativeDecision, bool]:
+    """Whether MCM preserves natively in `namespace`, and whether its Machine CRD keeps the expiry field."""
+    facts = await inspect_crds(control)
+    evidence = ClusterEvidence(
+        mcm_image=await read_mcm_image(control, namespace=namespace),
+        machine_crd_has_expiry=facts.machine_keeps_expiry,
+        machine_set_crd_has_auto_max=facts.machine_set_keeps_auto_max,
+    )
+    return decide_native_preservation(mode=mode, evidence=evidence), facts.machine_keeps_expiry
+
+
+async def has_crd(api_client: client.ApiClient, name: str) -> bool:
+    """Whether the CRD is installed; said in the log either way, since what depends on it is then left out."""
+    response = await client.ApiextensionsV1Api(api_client).read_custom_resource_definition_without_preload_content(name)
+    body = await response.read()
+    if response.status == 200:
+        logger.info("CRD %s is installed", name)
+        return True
+    if classify(response.status) is ApiError.NOT_FOUND:
+        logger.info("CRD %s is not installed", name)
+    else:
+        logger.warning(
+            "cannot read CRD %s (HTTP %d %s): treated as not installed",
+            name,
+            response.status,
+            body[:200].decode(errors="replace"),
+        )
+    return False
+
+
+async def read_mcm_image(api_client: client.ApiClient, *, namespace: str) -> str | None:
+    """The image of MCM's Deployment in the control namespace (as Gardener runs it), if it can be read."""
+    response = await client.AppsV1Api(api_client).read_namespaced_deployment_without_preload_content(
+        MCM_DEPLOYMENT, namespace
+    )
+    body = await response.read()
+    if classify(response.status) in (ApiError.FORBIDDEN, ApiError.NOT_FOUND):
+        return None  # not a Gardener-style install, or no right to look: the CRDs decide
+    if response.status != 200:
+        raise ApiException(status=response.status, reason=response.reason, body=body.decode(errors="replace"))
+    return mcm_image(json.loads(body))
+
+
+async def _set_when_synced(caches: Caches, synced: asyncio.Event) -> None:
+    await asyncio.gather(*(informer.wait_synced() for informer in caches.all))
+    synced.set()
+
+
+async def wait_any(*events: asyncio.Event) -> None:
+    """Until one of the events is set."""
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
