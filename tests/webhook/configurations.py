@@ -1,409 +1,51 @@
-"""Validating/MutatingWebhookConfiguration builders: the registration the Helm chart must render.
+"""The webhook configuration builders, for the tests that register the webhook or compare the chart with them.
 
-tests/integration/test_chart_render.py compares the chart's webhook configurations with these, and the
-webhook and chart tests register the webhook in a test cluster with them. The narrowing they encode:
-- node rules (Nodes and nodes/status, which can carry metadata changes too) are called only when a relevant
-  annotation changes (CEL `matchConditions`), never for kubelets (group `system:nodes`), MCM or the
-  controller, with `failurePolicy: Ignore` and `timeoutSeconds` ≤ 5, so a webhook outage cannot block nodes;
-- Machine and Shoot rules may fail closed; the deletion guard is only called for MCM's own deletes of
-  Failed machines, so an outage never blocks MCM deleting healthy ones;
-- Machine rules are namespaced: the chart pins them to their control namespace (`control_namespace_selector`),
-  so several installs in one cluster each judge only their own.
+They are production code now (machine_preservation.core.webhook_configurations: the Gardener extension puts
+the node configurations into every shoot); this module keeps the tests' import path.
 """
 
-from __future__ import annotations
-
-import base64
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Final, Literal
-
-from machine_preservation.core import vocabulary as v
-from machine_preservation.webhook.app import (
-    CA_ANNOTATION_PATH,
-    MACHINE_DELETION_PATH,
-    MCM_MARKER_PATH,
-    PRESERVE_ANNOTATION_PATH,
-    SHOOT_PATH,
+from machine_preservation.core.webhook_configurations import (
+    MACHINE_DELETION_WEBHOOK,
+    MACHINE_PRESERVE_WEBHOOK,
+    NODE_CA_WEBHOOK,
+    NODE_MCM_MARKER_WEBHOOK,
+    NODE_PRESERVE_WEBHOOK,
+    PRESERVE_RELATED_ANNOTATIONS,
+    SHOOT_WEBHOOK,
+    ClientConfig,
+    FailurePolicy,
+    annotation_changed,
+    any_annotation_changed,
+    control_namespace_selector,
+    machine_deletion_webhook,
+    machine_preserve_annotation_webhook,
+    mutating_configuration,
+    node_ca_annotation_webhook,
+    node_mcm_marker_webhook,
+    node_preserve_annotation_webhook,
+    shoot_webhook,
+    validating_configuration,
 )
 
-DOMAIN: Final = "machine-preservation.sapcloud.io"
-NODE_PRESERVE_WEBHOOK: Final = f"preserve-annotation.nodes.{DOMAIN}"
-MACHINE_PRESERVE_WEBHOOK: Final = f"preserve-annotation.machines.{DOMAIN}"
-NODE_CA_WEBHOOK: Final = f"ca-annotation.nodes.{DOMAIN}"
-NODE_MCM_MARKER_WEBHOOK: Final = f"mcm-marker.nodes.{DOMAIN}"
-MACHINE_DELETION_WEBHOOK: Final = f"deletion.machines.{DOMAIN}"
-SHOOT_WEBHOOK: Final = f"workers.shoots.{DOMAIN}"
-
-MAX_NODE_TIMEOUT_SECONDS: Final = 5
-KUBELET_GROUP: Final = "system:nodes"
-# Set by the API server on every namespace.
-NAMESPACE_NAME_LABEL: Final = "kubernetes.io/metadata.name"
-PRESERVE_RELATED_ANNOTATIONS: Final = (v.PRESERVE_ANNOTATION, *v.CONTROLLER_OWNED_ANNOTATIONS)
-
-FailurePolicy = Literal["Fail", "Ignore"]
-
-
-@dataclass(frozen=True)
-class ClientConfig:
-    """Where the API server reaches the webhook: a base URL, or a Service; plus the CA that signed it."""
-
-    ca_bundle: bytes
-    url: str = ""
-    service_namespace: str = ""
-    service_name: str = ""
-    service_port: int = 443
-
-    def for_path(self, path: str) -> dict[str, Any]:
-        config: dict[str, Any] = {"caBundle": base64.b64encode(self.ca_bundle).decode()}
-        if self.url:
-            config["url"] = self.url.rstrip("/") + path
-        else:
-            config["service"] = {
-                "namespace": self.service_namespace,
-                "name": self.service_name,
-                "port": self.service_port,
-                "path": path,
-            }
-        return config
-
-
-# --- CEL building blocks ---------------------------------------------------------------------------------
-
-
-def _cel_string(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _has_annotation(obj: str, key: str) -> str:
-    return f"({obj} != null && has({obj}.metadata.annotations) && {_cel_string(key)} in {obj}.metadata.annotations)"
-
-
-def annotation_changed(key: str) -> str:
-    """CEL: the annotation was added, removed or changed between oldObject (null on CREATE) and object."""
-    new, old = _has_annotation("object", key), _has_annotation("oldObject", key)
-    quoted = _cel_string(key)
-    return (
-        f"({new} != {old} || ({new} && object.metadata.annotations[{quoted}] != "
-        f"oldObject.metadata.annotations[{quoted}]))"
-    )
-
-
-def any_annotation_changed(keys: Iterable[str]) -> str:
-    return " || ".join(annotation_changed(key) for key in keys)
-
-
-def _username_not_in(usernames: Iterable[str]) -> str:
-    listed = ", ".join(_cel_string(name) for name in sorted(set(usernames)))
-    return f"!(request.userInfo.username in [{listed}])"
-
-
-def _preserved(obj: str) -> str:
-    # Our CA marker, or MCM's (its own preservation where it preserves natively; the webhook tells them apart).
-    marker = (
-        f"{_has_annotation(obj, v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION)} || "
-        f"{_has_annotation(obj, v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION)}"
-    )
-    condition = (
-        f"({obj} != null && has({obj}.status) && has({obj}.status.conditions) && "
-        f"{obj}.status.conditions.exists(c, c.type == {_cel_string(v.PRESERVED_CONDITION_TYPE)} && "
-        "c.status == 'True'))"
-    )
-    return f"({marker} || {condition})"
-
-
-def _failed(obj: str) -> str:
-    """CEL: the object's phase is Failed (every level checked, so a Machine without status is not)."""
-    return (
-        f"({obj} != null && has({obj}.status) && has({obj}.status.currentStatus) && "
-        f"has({obj}.status.currentStatus.phase) && {obj}.status.currentStatus.phase == "
-        f"{_cel_string(v.MachinePhase.FAILED)})"
-    )
-
-
-def control_namespace_selector(namespace: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A namespaceSelector for the control namespace only, narrowed further by `extra` (a label selector)."""
-    selector = dict(extra or {})
-    selector["matchLabels"] = {**selector.get("matchLabels", {}), NAMESPACE_NAME_LABEL: namespace}
-    return selector
-
-
-def _condition(name: str, expression: str) -> dict[str, str]:
-    return {"name": name, "expression": expression}
-
-
-def _node_exclusions(*, controller_username: str, mcm_usernames: Iterable[str]) -> list[dict[str, str]]:
-    return [
-        _condition("not-a-kubelet", f"!({_cel_string(KUBELET_GROUP)} in request.userInfo.groups)"),
-        _condition("not-mcm-or-controller", _username_not_in([controller_username, *mcm_usernames])),
-    ]
-
-
-def _rule(*, group: str, version: str, resources: Sequence[str], operations: Sequence[str]) -> dict[str, Any]:
-    return {
-        "apiGroups": [group],
-        "apiVersions": [version],
-        "operations": list(operations),
-        "resources": list(resources),
-        "scope": "*",
-    }
-
-
-def _webhook(
-    *,
-    name: str,
-    client: ClientConfig,
-    path: str,
-    rules: list[dict[str, Any]],
-    match_conditions: list[dict[str, str]],
-    failure_policy: FailurePolicy,
-    timeout_seconds: int,
-    object_selector: Mapping[str, Any] | None,
-    namespace_selector: Mapping[str, Any] | None,
-) -> dict[str, Any]:
-    webhook: dict[str, Any] = {
-        "name": name,
-        "clientConfig": client.for_path(path),
-        "rules": rules,
-        "matchConditions": match_conditions,
-        "failurePolicy": failure_policy,
-        "matchPolicy": "Equivalent",
-        "sideEffects": "None",
-        "timeoutSeconds": timeout_seconds,
-        "admissionReviewVersions": ["v1"],
-    }
-    if object_selector is not None:
-        webhook["objectSelector"] = dict(object_selector)
-    if namespace_selector is not None:
-        webhook["namespaceSelector"] = dict(namespace_selector)
-    return webhook
-
-
-def _node_timeout(timeout_seconds: int) -> int:
-    if not 1 <= timeout_seconds <= MAX_NODE_TIMEOUT_SECONDS:
-        raise ValueError(f"node webhooks need 1 ≤ timeoutSeconds ≤ {MAX_NODE_TIMEOUT_SECONDS}, got {timeout_seconds}")
-    return timeout_seconds
-
-
-# --- the six webhooks ------------------------------------------------------------------------------------
-
-
-def node_preserve_annotation_webhook(
-    *,
-    client: ClientConfig,
-    controller_username: str,
-    mcm_usernames: Iterable[str],
-    timeout_seconds: int = MAX_NODE_TIMEOUT_SECONDS,
-    object_selector: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Validating, Nodes CREATE/UPDATE: preserve annotation values and the controller's markers."""
-    return _webhook(
-        name=NODE_PRESERVE_WEBHOOK,
-        client=client,
-        path=PRESERVE_ANNOTATION_PATH,
-        rules=[_rule(group="", version="v1", resources=["nodes", "nodes/status"], operations=["CREATE", "UPDATE"])],
-        match_conditions=[
-            _condition("preserve-annotations-change", any_annotation_changed(PRESERVE_RELATED_ANNOTATIONS)),
-            *_node_exclusions(controller_username=controller_username, mcm_usernames=mcm_usernames),
-        ],
-        failure_policy="Ignore",
-        timeout_seconds=_node_timeout(timeout_seconds),
-        object_selector=object_selector,
-        namespace_selector=None,
-    )
-
-
-def node_ca_annotation_webhook(
-    *,
-    client: ClientConfig,
-    controller_username: str,
-    mcm_usernames: Iterable[str],
-    timeout_seconds: int = MAX_NODE_TIMEOUT_SECONDS,
-    object_selector: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Mutating, Nodes UPDATE: put the CA annotation back on preserved nodes."""
-    key = _cel_string(v.CA_SCALE_DOWN_DISABLED_ANNOTATION)
-    present = _has_annotation("object", v.CA_SCALE_DOWN_DISABLED_ANNOTATION)
-    still_true = f"({present} && object.metadata.annotations[{key}] == 'true')"
-    webhook = _webhook(
-        name=NODE_CA_WEBHOOK,
-        client=client,
-        path=CA_ANNOTATION_PATH,
-        rules=[_rule(group="", version="v1", resources=["nodes", "nodes/status"], operations=["UPDATE"])],
-        match_conditions=[
-            _condition("ca-annotation-changes", annotation_changed(v.CA_SCALE_DOWN_DISABLED_ANNOTATION)),
-            _condition("ca-annotation-not-true", f"!{still_true}"),
-            _condition("node-preserved", f"{_preserved('oldObject')} || {_preserved('object')}"),
-            *_node_exclusions(controller_username=controller_username, mcm_usernames=mcm_usernames),
-        ],
-        failure_policy="Ignore",
-        timeout_seconds=_node_timeout(timeout_seconds),
-        object_selector=object_selector,
-        namespace_selector=None,
-    )
-    # Another mutating webhook could change the annotation after us; look again if so.
-    webhook["reinvocationPolicy"] = "IfNeeded"
-    return webhook
-
-
-def node_mcm_marker_webhook(
-    *,
-    client: ClientConfig,
-    mcm_usernames: Iterable[str],
-    timeout_seconds: int = MAX_NODE_TIMEOUT_SECONDS,
-    object_selector: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Mutating, Nodes UPDATE by MCM: keep its CA marker off the nodes the controller preserves."""
-    mcm_marker, ours = v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION, v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION
-    listed = ", ".join(_cel_string(name) for name in sorted(set(mcm_usernames)))
-    return _webhook(
-        name=NODE_MCM_MARKER_WEBHOOK,
-        client=client,
-        path=MCM_MARKER_PATH,
-        rules=[_rule(group="", version="v1", resources=["nodes", "nodes/status"], operations=["UPDATE"])],
-        match_conditions=[
-            _condition(
-                "mcm-marker-added",
-                f"!{_has_annotation('oldObject', mcm_marker)} && {_has_annotation('object', mcm_marker)}",
-            ),
-            _condition(
-                "preserved-by-the-controller",
-                f"{_has_annotation('oldObject', ours)} && {_has_annotation('object', ours)}",
-            ),
-            _condition("by-mcm", f"request.userInfo.username in [{listed}]"),
-            _node_exclusions(controller_username="", mcm_usernames=())[0],
-        ],
-        failure_policy="Ignore",
-        timeout_seconds=_node_timeout(timeout_seconds),
-        object_selector=object_selector,
-        namespace_selector=None,
-    )
-
-
-def machine_preserve_annotation_webhook(
-    *,
-    client: ClientConfig,
-    controller_username: str,
-    failure_policy: FailurePolicy = "Fail",
-    timeout_seconds: int = 10,
-    namespace_selector: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Validating, Machines CREATE/UPDATE: preserve annotation values and the controller's markers."""
-    return _webhook(
-        name=MACHINE_PRESERVE_WEBHOOK,
-        client=client,
-        path=PRESERVE_ANNOTATION_PATH,
-        rules=[
-            _rule(
-                group=v.MACHINE_API_GROUP,
-                version=v.MACHINE_API_VERSION,
-                resources=["machines"],
-                operations=["CREATE", "UPDATE"],
-            )
-        ],
-        match_conditions=[
-            _condition("preserve-annotations-change", any_annotation_changed(PRESERVE_RELATED_ANNOTATIONS)),
-            _condition("not-the-controller", _username_not_in([controller_username])),
-        ],
-        failure_policy=failure_policy,
-        timeout_seconds=timeout_seconds,
-        object_selector=None,
-        namespace_selector=namespace_selector,
-    )
-
-
-def machine_deletion_webhook(
-    *,
-    client: ClientConfig,
-    mcm_usernames: Iterable[str],
-    failure_policy: FailurePolicy = "Fail",
-    timeout_seconds: int = 10,
-    namespace_selector: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Validating, Machines DELETE, called for MCM's deletes of Failed machines only (only those are kept)."""
-    listed = ", ".join(_cel_string(name) for name in sorted(set(mcm_usernames)))
-    return _webhook(
-        name=MACHINE_DELETION_WEBHOOK,
-        client=client,
-        path=MACHINE_DELETION_PATH,
-        rules=[
-            _rule(
-                group=v.MACHINE_API_GROUP, version=v.MACHINE_API_VERSION, resources=["machines"], operations=["DELETE"]
-            )
-        ],
-        match_conditions=[
-            _condition("deleted-by-mcm", f"request.userInfo.username in [{listed}]"),
-            _condition("machine-failed", _failed("oldObject")),
-        ],
-        failure_policy=failure_policy,
-        timeout_seconds=timeout_seconds,
-        object_selector=None,
-        namespace_selector=namespace_selector,
-    )
-
-
-def _workers_present(obj: str) -> str:
-    return f"(has({obj}.spec) && has({obj}.spec.provider) && has({obj}.spec.provider.workers))"
-
-
-def _extensions_present(obj: str) -> str:
-    return f"(has({obj}.spec) && has({obj}.spec.extensions))"
-
-
-def shoot_webhook(
-    *,
-    client: ClientConfig,
-    failure_policy: FailurePolicy = "Fail",
-    timeout_seconds: int = 10,
-    namespace_selector: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Validating, Shoots CREATE/UPDATE, called on UPDATE only when the workers or the extensions (which hold
-    the extension's providerConfig) change."""
-    new, old = _workers_present("object"), _workers_present("oldObject")
-    new_extensions, old_extensions = _extensions_present("object"), _extensions_present("oldObject")
-    settings_changed = (
-        f"request.operation != 'UPDATE' || {new} != {old} || "
-        f"({new} && object.spec.provider.workers != oldObject.spec.provider.workers) || "
-        f"{new_extensions} != {old_extensions} || "
-        f"({new_extensions} && object.spec.extensions != oldObject.spec.extensions)"
-    )
-    return _webhook(
-        name=SHOOT_WEBHOOK,
-        client=client,
-        path=SHOOT_PATH,
-        rules=[
-            _rule(
-                group=v.SHOOT_API_GROUP,
-                version=v.SHOOT_API_VERSION,
-                resources=["shoots"],
-                operations=["CREATE", "UPDATE"],
-            )
-        ],
-        match_conditions=[_condition("preservation-settings-change", settings_changed)],
-        failure_policy=failure_policy,
-        timeout_seconds=timeout_seconds,
-        object_selector=None,
-        namespace_selector=namespace_selector,
-    )
-
-
-def validating_configuration(
-    *, name: str, webhooks: Sequence[Mapping[str, Any]], labels: Mapping[str, str] | None = None
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": name, "labels": dict(labels or {})},
-        "webhooks": [dict(webhook) for webhook in webhooks],
-    }
-
-
-def mutating_configuration(
-    *, name: str, webhooks: Sequence[Mapping[str, Any]], labels: Mapping[str, str] | None = None
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": name, "labels": dict(labels or {})},
-        "webhooks": [dict(webhook) for webhook in webhooks],
-    }
+__all__ = [
+    "MACHINE_DELETION_WEBHOOK",
+    "MACHINE_PRESERVE_WEBHOOK",
+    "NODE_CA_WEBHOOK",
+    "NODE_MCM_MARKER_WEBHOOK",
+    "NODE_PRESERVE_WEBHOOK",
+    "PRESERVE_RELATED_ANNOTATIONS",
+    "SHOOT_WEBHOOK",
+    "ClientConfig",
+    "FailurePolicy",
+    "annotation_changed",
+    "any_annotation_changed",
+    "control_namespace_selector",
+    "machine_deletion_webhook",
+    "machine_preserve_annotation_webhook",
+    "mutating_configuration",
+    "node_ca_annotation_webhook",
+    "node_mcm_marker_webhook",
+    "node_preserve_annotation_webhook",
+    "shoot_webhook",
+    "validating_configuration",
+]

@@ -9,17 +9,19 @@ from typing import Any
 import pytest
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.webhook.app import (
+from machine_preservation.core.webhook_configurations import (
     CA_ANNOTATION_PATH,
+    MACHINE_DELETION_PATH,
+    PRESERVE_ANNOTATION_PATH,
+    SHOOT_PATH,
+)
+from machine_preservation.webhook.app import (
     FAILURE_POLICIES,
     INTERNAL_ERROR_MESSAGE,
     INTERNAL_ERROR_WARNING,
     MACHINE,
-    MACHINE_DELETION_PATH,
     NODE,
-    PRESERVE_ANNOTATION_PATH,
     SHOOT,
-    SHOOT_PATH,
     Endpoints,
     WebhookConfig,
     build_app,

@@ -38,6 +38,13 @@ from machine_preservation.core.admission.shoot import validate_shoot
 from machine_preservation.core.admission.verdict import Verdict, allow, deny, describe
 from machine_preservation.core.clock import Clock, system_clock
 from machine_preservation.core.models import KubeModel, Machine, Node
+from machine_preservation.core.webhook_configurations import (
+    CA_ANNOTATION_PATH,
+    MACHINE_DELETION_PATH,
+    MCM_MARKER_PATH,
+    PRESERVE_ANNOTATION_PATH,
+    SHOOT_PATH,
+)
 from machine_preservation.webhook.machine_sets import MachineSetSource, SourceUnavailable
 from machine_preservation.webhook.metrics import CONTENT_TYPE, WebhookMetrics
 from machine_preservation.webhook.wire import (
@@ -57,12 +64,6 @@ DEFAULT_MAX_BODY_BYTES: Final = 3 * 1024 * 1024
 DEFAULT_BODY_TIMEOUT_SECONDS: Final = 10.0
 INTERNAL_ERROR_WARNING: Final = "machine-preservation webhook: internal error, request not checked"
 INTERNAL_ERROR_MESSAGE: Final = "machine-preservation webhook: internal error, request not judged; retry later"
-
-PRESERVE_ANNOTATION_PATH: Final = "/validate-preserve-annotation"
-CA_ANNOTATION_PATH: Final = "/mutate-node-ca-annotation"
-MCM_MARKER_PATH: Final = "/mutate-node-mcm-marker"
-MACHINE_DELETION_PATH: Final = "/validate-machine-deletion"
-SHOOT_PATH: Final = "/validate-shoot"
 
 NODE: Final = ("", "Node")
 MACHINE: Final = (v.MACHINE_API_GROUP, "Machine")
