@@ -1,0 +1,342 @@
+"""What the Gardener extension provisions for each shoot, as plain objects (no I/O).
+
+In the shoot namespace of the seed:
+- the shoot-access Secret `shoot-access-machine-preservation`: the shoot's gardener-resource-manager (GRM)
+  creates the ServiceAccount `kube-system/machine-preservation` in the shoot and keeps a token for it in the
+  Secret's `data.token` (audience `gardener`, 12 h by default, renewed at 80 %). The controller reaches the
+  shoot as `system:serviceaccount:kube-system:machine-preservation`;
+- the ManagedResource `extension-machine-preservation-shoot` (no class: the shoot's GRM applies it in the
+  shoot) and its data Secret, holding the objects below.
+
+In the shoot (through the ManagedResource):
+- RBAC for that ServiceAccount with exactly what the controller does there: list/watch/patch Nodes, patch
+  nodes/status, list/watch Pods, create pods/eviction (drain), and create/get/patch Events in `default`
+  (events about Nodes, cluster-scoped objects, go there as the kubelet's do). The same verbs as the standalone
+  chart's remote-access RBAC (`mp.controller.targetRules`, `mp.controller.nodeEventRules`);
+- the node webhook configurations, in url mode pointing at the extension's webhook Service in the seed (the
+  shoot's kube-apiserver runs in the seed), with the CA, `failurePolicy: Ignore`, `timeoutSeconds` ≤ 5 and
+  `matchConditions` that leave out kubelets, MCM and the controller;
+- the ValidatingAdmissionPolicy on node annotations and its binding, the same rules as the standalone chart's
+  `node-annotation-policy.yaml`.
+
+MCM reaches the shoot as `system:serviceaccount:kube-system:machine-controller-manager` (gardenlet gives it a
+shoot-access Secret of its own, `shoot-access-machine-controller-manager`).
+
+Output is deterministic: the same input gives the same bytes, so an unchanged shoot needs no write.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core import webhook_configurations as wc
+
+SERVICE_ACCOUNT: Final = "machine-preservation"
+SERVICE_ACCOUNT_NAMESPACE: Final = "kube-system"
+CONTROLLER_USERNAME: Final = f"system:serviceaccount:{SERVICE_ACCOUNT_NAMESPACE}:{SERVICE_ACCOUNT}"
+MCM_USERNAME: Final = "system:serviceaccount:kube-system:machine-controller-manager"
+
+SHOOT_ACCESS_SECRET: Final = f"shoot-access-{SERVICE_ACCOUNT}"
+TOKEN_KEY: Final = "token"
+
+MANAGED_RESOURCE: Final = "extension-machine-preservation-shoot"
+MANAGED_RESOURCE_SECRET: Final = f"managedresource-{MANAGED_RESOURCE}"
+MANAGED_RESOURCE_DATA_KEY: Final = "objects.yaml"
+
+# Names of the objects in the shoot.
+SHOOT_OBJECT_NAME: Final = "extensions.gardener.cloud:machine-preservation"
+WEBHOOK_CONFIGURATION: Final = "machine-preservation"
+NODE_ANNOTATION_POLICY: Final = "machine-preservation-node-annotations"
+NODE_EVENT_NAMESPACE: Final = "default"
+
+PURPOSE_LABEL: Final = "resources.gardener.cloud/purpose"
+CLASS_LABEL: Final = "resources.gardener.cloud/class"
+SERVICE_ACCOUNT_NAME_ANNOTATION: Final = "serviceaccount.resources.gardener.cloud/name"
+SERVICE_ACCOUNT_NAMESPACE_ANNOTATION: Final = "serviceaccount.resources.gardener.cloud/namespace"
+
+MANAGED_BY_LABELS: Final[Mapping[str, str]] = {
+    "app.kubernetes.io/managed-by": "gardener-extension-machine-preservation"
+}
+
+RBAC_API_VERSION: Final = "rbac.authorization.k8s.io/v1"
+ADMISSION_API_VERSION: Final = "admissionregistration.k8s.io/v1"
+
+
+# --- reaching the shoot -----------------------------------------------------------------------------------------
+
+
+def shoot_access_secret(namespace: str) -> dict[str, Any]:
+    """The Secret the shoot's GRM fills with a token for `kube-system/machine-preservation` in the shoot.
+
+    No data: GRM writes `data.token` (and would keep a `data.kubeconfig` template current, which we do not need:
+    the controller builds its client from the token). Applied with a merge patch, so GRM's token and its
+    renew-timestamp annotation survive our writes."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": SHOOT_ACCESS_SECRET,
+            "namespace": namespace,
+            "labels": {PURPOSE_LABEL: "token-requestor", CLASS_LABEL: "shoot"},
+            "annotations": {
+                SERVICE_ACCOUNT_NAME_ANNOTATION: SERVICE_ACCOUNT,
+                SERVICE_ACCOUNT_NAMESPACE_ANNOTATION: SERVICE_ACCOUNT_NAMESPACE,
+            },
+        },
+    }
+
+
+def webhook_url(service: str, namespace: str, port: int = 443) -> str:
+    """Base URL of the extension's webhook Service as the shoot's kube-apiserver (in the seed) reaches it."""
+    return f"https://{service}.{namespace}.svc:{port}"
+
+
+# --- the objects for the shoot ------------------------------------------------------------------------------------
+
+
+def _rule(group: str, resources: Sequence[str], verbs: Sequence[str]) -> dict[str, Any]:
+    return {"apiGroups": [group], "resources": list(resources), "verbs": list(verbs)}
+
+
+# What the controller does in the shoot: informers on Nodes and Pods (caches.py), Node and Node status patches
+# (apply.py), evictions (drain.py).
+TARGET_RULES: Final[Sequence[Mapping[str, Any]]] = (
+    _rule("", ["nodes"], ["list", "watch", "patch"]),
+    _rule("", ["nodes/status"], ["patch"]),
+    _rule("", ["pods"], ["list", "watch"]),
+    _rule("", ["pods/eviction"], ["create"]),
+)
+# Events about Nodes (events.py): created, read and patched to count a repeat up.
+NODE_EVENT_RULES: Final[Sequence[Mapping[str, Any]]] = (_rule("", ["events"], ["create", "get", "patch"]),)
+
+_SUBJECT: Final[Mapping[str, str]] = {
+    "kind": "ServiceAccount",
+    "name": SERVICE_ACCOUNT,
+    "namespace": SERVICE_ACCOUNT_NAMESPACE,
+}
+
+
+def _metadata(name: str, namespace: str | None = None) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "labels": dict(MANAGED_BY_LABELS)}
+    if namespace is not None:
+        metadata["namespace"] = namespace
+    return metadata
+
+
+def rbac_objects() -> list[dict[str, Any]]:
+    """ClusterRole + ClusterRoleBinding, Role + RoleBinding (events in `default`) for the controller's
+    ServiceAccount in the shoot."""
+    role_ref = {"apiGroup": "rbac.authorization.k8s.io", "name": SHOOT_OBJECT_NAME}
+    return [
+        {
+            "apiVersion": RBAC_API_VERSION,
+            "kind": "ClusterRole",
+            "metadata": _metadata(SHOOT_OBJECT_NAME),
+            "rules": [dict(rule) for rule in TARGET_RULES],
+        },
+        {
+            "apiVersion": RBAC_API_VERSION,
+            "kind": "ClusterRoleBinding",
+            "metadata": _metadata(SHOOT_OBJECT_NAME),
+            "roleRef": {**role_ref, "kind": "ClusterRole"},
+            "subjects": [dict(_SUBJECT)],
+        },
+        {
+            "apiVersion": RBAC_API_VERSION,
+            "kind": "Role",
+            "metadata": _metadata(SHOOT_OBJECT_NAME, NODE_EVENT_NAMESPACE),
+            "rules": [dict(rule) for rule in NODE_EVENT_RULES],
+        },
+        {
+            "apiVersion": RBAC_API_VERSION,
+            "kind": "RoleBinding",
+            "metadata": _metadata(SHOOT_OBJECT_NAME, NODE_EVENT_NAMESPACE),
+            "roleRef": {**role_ref, "kind": "Role"},
+            "subjects": [dict(_SUBJECT)],
+        },
+    ]
+
+
+def node_webhook_configurations(
+    *,
+    ca_bundle: bytes,
+    url: str,
+    timeout_seconds: int = wc.MAX_NODE_TIMEOUT_SECONDS,
+    controller_username: str = CONTROLLER_USERNAME,
+    mcm_usernames: Iterable[str] = (MCM_USERNAME,),
+) -> list[dict[str, Any]]:
+    """The shoot's node webhooks: validating `preserve-annotation.nodes`, mutating `ca-annotation.nodes` and
+    `mcm-marker.nodes`, all calling `url` + path with `ca_bundle` (PEM) as the CA."""
+    client = wc.ClientConfig(ca_bundle=ca_bundle, url=url)
+    mcm = sorted(set(mcm_usernames))
+    validating = wc.validating_configuration(
+        name=WEBHOOK_CONFIGURATION,
+        labels=MANAGED_BY_LABELS,
+        webhooks=[
+            wc.node_preserve_annotation_webhook(
+                client=client,
+                controller_username=controller_username,
+                mcm_usernames=mcm,
+                timeout_seconds=timeout_seconds,
+            )
+        ],
+    )
+    mutating = wc.mutating_configuration(
+        name=WEBHOOK_CONFIGURATION,
+        labels=MANAGED_BY_LABELS,
+        webhooks=[
+            wc.node_ca_annotation_webhook(
+                client=client,
+                controller_username=controller_username,
+                mcm_usernames=mcm,
+                timeout_seconds=timeout_seconds,
+            ),
+            wc.node_mcm_marker_webhook(client=client, mcm_usernames=mcm, timeout_seconds=timeout_seconds),
+        ],
+    )
+    return [validating, mutating]
+
+
+def node_annotation_policy(
+    *,
+    controller_username: str = CONTROLLER_USERNAME,
+    mcm_usernames: Iterable[str] = (MCM_USERNAME,),
+    name: str = NODE_ANNOTATION_POLICY,
+) -> list[dict[str, Any]]:
+    """ValidatingAdmissionPolicy + Binding on Node annotations, judged inside the shoot's API server for every
+    identity (the webhooks leave kubelets, MCM and the controller out): nobody sets an auto value of the
+    preserve annotation on a Node; only the controller and MCM touch MCM's CA marker; only the controller
+    touches its own CA marker."""
+    preserve = v.PRESERVE_ANNOTATION
+    marker = v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION
+    own = v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION
+    mcm = sorted(set(mcm_usernames))
+    quoted = wc.cel_string(preserve)
+    value = f"object.metadata.annotations[{quoted}]"
+    unchanged = f"({wc.has_annotation('oldObject', preserve)} && oldObject.metadata.annotations[{quoted}] == {value})"
+    autos = ", ".join(wc.cel_string(auto) for auto in v.AUTO_PRESERVE_VALUES)
+    auto_set = f"({wc.has_annotation('object', preserve)} && {value} in [{autos}] && !{unchanged})"
+    supported = ", ".join(f'"{text}"' for text in ("", *v.USER_PRESERVE_VALUES))
+    policy = {
+        "apiVersion": ADMISSION_API_VERSION,
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": _metadata(name),
+        "spec": {
+            "failurePolicy": "Ignore",
+            "matchConstraints": {
+                "matchPolicy": "Equivalent",
+                "resourceRules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["nodes", "nodes/status"],
+                        "scope": "*",
+                    }
+                ],
+            },
+            "matchConditions": [
+                {"name": "preserve-or-marker-changes", "expression": wc.any_annotation_changed([preserve, marker, own])}
+            ],
+            "validations": [
+                {
+                    "expression": f"!{auto_set}",
+                    "reason": "Forbidden",
+                    "message": (
+                        f'metadata.annotations[{preserve}]: Forbidden: "auto-preserve" and "auto-preserved" are never '
+                        f"set on a Node (auto-preservation marks the Machine); supported values: {supported}"
+                    ),
+                },
+                {
+                    "expression": (
+                        f"request.userInfo.username in {wc.username_list([controller_username, *mcm])} || "
+                        f"!{wc.annotation_changed(marker)}"
+                    ),
+                    "reason": "Forbidden",
+                    "message": (
+                        f"metadata.annotations[{marker}]: Forbidden: only the preservation controller "
+                        f"({controller_username}) and MCM ({', '.join(mcm)}) may set, change or remove it"
+                    ),
+                },
+                {
+                    "expression": (
+                        f"request.userInfo.username in {wc.username_list([controller_username])} || "
+                        f"!{wc.annotation_changed(own)}"
+                    ),
+                    "reason": "Forbidden",
+                    "message": (
+                        f"metadata.annotations[{own}]: Forbidden: only the preservation controller "
+                        f"({controller_username}) may set, change or remove it"
+                    ),
+                },
+            ],
+        },
+    }
+    binding = {
+        "apiVersion": ADMISSION_API_VERSION,
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": _metadata(name),
+        "spec": {"policyName": name, "validationActions": ["Deny"]},
+    }
+    return [policy, binding]
+
+
+def shoot_objects(
+    *, ca_bundle: bytes, url: str, timeout_seconds: int = wc.MAX_NODE_TIMEOUT_SECONDS
+) -> list[dict[str, Any]]:
+    """Everything the ManagedResource puts into a shoot."""
+    return [
+        *rbac_objects(),
+        *node_webhook_configurations(ca_bundle=ca_bundle, url=url, timeout_seconds=timeout_seconds),
+        *node_annotation_policy(),
+    ]
+
+
+# --- the ManagedResource ---------------------------------------------------------------------------------------
+
+
+def _sort_key(obj: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    metadata = obj.get("metadata", {})
+    return (obj.get("apiVersion", ""), obj.get("kind", ""), metadata.get("namespace", ""), metadata.get("name", ""))
+
+
+def serialize_objects(objects: Iterable[Mapping[str, Any]]) -> bytes:
+    """The objects as one multi-document YAML stream GRM reads; each document is JSON (valid YAML), keys
+    sorted, documents in a fixed order, so equal objects give equal bytes."""
+    documents = [json.dumps(obj, sort_keys=True, ensure_ascii=False) for obj in sorted(objects, key=_sort_key)]
+    return ("---\n" + "\n---\n".join(documents) + "\n").encode() if documents else b""
+
+
+def deserialize_objects(data: bytes) -> list[dict[str, Any]]:
+    """The inverse of `serialize_objects` (for its own output)."""
+    parts = [part.strip() for part in data.decode().split("\n---\n")]
+    return [json.loads(part.removeprefix("---").strip()) for part in parts if part.removeprefix("---").strip()]
+
+
+def managed_resource(namespace: str, objects: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The data Secret and the ManagedResource (no class: the shoot's GRM applies it in the shoot; objects
+    deleted with it, `keepObjects: false`). A migration sets `keepObjects: true` itself before deleting."""
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {"name": MANAGED_RESOURCE_SECRET, "namespace": namespace, "labels": dict(MANAGED_BY_LABELS)},
+        "data": {MANAGED_RESOURCE_DATA_KEY: base64.b64encode(serialize_objects(objects)).decode()},
+    }
+    resource = {
+        "apiVersion": "resources.gardener.cloud/v1alpha1",
+        "kind": "ManagedResource",
+        "metadata": {"name": MANAGED_RESOURCE, "namespace": namespace, "labels": dict(MANAGED_BY_LABELS)},
+        "spec": {"secretRefs": [{"name": MANAGED_RESOURCE_SECRET}], "keepObjects": False},
+    }
+    return secret, resource
+
+
+def keep_objects_patch(keep: bool = True) -> dict[str, Any]:
+    """Merge patch of the ManagedResource: keep (migration) or delete (deletion) the shoot's objects with it."""
+    return {"spec": {"keepObjects": keep}}

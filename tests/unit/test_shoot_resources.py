@@ -1,0 +1,202 @@
+"""What the extension provisions per shoot (core.shoot_resources): the shoot-access Secret, the RBAC with the
+controller's verbs, the node webhook configurations in url mode, the node annotation policy, and the
+ManagedResource with its data Secret (deterministic bytes)."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from machine_preservation.core import shoot_resources as sr
+from machine_preservation.core import webhook_configurations as wc
+
+NAMESPACE = "shoot--p--s"
+CA = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+URL = sr.webhook_url("gardener-extension-machine-preservation-webhook", "extension-machine-preservation-x1")
+CONTROLLER = "system:serviceaccount:kube-system:machine-preservation"
+MCM = "system:serviceaccount:kube-system:machine-controller-manager"
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (found,) = [obj for obj in objects if obj["kind"] == kind]
+    return found
+
+
+def test_shoot_access_secret() -> None:
+    secret = sr.shoot_access_secret(NAMESPACE)
+    assert secret["metadata"] == {
+        "name": "shoot-access-machine-preservation",
+        "namespace": NAMESPACE,
+        "labels": {"resources.gardener.cloud/purpose": "token-requestor", "resources.gardener.cloud/class": "shoot"},
+        "annotations": {
+            "serviceaccount.resources.gardener.cloud/name": "machine-preservation",
+            "serviceaccount.resources.gardener.cloud/namespace": "kube-system",
+        },
+    }
+    assert secret["type"] == "Opaque"
+    assert "data" not in secret  # GRM writes the token; a write of ours must not remove it
+
+
+def test_identities() -> None:
+    assert sr.CONTROLLER_USERNAME == CONTROLLER
+    assert sr.MCM_USERNAME == MCM
+    assert URL == "https://gardener-extension-machine-preservation-webhook.extension-machine-preservation-x1.svc:443"
+
+
+def test_rbac_grants_exactly_the_controllers_verbs() -> None:
+    objects = sr.rbac_objects()
+    role, binding = by_kind(objects, "ClusterRole"), by_kind(objects, "ClusterRoleBinding")
+    grants = {(r, verb) for rule in role["rules"] for r in rule["resources"] for verb in rule["verbs"]}
+    assert all(rule["apiGroups"] == [""] for rule in role["rules"])
+    assert grants == {
+        ("nodes", "list"),
+        ("nodes", "watch"),
+        ("nodes", "patch"),
+        ("nodes/status", "patch"),
+        ("pods", "list"),
+        ("pods", "watch"),
+        ("pods/eviction", "create"),
+    }
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "machine-preservation", "namespace": "kube-system"}
+    ]
+    events, events_binding = by_kind(objects, "Role"), by_kind(objects, "RoleBinding")
+    assert events["metadata"]["namespace"] == events_binding["metadata"]["namespace"] == "default"
+    assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "get", "patch"]}]
+    assert events_binding["roleRef"]["kind"] == "Role"
+    assert events_binding["subjects"] == binding["subjects"]
+
+
+def webhooks() -> dict[str, dict[str, Any]]:
+    validating, mutating = sr.node_webhook_configurations(ca_bundle=CA, url=URL)
+    assert validating["kind"] == "ValidatingWebhookConfiguration"
+    assert mutating["kind"] == "MutatingWebhookConfiguration"
+    return {hook["name"]: hook for config in (validating, mutating) for hook in config["webhooks"]}
+
+
+def test_node_webhooks_in_url_mode() -> None:
+    hooks = webhooks()
+    assert set(hooks) == {wc.NODE_PRESERVE_WEBHOOK, wc.NODE_CA_WEBHOOK, wc.NODE_MCM_MARKER_WEBHOOK}
+    paths = {
+        wc.NODE_PRESERVE_WEBHOOK: "/validate-preserve-annotation",
+        wc.NODE_CA_WEBHOOK: "/mutate-node-ca-annotation",
+        wc.NODE_MCM_MARKER_WEBHOOK: "/mutate-node-mcm-marker",
+    }
+    for name, hook in hooks.items():
+        assert hook["clientConfig"] == {"url": URL + paths[name], "caBundle": base64.b64encode(CA).decode()}
+        assert hook["failurePolicy"] == "Ignore"
+        assert 1 <= hook["timeoutSeconds"] <= 5
+        assert hook["matchConditions"]
+        assert all(rule["resources"] == ["nodes", "nodes/status"] for rule in hook["rules"])
+        assert "namespaceSelector" not in hook
+
+
+def test_node_webhooks_leave_out_kubelets_mcm_and_the_controller() -> None:
+    hooks = webhooks()
+    for name in (wc.NODE_PRESERVE_WEBHOOK, wc.NODE_CA_WEBHOOK):
+        conditions = {c["name"]: c["expression"] for c in hooks[name]["matchConditions"]}
+        assert conditions["not-a-kubelet"] == "!('system:nodes' in request.userInfo.groups)"
+        assert conditions["not-mcm-or-controller"] == f"!(request.userInfo.username in ['{MCM}', '{CONTROLLER}'])"
+    marker = {c["name"]: c["expression"] for c in hooks[wc.NODE_MCM_MARKER_WEBHOOK]["matchConditions"]}
+    assert marker["by-mcm"] == f"request.userInfo.username in ['{MCM}']"
+
+
+def test_node_webhook_timeout_is_bounded() -> None:
+    with pytest.raises(ValueError, match="timeoutSeconds"):
+        sr.node_webhook_configurations(ca_bundle=CA, url=URL, timeout_seconds=6)
+    validating, _ = sr.node_webhook_configurations(ca_bundle=CA, url=URL, timeout_seconds=3)
+    assert validating["webhooks"][0]["timeoutSeconds"] == 3
+
+
+def test_node_annotation_policy() -> None:
+    policy, binding = sr.node_annotation_policy()
+    assert policy["kind"] == "ValidatingAdmissionPolicy"
+    assert policy["spec"]["failurePolicy"] == "Ignore"
+    assert binding["kind"] == "ValidatingAdmissionPolicyBinding"
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    expressions = [check["expression"] for check in policy["spec"]["validations"]]
+    assert "['auto-preserve', 'auto-preserved']" in expressions[0]
+    assert expressions[1].startswith(f"request.userInfo.username in ['{MCM}', '{CONTROLLER}'] || ")
+    assert expressions[2].startswith(f"request.userInfo.username in ['{CONTROLLER}'] || ")
+
+
+def test_shoot_objects_are_everything() -> None:
+    objects = sr.shoot_objects(ca_bundle=CA, url=URL)
+    assert sorted(obj["kind"] for obj in objects) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "MutatingWebhookConfiguration",
+        "Role",
+        "RoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "ValidatingWebhookConfiguration",
+    ]
+    keys = [(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]) for o in objects]
+    assert len(set(keys)) == len(keys)
+
+
+def test_managed_resource() -> None:
+    objects = sr.shoot_objects(ca_bundle=CA, url=URL)
+    secret, resource = sr.managed_resource(NAMESPACE, objects)
+    assert secret["metadata"]["name"] == "managedresource-extension-machine-preservation-shoot"
+    assert secret["metadata"]["namespace"] == NAMESPACE
+    assert resource["apiVersion"] == "resources.gardener.cloud/v1alpha1"
+    assert resource["metadata"]["name"] == "extension-machine-preservation-shoot"
+    assert resource["metadata"]["namespace"] == NAMESPACE
+    assert resource["spec"] == {"secretRefs": [{"name": secret["metadata"]["name"]}], "keepObjects": False}
+    assert "class" not in resource["spec"]
+    (data,) = secret["data"].values()
+    decoded = sr.deserialize_objects(base64.b64decode(data))
+    assert sorted(decoded, key=sr._sort_key) == sorted(objects, key=sr._sort_key)
+
+
+def test_managed_resource_bytes_do_not_depend_on_order() -> None:
+    objects = sr.shoot_objects(ca_bundle=CA, url=URL)
+    first, _ = sr.managed_resource(NAMESPACE, objects)
+    second, _ = sr.managed_resource(NAMESPACE, [dict(reversed(o.items())) for o in reversed(objects)])
+    assert first == second
+    rotated, _ = sr.managed_resource(NAMESPACE, sr.shoot_objects(ca_bundle=CA + b"\n", url=URL))
+    assert rotated["data"] != first["data"]
+
+
+def test_keep_objects_patch() -> None:
+    assert sr.keep_objects_patch() == {"spec": {"keepObjects": True}}
+    assert sr.keep_objects_patch(False) == {"spec": {"keepObjects": False}}
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {
+                "apiVersion": st.text(max_size=8),
+                "kind": st.text(max_size=8),
+                "metadata": st.fixed_dictionaries({"name": st.text(max_size=8)}),
+                "data": JSON,
+            }
+        ),
+        max_size=4,
+    )
+)
+def test_serialization_round_trips(objects: list[dict[str, Any]]) -> None:
+    data = sr.serialize_objects(objects)
+    assert sr.deserialize_objects(data) == sorted(objects, key=sr._sort_key)
+    assert sr.serialize_objects(list(reversed(objects))) == data or len({sr._sort_key(o) for o in objects}) < len(
+        objects
+    )
