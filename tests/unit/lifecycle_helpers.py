@@ -26,6 +26,7 @@ def plan(
     config: PreservationConfig = CONFIG,
     pool_timeout: dt.timedelta | None = None,
     pods_to_evict: tuple[str, ...] = (),
+    released: bool = False,
 ) -> MachinePlan:
     return plan_machine(
         MachineContext(
@@ -36,6 +37,7 @@ def plan(
             unpreserved_priority_ceiling=ceiling,
             pool_timeout=pool_timeout,
             pods_to_evict=pods_to_evict,
+            released=released,
         )
     )
 

@@ -20,6 +20,10 @@ A Failed machine whose preservation expired or was turned off with `false` is de
 left alone: removing them first would let a crash in between turn the decision into "no preference", which neither
 deletes nor prevents a new auto-preservation. After a removed annotation or `""` it is left to auto-preservation
 (which may keep it) or to MCM.
+
+Apart from the table, a machine whose shoot is being released (the extension disabled for it, or its Extension
+deleted; `lifecycle.MachineContext.released`) always stops with `StopCause.RELEASED`, whatever the value and
+the phase: the annotations stay and a Failed machine is not deleted but left to MCM (core.lifecycle).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class StopCause(StrEnum):
     OPTED_OUT = "opted-out"  # effective value `false`
     NO_PREFERENCE = "no-preference"  # annotation removed, `""` or invalid
     NOT_FAILED = "not-failed"  # `when-failed` or auto on a machine that is not Failed
+    RELEASED = "released"  # the extension is being disabled for the machine's shoot
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,10 @@ class PreservationDecision:
     remove_annotations: bool = False
     # When not preserving: the machine is Failed and its preservation ended for good, so it is deleted.
     delete_machine: bool = False
+
+
+RELEASED = PreservationDecision(preserve=False, stop_cause=StopCause.RELEASED)
+"""The decision of every machine of a shoot being released: stop, keep the annotations, delete nothing."""
 
 
 def effective_preserve_timeout(

@@ -20,6 +20,10 @@ _STOP_MESSAGES = {
     StopCause.OPTED_OUT: 'Preservation stopped: the preserve value is "false".',
     StopCause.NO_PREFERENCE: "Preservation stopped: no preserve value is in force (annotation removed or empty).",
     StopCause.NOT_FAILED: "Preservation stopped: the machine is no longer Failed.",
+    StopCause.RELEASED: (
+        "Preservation stopped: machine-preservation was disabled for this cluster; the machine is left to "
+        "machine-controller-manager."
+    ),
 }
 
 

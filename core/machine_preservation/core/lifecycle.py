@@ -15,6 +15,9 @@ taint and CA annotation, the mirrored `preserveExpiryTime` and the priority are 
   we added it), the condition, the taint, the mirror, and last the record is removed;
 - end of a Failed machine whose preservation expired or was turned off with `false`: the node is cleaned up
   the same way, then the Machine is deleted with its record in place (core.decision explains why).
+- release (the extension disabled for the shoot, `MachineContext.released`): the same writes as a stop,
+  whatever the value and the phase, except that no preserve annotation is removed or synced and a Failed
+  machine is not deleted: with its record gone it is MCM's again, which replaces it as it would without us.
 A crash or a conflict between any two steps leaves the record in place, so the next plan makes the same
 decision and finishes the job; it never starts a new preservation instead.
 
@@ -43,7 +46,7 @@ from machine_preservation.core import conditions, events
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.conditions import condition_after_drain
 from machine_preservation.core.config import PreservationConfig
-from machine_preservation.core.decision import PreservationDecision, decide_preservation
+from machine_preservation.core.decision import RELEASED, PreservationDecision, decide_preservation
 from machine_preservation.core.durations import duration_or_default
 from machine_preservation.core.invalid_values import report_invalid_values
 from machine_preservation.core.models import Machine, Node, NoNode
@@ -96,6 +99,15 @@ class MachineContext:
     pool_timeout: dt.timedelta | None = None
     # The pods (`namespace/name`) a drain of the node would evict now, for the condition shown while it runs.
     pods_to_evict: Sequence[str] = ()
+    # The extension is being disabled for this shoot (or its Extension was deleted): a running preservation
+    # stops (`StopCause.RELEASED`) with the writes of any stop (the priority restored, our CA annotation and its
+    # markers where the record says we added it, the condition `Preservation stopped.`, the taint, the mirror,
+    # last the record) and nothing starts. A Failed machine is not deleted and not moved to Running: once the
+    # record is gone MCM replaces it as it would without the product. The preserve annotations on the Machine
+    # and the Node are left as they are (not removed, not synced from the node): they are the user's intent,
+    # meaningless without the extension, and in force again if it is enabled again (an auto value stays too:
+    # re-enabled, auto-preservation takes it back where it is stale).
+    released: bool = False
 
     def __post_init__(self) -> None:
         if self.node is NoNode.NOT_FOUND and not self.machine.node_name:
@@ -140,11 +152,17 @@ def plan_machine(context: MachineContext) -> MachinePlan:
             pool_timeout=context.pool_timeout,
         )
 
-    decision = decide()
+    decision = RELEASED if context.released else decide()
     # In our custody (preserved, or about to be) and Failed, but the node is healthy again: MCM has not moved
-    # the phase back, so we do, and decide on Running.
+    # the phase back, so we do, and decide on Running. Not while releasing: the phase is MCM's business then.
     in_custody = machine.preservation is not None or decision.preserve
-    if phase == v.MachinePhase.FAILED and in_custody and node is not None and node_is_healthy(node=node, config=config):
+    if (
+        not context.released
+        and phase == v.MachinePhase.FAILED
+        and in_custody
+        and node is not None
+        and node_is_healthy(node=node, config=config)
+    ):
         steps += [SetMachinePhase(phase=v.MachinePhase.RUNNING), *events.recovered(machine=machine, node=node)]
         phase = v.MachinePhase.RUNNING
         decision = decide()
@@ -152,7 +170,11 @@ def plan_machine(context: MachineContext) -> MachinePlan:
         (PatchMachineAnnotations(), ())  # the Machine goes: nothing to write on it
         if decision.delete_machine
         else _machine_annotations(
-            machine=machine, effective=effective, decision=decision, ceiling=context.unpreserved_priority_ceiling
+            machine=machine,
+            effective=effective,
+            decision=decision,
+            ceiling=context.unpreserved_priority_ceiling,
+            released=context.released,
         )
     )
     verdict = _Verdict(
@@ -255,9 +277,19 @@ def _is_empty(patch: PatchMachineAnnotations | PatchNodeAnnotations) -> bool:
 
 
 def _machine_annotations(
-    *, machine: Machine, effective: EffectivePreserveValue, decision: PreservationDecision, ceiling: int
+    *,
+    machine: Machine,
+    effective: EffectivePreserveValue,
+    decision: PreservationDecision,
+    ceiling: int,
+    released: bool = False,
 ) -> tuple[PatchMachineAnnotations, tuple[RecordEvent, ...]]:
-    """All Machine annotation changes of this plan as one write, and the Events that go with it."""
+    """All Machine annotation changes of this plan as one write, and the Events that go with it.
+
+    Releasing, only the priority is restored: the preserve values stay as the user left them, and invalid ones
+    are no longer reported (nothing reads them any more)."""
+    if released:
+        return priority_patch(machine=machine, preserved=False, auto=False, ceiling=ceiling), ()
     annotations = machine.metadata.annotations
     changes: list[PatchMachineAnnotations] = []
     if decision.remove_annotations:
