@@ -206,7 +206,7 @@ def test_the_wheel_holds_the_production_packages_and_its_console_script_starts(t
 
     listed = run("-m", "machine_preservation.cli", "--help")
     commands = set(re.findall(r"^    (\w+) ", listed, re.MULTILINE))
-    assert commands == {"certs", "webhook", "controller"}
+    assert commands == {"certs", "webhook", "controller", "extension"}
     for command in (["webhook"], ["controller"], ["certs", "run"]):
         assert "usage:" in run("-m", "machine_preservation.cli", *command, "--help")
     for development_tool in DEVELOPMENT_FOLDERS:

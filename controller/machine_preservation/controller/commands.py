@@ -1,4 +1,5 @@
-"""`machine-preservation controller`: run the preservation controller until SIGTERM/SIGINT."""
+"""`machine-preservation controller` (standalone) and `machine-preservation extension` (Gardener, one per seed): run
+until SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
@@ -6,13 +7,21 @@ import argparse
 import asyncio
 import datetime as dt
 import logging
+import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from machine_preservation.controller.crd_check import CrdCheckFailed
-from machine_preservation.controller.manager import DEFAULT_DRAIN_ATTEMPT_TIMEOUT, Controller, ControllerOptions
+from machine_preservation.controller.manager import (
+    DEFAULT_DRAIN_ATTEMPT_TIMEOUT,
+    Controller,
+    ControllerOptions,
+    default_identity,
+)
+from machine_preservation.controller.seed import SeedController, SeedOptions
 from machine_preservation.core.config import (
     DEFAULT_DRAIN_RETRY_INTERVAL,
     DEFAULT_DRAIN_TIMEOUT,
@@ -56,15 +65,7 @@ def options_from(args: argparse.Namespace) -> ControllerOptions:
 
 async def serve(options: ControllerOptions) -> int:
     """Run the controller; SIGTERM and SIGINT stop it gracefully."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        return await Controller(options=options).run(stop)
-    finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(signum)
+    return await _until_signalled(Controller(options=options).run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,24 +81,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD_SETUP
 
 
-def register(subcommands: argparse._SubParsersAction[Any]) -> None:
-    parser = subcommands.add_parser(
-        "controller",
-        help="run the preservation controller (Machines in the control cluster, Nodes in the target cluster)",
-    )
-    parser.add_argument(
-        "--control-kubeconfig",
-        type=Path,
-        default=None,
-        help="kubeconfig of the cluster holding the Machines (default: in-cluster)",
-    )
-    parser.add_argument(
-        "--target-kubeconfig",
-        type=Path,
-        default=None,
-        help="kubeconfig of the cluster holding the Nodes (default: in-cluster)",
-    )
-    parser.add_argument("--namespace", required=True, help="namespace of the Machines in the control cluster")
+def _add_lifecycle_arguments(parser: argparse.ArgumentParser) -> None:
+    """The preservation settings both the standalone controller and the Gardener extension take."""
     parser.add_argument(
         "--machine-preserve-timeout",
         type=go_duration_argument(accept="any"),
@@ -139,6 +124,85 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
         default=DEFAULT_DRAIN_RETRY_INTERVAL,
         help=f"pause between two drain attempts (default {format_go_duration(DEFAULT_DRAIN_RETRY_INTERVAL)})",
     )
+
+
+def _namespaced_name(text: str) -> tuple[str, str]:
+    namespace, _, name = text.partition("/")
+    if not namespace or not name:
+        raise argparse.ArgumentTypeError(f"expected NAMESPACE/NAME, got {text!r}")
+    return namespace, name
+
+
+def seed_options_from(args: argparse.Namespace) -> SeedOptions:
+    if not args.namespace:
+        raise ValueError("--namespace is required (or $POD_NAMESPACE)")
+    if args.drain_attempt_timeout <= dt.timedelta(0):
+        raise ValueError(
+            f"--drain-attempt-timeout must be positive, got {format_go_duration(args.drain_attempt_timeout)}"
+        )
+    return SeedOptions(
+        namespace=args.namespace,
+        webhook_url=args.webhook_url,
+        ca_secret=args.ca_secret,
+        identity=default_identity(),
+        kubeconfig=args.kubeconfig,
+        preservation=PreservationConfig(
+            default_preserve_timeout=args.machine_preserve_timeout,
+            drain_timeout=args.machine_drain_timeout,
+            drain_retry_interval=args.drain_retry_interval,
+            max_preserve_timeout=args.max_preserve_timeout,
+        ),
+        native_preservation=args.mcm_native_preservation,
+        max_drain_attempt=args.drain_attempt_timeout,
+        workers=args.workers,
+        extension_workers=args.extension_workers,
+        leader_elect=args.leader_elect,
+        metrics_host=args.metrics_bind_address,
+        metrics_port=args.metrics_port,
+    )
+
+
+async def _until_signalled(run: Callable[[asyncio.Event], Awaitable[int]]) -> int:
+    """Run a component; SIGTERM and SIGINT stop it gracefully."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        return await run(stop)
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+
+
+def run_extension(args: argparse.Namespace) -> int:
+    try:
+        options = seed_options_from(args)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_SETUP
+    return asyncio.run(_until_signalled(SeedController(options=options).run))
+
+
+def register(subcommands: argparse._SubParsersAction[Any]) -> None:
+    parser = subcommands.add_parser(
+        "controller",
+        help="run the preservation controller (Machines in the control cluster, Nodes in the target cluster)",
+    )
+    parser.add_argument(
+        "--control-kubeconfig",
+        type=Path,
+        default=None,
+        help="kubeconfig of the cluster holding the Machines (default: in-cluster)",
+    )
+    parser.add_argument(
+        "--target-kubeconfig",
+        type=Path,
+        default=None,
+        help="kubeconfig of the cluster holding the Nodes (default: in-cluster)",
+    )
+    parser.add_argument("--namespace", required=True, help="namespace of the Machines in the control cluster")
+    _add_lifecycle_arguments(parser)
     parser.add_argument(
         "--leader-elect",
         action=argparse.BooleanOptionalAction,
@@ -152,3 +216,41 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--metrics-bind-address", default="127.0.0.1", help="address of the metrics server")
     parser.add_argument("--workers", type=int, default=4, help="concurrent Machine reconciles")
     parser.set_defaults(handler=run)
+
+    extension = subcommands.add_parser(
+        "extension",
+        help="run the Gardener extension of a seed: the Extension resources of every shoot, and each enabled "
+        "shoot's preservation lifecycle",
+    )
+    extension.add_argument("--kubeconfig", type=Path, default=None, help="kubeconfig of the seed (default: in-cluster)")
+    extension.add_argument(
+        "--namespace",
+        default=os.environ.get("POD_NAMESPACE"),
+        help="the extension's namespace: its Leases (default: $POD_NAMESPACE)",
+    )
+    extension.add_argument(
+        "--webhook-url",
+        required=True,
+        help="the base URL at which the shoots' API servers reach the webhook, e.g. https://<service>.<namespace>.svc",
+    )
+    extension.add_argument(
+        "--ca-secret",
+        type=_namespaced_name,
+        required=True,
+        metavar="NAMESPACE/NAME",
+        help="the certs manager's Secret: its CA goes into every shoot's webhook configurations",
+    )
+    _add_lifecycle_arguments(extension)
+    extension.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="elect a leader on a Lease in --namespace before reconciling (default: on)",
+    )
+    extension.add_argument("--metrics-port", type=int, default=8080, help="port of /metrics, /healthz, /readyz")
+    extension.add_argument("--metrics-bind-address", default="127.0.0.1", help="address of the metrics server")
+    extension.add_argument("--workers", type=int, default=4, help="concurrent Machine reconciles per shoot")
+    extension.add_argument(
+        "--extension-workers", type=int, default=10, help="concurrent Extension reconciles over all shoots"
+    )
+    extension.set_defaults(handler=run_extension)

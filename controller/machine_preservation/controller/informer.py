@@ -92,6 +92,8 @@ class Informer(Generic[T]):
     # Bumped on every change to the store (not on resyncs): what is derived from the cache is valid while it stays.
     generation: int = 0
     stats: InformerStats = field(default_factory=InformerStats)
+    # Why listing or watching fails, while it does (None once a list or a watch event gets through).
+    failing: str | None = None
     _store: dict[str, T] = field(default_factory=dict)
     _indexers: dict[str, Indexer[T]] = field(default_factory=dict)
     _indices: dict[str, dict[str, set[str]]] = field(default_factory=dict)
@@ -156,11 +158,13 @@ class Informer(Generic[T]):
                         continue
                     failures += 1
                     self.stats.errors += 1
+                    self.failing = f"HTTP {error.status} {error.reason}"
                     logger.warning("%s: list/watch failed (%s %s), retrying", self.name, error.status, error.reason)
                     await asyncio.sleep(self._jittered(failures))
                 except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
                     failures += 1
                     self.stats.errors += 1
+                    self.failing = str(error) or type(error).__name__
                     logger.warning("%s: list/watch failed (%r), retrying", self.name, error)
                     await asyncio.sleep(self._jittered(failures))
         finally:
@@ -193,6 +197,7 @@ class Informer(Generic[T]):
             if not token:
                 break
         self.stats.lists += 1
+        self.failing = None
         self._replace(items)
         self.resource_version = resource_version
         self._synced.set()
@@ -219,6 +224,7 @@ class Informer(Generic[T]):
             await stream.close()
 
     def _apply(self, kind: str, raw: Mapping[str, Any]) -> None:
+        self.failing = None
         version = (raw.get("metadata") or {}).get("resourceVersion", "")
         if kind == "BOOKMARK":
             self.stats.bookmarks += 1

@@ -53,6 +53,8 @@ class MachineReconciler:
     metrics: Metrics
     # MCM preserves machines itself: hand our preservations over and only observe (core.native).
     native: bool = False
+    # The extension is being disabled for the shoot: every preservation stops, none starts (core.lifecycle).
+    released: bool = False
     pool_timeout: PoolTimeout = no_pool_timeout
     # Upper bound of one drain attempt, so a PDB-blocked drain does not hold a worker for the whole
     # drain timeout; the core paces the next attempt (PreservationConfig.drain_retry_interval).
@@ -89,6 +91,7 @@ class MachineReconciler:
                     ),
                     pool_timeout=self.pool_timeout(machine),
                     pods_to_evict=self.drainer.look(node).blocking if failed and node is not None else (),
+                    released=self.released,
                 )
             )
         if plan.steps:

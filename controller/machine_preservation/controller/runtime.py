@@ -39,6 +39,8 @@ from machine_preservation.controller.reconcile import (
     MachineReconciler,
     MachineSetReconciler,
 )
+from machine_preservation.core import conditions
+from machine_preservation.core import vocabulary as v
 from machine_preservation.core.clock import system_clock
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.mcm_evidence import MCM_DEPLOYMENT, mcm_image
@@ -48,6 +50,7 @@ from machine_preservation.core.mcm_generation import (
     NativePreservationMode,
     decide_native_preservation,
 )
+from machine_preservation.core.models import Machine
 from machine_preservation.core.pool_settings import CLUSTER_API_GROUP, CLUSTER_PLURAL, PoolDefaults
 
 logger = logging.getLogger(__name__)
@@ -72,6 +75,8 @@ class RuntimeOptions:
     resync_period: float = 600.0
     max_drain_attempt: dt.timedelta = DEFAULT_DRAIN_ATTEMPT_TIMEOUT
     shutdown_grace: float = 30.0
+    # The extension is being disabled for this shoot: stop every preservation, start none (no auto-preservation).
+    releasing: bool = False
 
 
 @dataclass
@@ -87,6 +92,32 @@ class ShootRuntime:
 
     def synced(self) -> bool:
         return self.caches is not None and self.caches.synced()
+
+    def failing(self) -> str | None:
+        """Why a cache does not follow its cluster right now (e.g. the shoot's API server is unreachable)."""
+        if self.caches is None:
+            return None
+        for informer in self.caches.all:
+            if informer.failing:
+                return f"cannot watch {informer.name}: {informer.failing}"
+        return None
+
+    def preservations_left(self) -> int:
+        """Machines still carrying our record or whose node is still tainted or shows a preservation."""
+        if self.caches is None:
+            return 0
+        nodes = self.caches.nodes
+
+        def preserved(machine: Machine) -> bool:
+            if machine.preservation is not None:
+                return True
+            node = nodes.get(machine.node_name) if machine.node_name else None
+            return node is not None and (
+                node.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT)
+                or conditions.shows_preservation(node.preserved_condition)
+            )
+
+        return sum(1 for machine in self.caches.machines.values() if preserved(machine))
 
     async def prepare(self) -> None:
         """Decide native preservation and what MCM's CRDs keep; build the caches (not started yet)."""
@@ -182,6 +213,7 @@ class ShootRuntime:
             config=self.preservation,
             metrics=self.metrics,
             native=self.native,
+            released=options.releasing,
             max_drain_attempt=options.max_drain_attempt,
             max_concurrent_drains=max(options.workers // 2, 1),
         )
@@ -200,7 +232,7 @@ class ShootRuntime:
             lambda: preserved_counts(caches.machines.values(), now=system_clock(), config=config, native=native)
         )
         workers = [(queues.machines, machines.reconcile, max(options.workers, 1))]
-        if not self.native:  # MCM runs auto-preservation and its counters itself
+        if not self.native and not options.releasing:  # MCM runs auto-preservation and its counters itself
             workers.append((queues.machine_sets, machine_sets.reconcile, 1))
             if self.preservation.mirror_status:  # the counters are all a MachineDeployment plan writes
                 workers.append((queues.machine_deployments, deployments.reconcile, 1))

@@ -1,0 +1,379 @@
+"""Gardener's `Extension` resources of type machine-preservation: the contract with gardenlet, and per shoot the
+objects that make the shoot reachable and guarded.
+
+One reconcile per shoot namespace. The core (`core.extension`) decides the operation and shapes the status; this
+module does the writes, in the contract's order:
+- Create, Reconcile, Restore: the operation annotation off (reconcile: before the work), the finalizer on,
+  `lastOperation` Processing, then the shoot-access Secret and the ManagedResource with the shoot's RBAC and node
+  webhooks (`core.shoot_resources`), the shoot's lifecycle started, Succeeded (or Error with `lastError`);
+- Delete: the shoot's lifecycle stopped, the ManagedResource (the shoot's objects go with it) and the Secrets
+  deleted, Succeeded, the finalizer off;
+- Migrate: the lifecycle stopped, the ManagedResource kept in the shoot (`keepObjects`) and deleted here,
+  Succeeded, the finalizer and the annotation off.
+With nothing to do (a finished operation), the reconcile keeps what runs in line with the object: the shoot's
+lifecycle runs unless the shoot is hibernated, the provisioned objects follow the CA bundle, and the
+`ControlPlaneHealthy` condition says whether the shoot is served.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
+
+from machine_preservation.controller.api_errors import ApiError, classify
+from machine_preservation.controller.clients import MERGE_PATCH
+from machine_preservation.controller.informer import Informer
+from machine_preservation.controller.shoot_access import GENERIC_KUBECONFIG_ANNOTATION, ShootAccessUnavailable
+from machine_preservation.controller.shoots import ShootSupervisor
+from machine_preservation.core import extension as contract
+from machine_preservation.core import shoot_resources
+from machine_preservation.core.admission.field_errors import FieldPath
+from machine_preservation.core.admission.shoot_lifecycle import ShootLifecycle, shoot_lifecycle
+from machine_preservation.core.provider_config import InvalidPreservationConfig, parse_preservation_config
+
+logger = logging.getLogger(__name__)
+
+PROVIDER_CONFIG_PATH = FieldPath("spec.providerConfig")
+EXTENSION_VERSION = contract.API_VERSION.rpartition("/")[2]
+
+
+class CaBundleMissing(Exception):
+    """The certs manager has not written the webhook CA yet."""
+
+
+class ReleaseIncomplete(Exception):
+    """The shoot's preservations did not all end yet; the message says why."""
+
+
+@dataclass(frozen=True)
+class ShootFacts:
+    """What the extension takes from a shoot's `Cluster`."""
+
+    namespace: str  # the Cluster's name
+    lifecycle: ShootLifecycle
+    failed: bool  # the shoot's last operation failed: Gardener's extensions leave it alone
+    kubeconfig_secret: str  # the generic token kubeconfig Secret's name
+
+
+@dataclass
+class ExtensionReconciler:
+    seed: client.ApiClient
+    extensions: Informer[contract.Extension]
+    clusters: Informer[ShootFacts]
+    supervisor: ShootSupervisor
+    webhook_url: str
+    ca_bundle: Callable[[], bytes | None]  # the CA the shoots' API servers verify the webhook with
+    clock: Callable[[], dt.datetime]
+    # Per namespace, the digest of the objects last made current there: unchanged desired objects are not read
+    # again on every reconcile (a restart reads each shoot's once).
+    _provisioned: dict[str, str] = field(default_factory=dict)
+
+    async def reconcile(self, namespace: str) -> dt.timedelta | None:
+        extension = self.extensions.get(f"{namespace}/{contract.EXTENSION_TYPE}")
+        if extension is None:
+            await self.supervisor.stop(namespace)  # gone without our finalizer: nothing left to clean here
+            return None
+        facts = self.clusters.get(namespace)
+        action = contract.decide(extension, shoot_failed=facts is not None and facts.failed)
+        if action is None:
+            await self._keep(extension, facts)
+            return None
+        kind = action.type
+        if action.remove_annotation_first:
+            await self._patch(extension, contract.remove_operation_annotation_patch())
+        if action.add_finalizer:
+            await self._patch_if(extension, contract.finalizers_patch(extension, add=True))
+        await self._patch_status(extension, contract.processing(kind, self.clock(), action.processing_description))
+        try:
+            if kind is contract.OperationType.DELETE:
+                await self._delete(extension, facts)
+            elif kind is contract.OperationType.MIGRATE:
+                await self._migrate(extension)
+            else:
+                problem = await self._provision(extension, facts)
+                if problem is not None:
+                    await self._patch_status(extension, self._error(extension, action, problem))
+                    return None
+        except (ApiException, ShootAccessUnavailable, CaBundleMissing, ReleaseIncomplete) as failure:
+            cause = f"{failure.status} {failure.reason}" if isinstance(failure, ApiException) else str(failure)
+            await self._patch_status(extension, self._error(extension, action, cause))
+            raise
+        await self._patch_status(
+            extension,
+            contract.succeeded(
+                kind,
+                self.clock(),
+                generation=extension.metadata.generation,
+                description=action.succeeded_description,
+            ),
+        )
+        if action.remove_finalizer or action.remove_all_finalizers:
+            await self._remove_finalizers(extension, everyone=action.remove_all_finalizers)
+        if action.remove_annotation_after:
+            await self._patch(extension, contract.remove_operation_annotation_patch())
+        return None
+
+    def _error(self, extension: contract.Extension, action: contract.Action, cause: str) -> dict[str, Any]:
+        return contract.error(
+            action.type,
+            self.clock(),
+            generation=extension.metadata.generation,
+            description=contract.error_text(action.error_description, cause),
+        )
+
+    # --- the operations ----------------------------------------------------------------------------------
+
+    async def _provision(self, extension: contract.Extension, facts: ShootFacts | None) -> str | None:
+        """Everything the shoot needs from us; the problem for `lastError` if the object cannot be served fully
+        (the rest is provisioned anyway: a bad providerConfig must not take the node webhooks away)."""
+        namespace = extension.metadata.namespace
+        self._provisioned.pop(namespace, None)  # an operation looks at the objects again, whatever we remember
+        await self._ensure_objects(namespace)
+        self._run_or_pause(namespace, facts)
+        try:
+            parse_preservation_config(extension.spec.provider_config, path=PROVIDER_CONFIG_PATH)
+        except InvalidPreservationConfig as invalid:
+            return str(invalid)
+        return None
+
+    async def _delete(self, extension: contract.Extension, facts: ShootFacts | None) -> None:
+        """Disabled, or the shoot goes: end the shoot's preservations (taints, conditions, our CA annotations,
+        records; kept Failed machines back to MCM), then remove what we provisioned. A shoot being deleted or
+        hibernated loses every machine anyway and its API server may be gone: nothing to end there."""
+        namespace = extension.metadata.namespace
+        if facts is None or facts.lifecycle.deleted or facts.lifecycle.hibernated:
+            await self.supervisor.stop(namespace)
+        else:
+            problem = await self.supervisor.release(namespace, kubeconfig_secret=facts.kubeconfig_secret)
+            if problem is not None:
+                raise ReleaseIncomplete(problem)
+        await self._delete_objects(namespace)
+
+    async def _migrate(self, extension: contract.Extension) -> None:
+        namespace = extension.metadata.namespace
+        await self.supervisor.stop(namespace)
+        # The objects in the shoot stay for the destination seed's installation to take over.
+        await self._patch_object(
+            "resources.gardener.cloud",
+            "v1alpha1",
+            "managedresources",
+            namespace,
+            shoot_resources.MANAGED_RESOURCE,
+            shoot_resources.keep_objects_patch(),
+        )
+        await self._delete_objects(namespace)
+
+    async def _keep(self, extension: contract.Extension, facts: ShootFacts | None) -> None:
+        """A finished operation: keep what runs and what is provisioned in line with the object."""
+        last = extension.status.last_operation
+        if extension.metadata.deletion_timestamp is not None or last is None:
+            return
+        if contract.is_migrated(extension):
+            await self.supervisor.stop(extension.metadata.namespace)  # the shoot is served by another seed now
+            return
+        namespace = extension.metadata.namespace
+        await self._ensure_objects(namespace)
+        self._run_or_pause(namespace, facts)
+        await self._report_health(extension, facts)
+
+    async def _report_health(self, extension: contract.Extension, facts: ShootFacts | None) -> None:
+        """ControlPlaneHealthy: whether the shoot is served (its lifecycle runs with synced caches)."""
+        state = self.supervisor.state(extension.metadata.namespace)
+        if facts is not None and facts.lifecycle.hibernated:
+            status, reason, message = contract.ConditionStatus.TRUE, "ShootHibernated", "The shoot is hibernated."
+        elif state.running:
+            native = " (MCM preserves natively: the extension observes)" if state.native else ""
+            status, reason, message = contract.ConditionStatus.TRUE, "ShootServed", f"Preservation runs{native}."
+        else:
+            status, reason, message = contract.ConditionStatus.FALSE, "ShootNotServed", state.problem or "Starting."
+        patch = contract.control_plane_healthy(
+            extension, status=status, reason=reason, message=message, now=self.clock()
+        )
+        if patch is not None:
+            await self._patch_status(extension, patch)
+
+    def _run_or_pause(self, namespace: str, facts: ShootFacts | None) -> None:
+        if facts is None or facts.lifecycle.hibernated or facts.lifecycle.deleted:
+            # Hibernated or going: its API server is (about to be) down and MCM deletes every machine.
+            return
+        self.supervisor.ensure_running(namespace, kubeconfig_secret=facts.kubeconfig_secret)
+
+    # --- the per-shoot objects ----------------------------------------------------------------------------
+
+    async def _ensure_objects(self, namespace: str) -> None:
+        ca_bundle = self.ca_bundle()
+        if ca_bundle is None:
+            raise CaBundleMissing("the webhook CA is not there yet (the certs manager writes it)")
+        access = shoot_resources.shoot_access_secret(namespace)
+        # The shoot's node webhooks call a path naming the shoot: the one webhook serves every shoot of the seed.
+        url = f"{self.webhook_url.rstrip('/')}/shoots/{namespace}"
+        objects = shoot_resources.shoot_objects(ca_bundle=ca_bundle, url=url)
+        secret, managed_resource = shoot_resources.managed_resource(namespace, objects)
+        digest = hashlib.sha256(json.dumps([access, secret, managed_resource], sort_keys=True).encode()).hexdigest()
+        if self._provisioned.get(namespace) == digest:
+            return
+        await self._ensure_secret(access, keep_data=True)
+        await self._ensure_secret(secret, keep_data=False)
+        await self._ensure_custom("resources.gardener.cloud", "v1alpha1", "managedresources", managed_resource)
+        self._provisioned[namespace] = digest
+
+    async def _delete_objects(self, namespace: str) -> None:
+        self._provisioned.pop(namespace, None)
+        custom, core = client.CustomObjectsApi(self.seed), client.CoreV1Api(self.seed)
+        await _absent(
+            custom.delete_namespaced_custom_object(
+                "resources.gardener.cloud",
+                "v1alpha1",
+                namespace,
+                "managedresources",
+                shoot_resources.MANAGED_RESOURCE,
+            )
+        )
+        await _absent(core.delete_namespaced_secret(shoot_resources.MANAGED_RESOURCE_SECRET, namespace))
+        await _absent(core.delete_namespaced_secret(shoot_resources.SHOOT_ACCESS_SECRET, namespace))
+
+    async def _ensure_secret(self, desired: Mapping[str, Any], *, keep_data: bool) -> None:
+        """Create the Secret, or bring its labels, annotations (and data unless `keep_data`: the token GRM
+        writes) to what is desired; no write when nothing differs."""
+        core = client.CoreV1Api(self.seed)
+        metadata = desired["metadata"]
+        response = await core.read_namespaced_secret_without_preload_content(metadata["name"], metadata["namespace"])
+        body = await response.read()
+        if classify(response.status) is ApiError.NOT_FOUND:
+            # The client sends a plain JSON body as it is.
+            await core.create_namespaced_secret(metadata["namespace"], dict(desired))  # type: ignore[arg-type]
+            return
+        if response.status != 200:
+            raise ApiException(status=response.status, reason=response.reason, body=body.decode(errors="replace"))
+        current = json.loads(body)
+        patch = _metadata_patch(current, desired)
+        if not keep_data and (current.get("data") or {}) != (desired.get("data") or {}):
+            patch["data"] = desired.get("data") or {}
+        if patch:
+            await core.patch_namespaced_secret(
+                metadata["name"], metadata["namespace"], patch, _content_type=MERGE_PATCH
+            )
+
+    async def _ensure_custom(self, group: str, version: str, plural: str, desired: Mapping[str, Any]) -> None:
+        custom = client.CustomObjectsApi(self.seed)
+        metadata = desired["metadata"]
+        name, namespace = metadata["name"], metadata["namespace"]
+        response = await custom.get_namespaced_custom_object_without_preload_content(
+            group, version, namespace, plural, name
+        )
+        body = await response.read()
+        if classify(response.status) is ApiError.NOT_FOUND:
+            await custom.create_namespaced_custom_object(group, version, namespace, plural, dict(desired))
+            return
+        if response.status != 200:
+            raise ApiException(status=response.status, reason=response.reason, body=body.decode(errors="replace"))
+        current = json.loads(body)
+        patch = _metadata_patch(current, desired)
+        if current.get("spec") != desired.get("spec"):
+            patch["spec"] = desired.get("spec")
+        if patch:
+            await self._patch_object(group, version, plural, namespace, name, patch)
+
+    async def _patch_object(
+        self, group: str, version: str, plural: str, namespace: str, name: str, body: Mapping[str, Any]
+    ) -> None:
+        await _absent(
+            client.CustomObjectsApi(self.seed).patch_namespaced_custom_object(
+                group, version, namespace, plural, name, dict(body), _content_type=MERGE_PATCH
+            )
+        )
+
+    # --- the Extension object ---------------------------------------------------------------------------
+
+    async def _patch(self, extension: contract.Extension, body: Mapping[str, Any]) -> None:
+        await client.CustomObjectsApi(self.seed).patch_namespaced_custom_object(
+            contract.API_GROUP,
+            EXTENSION_VERSION,
+            extension.metadata.namespace,
+            contract.PLURAL,
+            extension.metadata.name,
+            dict(body),
+            _content_type=MERGE_PATCH,
+        )
+
+    async def _patch_status(self, extension: contract.Extension, status: Mapping[str, Any]) -> None:
+        await client.CustomObjectsApi(self.seed).patch_namespaced_custom_object_status(
+            contract.API_GROUP,
+            EXTENSION_VERSION,
+            extension.metadata.namespace,
+            contract.PLURAL,
+            extension.metadata.name,
+            dict(status),
+            _content_type=MERGE_PATCH,
+        )
+
+    async def _patch_if(self, extension: contract.Extension, body: Mapping[str, Any] | None) -> None:
+        if body is not None:
+            await self._patch(extension, body)
+
+    async def _remove_finalizers(self, extension: contract.Extension, *, everyone: bool) -> None:
+        """Take our finalizer (or, after a migration, every finalizer) off the object as it is now."""
+        custom = client.CustomObjectsApi(self.seed)
+        response = await custom.get_namespaced_custom_object_without_preload_content(
+            contract.API_GROUP,
+            EXTENSION_VERSION,
+            extension.metadata.namespace,
+            contract.PLURAL,
+            extension.metadata.name,
+        )
+        body = await response.read()
+        if classify(response.status) is ApiError.NOT_FOUND:
+            return
+        if response.status != 200:
+            raise ApiException(status=response.status, reason=response.reason, body=body.decode(errors="replace"))
+        current = contract.Extension.model_validate(json.loads(body))
+        patch = contract.finalizers_patch(current, remove=not everyone, clear=everyone)
+        if patch is not None:
+            await _absent(self._patch(current, patch))
+
+
+def _metadata_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
+    """The labels and annotations `desired` sets that `current` lacks or has otherwise, as a merge patch."""
+    patch: dict[str, Any] = {}
+    for part in ("labels", "annotations"):
+        want = (desired.get("metadata") or {}).get(part) or {}
+        have = (current.get("metadata") or {}).get(part) or {}
+        changed = {key: value for key, value in want.items() if have.get(key) != value}
+        if changed:
+            patch.setdefault("metadata", {})[part] = changed
+    return patch
+
+
+async def _absent(call: Any) -> None:
+    """Await a write for which a missing object is as good as done."""
+    try:
+        await call
+    except ApiException as error:
+        if classify(error.status) is not ApiError.NOT_FOUND:
+            raise
+
+
+def read_shoot_facts(raw: Mapping[str, Any]) -> ShootFacts:
+    """A `Cluster` as the extension reads it."""
+    metadata = raw.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    return ShootFacts(
+        namespace=str(metadata.get("name") or ""),
+        lifecycle=shoot_lifecycle(raw),
+        failed=contract.shoot_failed(raw),
+        kubeconfig_secret=str(annotations.get(GENERIC_KUBECONFIG_ANNOTATION) or ""),
+    )
+
+
+def decode_ca_bundle(secret: Mapping[str, Any], key: str) -> bytes | None:
+    value = (secret.get("data") or {}).get(key)
+    return base64.b64decode(value) if value else None

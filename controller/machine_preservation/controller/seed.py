@@ -1,0 +1,277 @@
+"""The Gardener extension process: one per seed, serving every shoot whose `Extension` of our type exists.
+
+Lifecycle:
+1. the seed client; /metrics, /healthz, /readyz (ready: a standby, or the leader once its caches synced);
+2. leader election on a Lease in the extension namespace;
+3. while leading: caches of the Extensions (named after the type, in every namespace), the Clusters and the
+   webhook CA Secret; one queue of shoot namespaces served by `workers` reconciles
+   (`extensions.ExtensionReconciler`); the heartbeat Lease `gardener-extension-heartbeat` renewed every 30 s so
+   gardenlet trusts our conditions; each enabled shoot's preservation lifecycle in `shoots.ShootSupervisor`;
+4. on stop: no new work, in-flight reconciles finish (bounded), every shoot's lifecycle stops, the Lease is
+   released. Losing the Lease ends the process with an error (crash-only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
+
+from machine_preservation.controller.api_errors import ApiError, classify
+from machine_preservation.controller.clients import new_api_client
+from machine_preservation.controller.extensions import (
+    EXTENSION_VERSION,
+    ExtensionReconciler,
+    ShootFacts,
+    decode_ca_bundle,
+    read_shoot_facts,
+)
+from machine_preservation.controller.informer import Informer, Source
+from machine_preservation.controller.leader import LeaderElector
+from machine_preservation.controller.metrics import Metrics, Probes, metrics_app, start_metrics_server
+from machine_preservation.controller.queue import WorkQueue, run_worker
+from machine_preservation.controller.runtime import DEFAULT_DRAIN_ATTEMPT_TIMEOUT, RuntimeOptions, wait_any
+from machine_preservation.controller.shoots import ShootSupervisor
+from machine_preservation.core import extension as contract
+from machine_preservation.core import shoot_resources
+from machine_preservation.core.admission.shoot_lifecycle import CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL
+from machine_preservation.core.clock import system_clock
+from machine_preservation.core.config import PreservationConfig
+from machine_preservation.core.mcm_generation import NativePreservationMode
+
+logger = logging.getLogger(__name__)
+
+LEASE_NAME = "gardener-extension-machine-preservation"
+EXIT_OK = 0
+EXIT_LOST_LEADERSHIP = 1
+# The key of the CA certificate in the certs manager's state Secret.
+CA_BUNDLE_KEY = "ca.crt"
+
+
+@dataclass(frozen=True)
+class SeedOptions:
+    namespace: str  # the extension namespace: Leases, the CA Secret
+    webhook_url: str  # the base URL the shoots' API servers reach the webhook at
+    ca_secret: tuple[str, str]  # namespace, name of the certs manager's state Secret
+    identity: str
+    kubeconfig: Path | None = None  # the seed (default: in-cluster)
+    preservation: PreservationConfig = field(default_factory=PreservationConfig)
+    native_preservation: NativePreservationMode = NativePreservationMode.AUTO
+    workers: int = 4  # Machine reconciles per shoot
+    extension_workers: int = 10  # Extension reconciles at once, over all shoots
+    leader_elect: bool = True
+    lease_duration: int = 15
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 8080
+    resync_period: float = 600.0
+    max_drain_attempt: dt.timedelta = DEFAULT_DRAIN_ATTEMPT_TIMEOUT
+    shutdown_grace: float = 30.0
+    heartbeat_period: float = float(contract.HEARTBEAT_RENEW_SECONDS)
+    mcm_recheck_period: float = 60.0
+
+
+@dataclass
+class SeedController:
+    options: SeedOptions
+    metrics: Metrics = field(default_factory=Metrics)
+    metrics_port: int = 0
+    leading: bool = False
+    supervisor: ShootSupervisor | None = None
+    _synced: bool = False
+
+    def ready(self) -> bool:
+        return self._synced if self.leading else self.options.leader_elect
+
+    async def run(self, stop: asyncio.Event) -> int:
+        options = self.options
+        seed = await new_api_client(
+            kubeconfig=options.kubeconfig, trace_configs=[self.metrics.trace_config(cluster="seed")]
+        )
+        runner = None
+        try:
+            app = metrics_app(metrics=self.metrics, probes=Probes(ready=self.ready))
+            runner = await start_metrics_server(app=app, host=options.metrics_host, port=options.metrics_port)
+            self.metrics_port = runner.addresses[0][1] if runner.addresses else options.metrics_port
+            if not options.leader_elect:
+                return await self._lead(seed, stop=stop, lost=asyncio.Event())
+            elector = LeaderElector(
+                api_client=seed,
+                namespace=options.namespace,
+                name=LEASE_NAME,
+                identity=options.identity,
+                lease_duration=options.lease_duration,
+                renew_deadline=options.renew_deadline,
+                retry_period=options.retry_period,
+            )
+            election = asyncio.create_task(elector.run(), name="leader-election")
+            try:
+                await wait_any(stop, elector.leading, elector.lost)
+                if stop.is_set():
+                    return EXIT_OK
+                if elector.lost.is_set():
+                    return EXIT_LOST_LEADERSHIP
+                self.metrics.leader.set(1)
+                return await self._lead(seed, stop=stop, lost=elector.lost)
+            finally:
+                self.metrics.leader.set(0)
+                election.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await election
+                if not elector.lost.is_set():
+                    await elector.release()
+        finally:
+            if runner is not None:
+                await runner.cleanup()
+            await seed.close()  # type: ignore[no-untyped-call]
+
+    def _runtime_options(self, namespace: str) -> RuntimeOptions:
+        options = self.options
+        return RuntimeOptions(
+            namespace=namespace,
+            identity=options.identity,
+            preservation=options.preservation,
+            native_preservation=options.native_preservation,
+            workers=options.workers,
+            resync_period=options.resync_period,
+            max_drain_attempt=options.max_drain_attempt,
+            shutdown_grace=options.shutdown_grace,
+        )
+
+    async def _lead(self, seed: client.ApiClient, *, stop: asyncio.Event, lost: asyncio.Event) -> int:
+        options = self.options
+        self.leading = True
+        custom, core = client.CustomObjectsApi(seed), client.CoreV1Api(seed)
+        extensions: Informer[contract.Extension] = Informer(
+            name="extensions",
+            source=Source(
+                custom.list_cluster_custom_object,
+                (contract.API_GROUP, EXTENSION_VERSION, contract.PLURAL),
+                {"field_selector": f"metadata.name={contract.EXTENSION_TYPE}"},
+            ),
+            parse=contract.Extension.model_validate,
+            resync_period=options.resync_period,
+        )
+        clusters: Informer[ShootFacts] = Informer(
+            name="clusters",
+            source=Source(custom.list_cluster_custom_object, (CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL)),
+            parse=read_shoot_facts,
+            resync_period=options.resync_period,
+        )
+        ca_namespace, ca_name = options.ca_secret
+        ca_secrets: Informer[Mapping[str, Any]] = Informer(
+            name="webhook-ca",
+            source=Source(core.list_namespaced_secret, (ca_namespace,), {"field_selector": f"metadata.name={ca_name}"}),
+            parse=dict,
+            resync_period=options.resync_period,
+        )
+        queue: WorkQueue[str] = WorkQueue(name="extensions")
+        self.metrics.watch_queue(queue.name, queue.__len__)
+        supervisor = self.supervisor = ShootSupervisor(
+            seed=seed,
+            runtime_options=self._runtime_options,
+            access_secret=shoot_resources.SHOOT_ACCESS_SECRET,
+            metrics=self.metrics,
+            recheck_period=options.mcm_recheck_period,
+            notify=lambda namespace: queue.add(namespace),
+        )
+
+        def ca_bundle() -> bytes | None:
+            secret = ca_secrets.get(f"{ca_namespace}/{ca_name}")
+            return decode_ca_bundle(secret, CA_BUNDLE_KEY) if secret is not None else None
+
+        reconciler = ExtensionReconciler(
+            seed=seed,
+            extensions=extensions,
+            clusters=clusters,
+            supervisor=supervisor,
+            webhook_url=options.webhook_url,
+            ca_bundle=ca_bundle,
+            clock=system_clock,
+        )
+
+        def enqueue_extension(old: contract.Extension | None, new: contract.Extension | None) -> None:
+            current = new or old
+            assert current is not None
+            queue.add(current.metadata.namespace, background=old is not None and old is new)
+
+        def enqueue_cluster(old: ShootFacts | None, new: ShootFacts | None) -> None:
+            if old != new and new is not None and extensions.get(f"{new.namespace}/{contract.EXTENSION_TYPE}"):
+                queue.add(new.namespace)
+
+        def enqueue_all(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> None:
+            if old is not new:  # a new CA reaches every shoot
+                for extension in extensions.values():
+                    queue.add(extension.metadata.namespace)
+
+        extensions.add_handler(enqueue_extension)
+        clusters.add_handler(enqueue_cluster)
+        ca_secrets.add_handler(enqueue_all)
+        informers = [
+            asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in (extensions, clusters, ca_secrets)
+        ]
+        heartbeat = asyncio.create_task(self._heartbeat(seed), name="heartbeat")
+        workers: list[asyncio.Task[None]] = []
+        synced = asyncio.Event()
+        waiting = asyncio.create_task(_set_when_synced((extensions, clusters, ca_secrets), synced))
+        try:
+            await wait_any(stop, lost, synced)
+            if synced.is_set() and not (stop.is_set() or lost.is_set()):
+                self._synced = True
+                logger.info("caches synced: %d Extensions, %d Clusters", len(extensions), len(clusters))
+                workers = [
+                    asyncio.create_task(
+                        run_worker(queue, reconciler.reconcile, metrics=self.metrics), name=f"extension-worker-{n}"
+                    )
+                    for n in range(max(options.extension_workers, 1))
+                ]
+                await wait_any(stop, lost)
+            return EXIT_LOST_LEADERSHIP if lost.is_set() else EXIT_OK
+        finally:
+            queue.shutdown()
+            if workers:
+                grace = 0.0 if lost.is_set() else options.shutdown_grace
+                _, pending = await asyncio.wait(workers, timeout=grace) if grace else (set(), set(workers))
+                for task in pending:
+                    task.cancel()
+            await supervisor.stop_all()
+            self.leading = self._synced = False
+            for task in (waiting, heartbeat, *informers):
+                task.cancel()
+            await asyncio.gather(waiting, heartbeat, *informers, *workers, return_exceptions=True)
+
+    async def _heartbeat(self, seed: client.ApiClient) -> None:
+        """Renew `gardener-extension-heartbeat`: without it gardenlet reads our conditions as Unknown."""
+        api = client.CoordinationV1Api(seed)
+        namespace = self.options.namespace
+        while True:
+            body = contract.heartbeat_lease(namespace=namespace, holder=self.options.identity, now=system_clock())
+            try:
+                try:
+                    # The client sends a plain JSON body as it is.
+                    await api.replace_namespaced_lease(
+                        contract.HEARTBEAT_LEASE_NAME,
+                        namespace,
+                        body,  # type: ignore[arg-type]
+                    )
+                except ApiException as error:
+                    if classify(error.status) is not ApiError.NOT_FOUND:
+                        raise
+                    await api.create_namespaced_lease(namespace, body)  # type: ignore[arg-type]
+            except ApiException as error:
+                logger.warning("cannot renew the heartbeat Lease: %s %s", error.status, error.reason)
+            await asyncio.sleep(self.options.heartbeat_period)
+
+
+async def _set_when_synced(informers: tuple[Informer[Any], ...], synced: asyncio.Event) -> None:
+    await asyncio.gather(*(informer.wait_synced() for informer in informers))
+    synced.set()

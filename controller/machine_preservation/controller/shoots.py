@@ -1,0 +1,229 @@
+"""The preservation lifecycles of every enabled shoot of the seed, in one process: one `ShootRuntime` per shoot.
+
+Each shoot runs in a task of its own with its own caches, queues and workers, so a shoot whose API server is
+down, slow or rejects our token only stalls itself: its task retries with a backoff of its own, and its problem
+is kept for the shoot's Extension status. While a runtime runs, MCM is inspected again every `recheck_period`; when
+the verdict on native preservation changes (MCM upgraded in that shoot), the shoot's runtime is restarted on the
+new verdict, and no other shoot notices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kubernetes.aio import client
+
+from machine_preservation.controller.backoff import Backoff
+from machine_preservation.controller.metrics import Metrics
+from machine_preservation.controller.runtime import Outcome, RuntimeOptions, ShootRuntime, inspect_mcm, wait_any
+from machine_preservation.controller.shoot_access import ShootAccessUnavailable, new_shoot_client
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ShootState:
+    """How a shoot's lifecycle is doing, for its Extension's status."""
+
+    running: bool = False  # a runtime is up and its caches synced
+    native: bool | None = None  # MCM preserves natively (None: not inspected yet)
+    problem: str = ""  # why it is not running, for people
+
+
+@dataclass
+class _Shoot:
+    namespace: str
+    kubeconfig_secret: str
+    halt: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    runtime: ShootRuntime | None = None
+    native: bool | None = None
+    problem: str = "starting"
+
+
+@dataclass
+class ShootSupervisor:
+    seed: client.ApiClient
+    runtime_options: Callable[[str], RuntimeOptions]  # per control namespace
+    access_secret: str
+    metrics: Metrics
+    recheck_period: float = 60.0
+    health_period: float = 2.0  # how often a shoot's state is looked at for changes
+    # Told the namespace whenever a shoot's state changes (synced, failed), to report it on the Extension.
+    notify: Callable[[str], None] = lambda namespace: None
+    # Retries of a shoot that cannot be started: 1 s doubling to 5 min.
+    backoff: Backoff = field(default_factory=lambda: Backoff(base=1.0, cap=300.0))
+    _shoots: dict[str, _Shoot] = field(default_factory=dict)
+
+    def namespaces(self) -> list[str]:
+        return sorted(self._shoots)
+
+    def state(self, namespace: str) -> ShootState:
+        shoot = self._shoots.get(namespace)
+        if shoot is None:
+            return ShootState(problem="not running")
+        runtime = shoot.runtime
+        if runtime is None or not runtime.synced():
+            return ShootState(native=shoot.native, problem=shoot.problem)
+        failing = runtime.failing()
+        if failing:
+            return ShootState(native=shoot.native, problem=failing)
+        return ShootState(running=True, native=shoot.native)
+
+    def ensure_running(self, namespace: str, *, kubeconfig_secret: str) -> None:
+        """Start the shoot's lifecycle unless it runs; a changed kubeconfig Secret restarts it."""
+        shoot = self._shoots.get(namespace)
+        if shoot is not None and shoot.kubeconfig_secret == kubeconfig_secret and shoot.task and not shoot.task.done():
+            return
+        if shoot is not None:
+            shoot.halt.set()  # the old task ends on its own; the new one starts afresh
+        shoot = self._shoots[namespace] = _Shoot(namespace=namespace, kubeconfig_secret=kubeconfig_secret)
+        shoot.task = asyncio.create_task(self._run(shoot), name=f"shoot-{namespace}")
+
+    async def stop(self, namespace: str) -> None:
+        """Stop the shoot's lifecycle (in-flight reconciles finish, bounded) and forget it."""
+        shoot = self._shoots.pop(namespace, None)
+        if shoot is None:
+            return
+        shoot.halt.set()
+        if shoot.task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await shoot.task
+
+    async def release(self, namespace: str, *, kubeconfig_secret: str, limit: float = 60.0) -> str | None:
+        """End every preservation of the shoot (the extension is being disabled): stop its lifecycle, run it once
+        more releasing, until nothing is preserved; then stop. The problem, for people, if that did not finish
+        within `limit` seconds (the caller retries)."""
+        await self.stop(namespace)
+        options = dataclasses.replace(self.runtime_options(namespace), releasing=True)
+        try:
+            target = await new_shoot_client(
+                self.seed,
+                namespace=namespace,
+                kubeconfig_secret=kubeconfig_secret,
+                access_secret=self.access_secret,
+                trace_configs=[self.metrics.trace_config(cluster="shoot")],
+            )
+        except ShootAccessUnavailable as error:
+            return f"cannot reach the shoot to end its preservations: {error}"
+        runtime = ShootRuntime(options=options, control=self.seed, target=target, metrics=Metrics())
+        stop = asyncio.Event()
+        task: asyncio.Task[Outcome] | None = None
+        try:
+            await runtime.prepare()
+            task = asyncio.create_task(runtime.run(stop=stop, lost=asyncio.Event()), name=f"release-{namespace}")
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + limit
+            while loop.time() < deadline and not task.done():
+                if runtime.synced() and runtime.preservations_left() == 0:
+                    return None
+                await asyncio.sleep(0.2)
+            if not runtime.synced():
+                return "cannot reach the shoot to end its preservations (its caches did not sync)"
+            return f"{runtime.preservations_left()} preservations still ending after {limit:g} s"
+        finally:
+            stop.set()
+            if task is not None:
+                await asyncio.gather(task, return_exceptions=True)
+            await target.close()  # type: ignore[no-untyped-call]
+
+    async def stop_all(self) -> None:
+        await asyncio.gather(*(self.stop(namespace) for namespace in list(self._shoots)))
+
+    async def _run(self, shoot: _Shoot) -> None:
+        failures = 0
+        while not shoot.halt.is_set():
+            restart = asyncio.Event()
+            try:
+                outcome = await self._run_once(shoot, restart)
+            except ShootAccessUnavailable as error:
+                shoot.problem = str(error)
+                outcome = None
+            except Exception as error:  # any other failure: reported, retried; the other shoots go on
+                logger.exception("%s: the preservation lifecycle failed", shoot.namespace)
+                shoot.problem = f"the preservation lifecycle failed: {error}"
+                outcome = None
+            finally:
+                shoot.runtime = None
+            if shoot.halt.is_set():
+                return
+            self.notify(shoot.namespace)
+            if outcome is Outcome.STOPPED and restart.is_set():
+                failures = 0
+                continue  # MCM's generation changed: start again at once on the new verdict
+            failures = 0 if outcome is Outcome.INFORMER_FAILED else failures + 1
+            delay = max(self.backoff.delay(failures), self.backoff.base)
+            logger.info("%s: %s; next attempt in %.0f s", shoot.namespace, shoot.problem, delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(shoot.halt.wait(), timeout=delay)
+
+    async def _run_once(self, shoot: _Shoot, restart: asyncio.Event) -> Outcome:
+        options = self.runtime_options(shoot.namespace)
+        target = await new_shoot_client(
+            self.seed,
+            namespace=shoot.namespace,
+            kubeconfig_secret=shoot.kubeconfig_secret,
+            access_secret=self.access_secret,
+            trace_configs=[self.metrics.trace_config(cluster="shoot")],
+        )
+        try:
+            # Each runtime reports into a registry of its own: the process's /metrics shows the seed-wide figures.
+            runtime = ShootRuntime(options=options, control=self.seed, target=target, metrics=Metrics())
+            await runtime.prepare()
+            shoot.runtime, shoot.native = runtime, runtime.native
+            shoot.problem = "waiting for the caches to sync (is the shoot's API server reachable?)"
+            stop = asyncio.Event()
+            recheck = asyncio.create_task(self._recheck(shoot, options, runtime.native, restart))
+            relay = asyncio.create_task(_set_when_any(stop, shoot.halt, restart))
+            announce = asyncio.create_task(self._announce_changes(shoot))
+            try:
+                outcome = await runtime.run(stop=stop, lost=asyncio.Event())
+            finally:
+                for task in (recheck, relay, announce):
+                    task.cancel()
+                await asyncio.gather(recheck, relay, announce, return_exceptions=True)
+            if outcome is Outcome.INFORMER_FAILED:
+                shoot.problem = "a cache stopped following the shoot; restarting"
+            return outcome
+        finally:
+            await target.close()  # type: ignore[no-untyped-call]
+
+    async def _announce_changes(self, shoot: _Shoot) -> None:
+        """Tell when the shoot's state changes (synced; its API server lost or back), for its Extension."""
+        last = self.state(shoot.namespace)
+        while True:
+            await asyncio.sleep(self.health_period)
+            current = self.state(shoot.namespace)
+            if current != last:
+                self.notify(shoot.namespace)
+                last = current
+
+    async def _recheck(self, shoot: _Shoot, options: RuntimeOptions, native: bool, restart: asyncio.Event) -> None:
+        while True:
+            await asyncio.sleep(self.recheck_period)
+            try:
+                decision, _ = await inspect_mcm(
+                    self.seed, namespace=options.namespace, mode=options.native_preservation
+                )
+            except Exception as error:  # a failed look is not a verdict: try again next period
+                logger.warning("%s: cannot inspect MCM (%s)", shoot.namespace, error)
+                continue
+            if decision.native != native:
+                logger.info(
+                    "%s: MCM native preservation is now %s (%s): restarting the shoot's lifecycle",
+                    shoot.namespace,
+                    "on" if decision.native else "off",
+                    decision.because,
+                )
+                restart.set()
+                return
+
+
+async def _set_when_any(target: asyncio.Event, *events: asyncio.Event) -> None:
+    await wait_any(*events)
+    target.set()

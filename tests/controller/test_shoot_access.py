@@ -1,0 +1,93 @@
+"""Where the extension finds a shoot's API server: the generic token kubeconfig Gardener keeps per shoot."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import pytest
+
+from machine_preservation.controller.extensions import read_shoot_facts
+from machine_preservation.controller.shoot_access import (
+    GENERIC_KUBECONFIG_ANNOTATION,
+    ShootAccessUnavailable,
+    endpoint_from_kubeconfig,
+)
+
+CA = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+NAMESPACE = "shoot--core--a"
+
+
+def kubeconfig(server: str, *, ca: bytes | None = CA, context: str = "ctx") -> dict[str, Any]:
+    cluster: dict[str, Any] = {"server": server}
+    if ca is not None:
+        cluster["certificate-authority-data"] = base64.b64encode(ca).decode()
+    return {
+        "current-context": context,
+        "clusters": [{"name": "c", "cluster": cluster}],
+        "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("server", "expected"),
+    [
+        # As Gardener writes it: the Service in the shoot namespace, reachable from elsewhere by its full name.
+        ("https://kube-apiserver", f"https://kube-apiserver.{NAMESPACE}.svc"),
+        ("https://kube-apiserver:443", f"https://kube-apiserver.{NAMESPACE}.svc:443"),
+        # Anything else is taken as written.
+        ("https://api.a.core.example.com", "https://api.a.core.example.com"),
+        ("https://127.0.0.1:6443", "https://127.0.0.1:6443"),
+        (f"https://kube-apiserver.{NAMESPACE}.svc", f"https://kube-apiserver.{NAMESPACE}.svc"),
+    ],
+)
+def test_the_server_is_made_reachable_from_any_namespace(server: str, expected: str) -> None:
+    endpoint = endpoint_from_kubeconfig(kubeconfig(server), namespace=NAMESPACE)
+    assert endpoint.server == expected
+    assert endpoint.ca_pem == CA.decode()
+
+
+def test_a_single_cluster_is_used_without_a_current_context() -> None:
+    document = kubeconfig("https://127.0.0.1:1", context="")
+    assert endpoint_from_kubeconfig(document, namespace=NAMESPACE).server == "https://127.0.0.1:1"
+
+
+@pytest.mark.parametrize(
+    ("document", "problem"),
+    [
+        ({}, "names no server"),
+        (kubeconfig(""), "names no server"),
+        (kubeconfig("https://kube-apiserver", ca=None), "no certificate-authority-data"),
+    ],
+)
+def test_an_unusable_kubeconfig_says_what_is_missing(document: dict[str, Any], problem: str) -> None:
+    with pytest.raises(ShootAccessUnavailable, match=problem):
+        endpoint_from_kubeconfig(document, namespace=NAMESPACE)
+
+
+def cluster(*, annotations: dict[str, str] | None = None, **shoot: Any) -> dict[str, Any]:
+    return {"metadata": {"name": NAMESPACE, "annotations": annotations or {}}, "spec": {"shoot": shoot}}
+
+
+@pytest.mark.parametrize(
+    ("raw", "hibernated", "deleted", "failed"),
+    [
+        (cluster(), False, False, False),
+        (cluster(spec={"hibernation": {"enabled": True}}), True, False, False),
+        (cluster(metadata={"deletionTimestamp": "2026-11-26T00:00:00Z"}), False, True, False),
+        (cluster(status={"lastOperation": {"type": "Reconcile", "state": "Failed"}}), False, False, True),
+        (cluster(status={"lastOperation": {"type": "Reconcile", "state": "Error"}}), False, False, False),
+    ],
+)
+def test_what_the_extension_reads_from_a_cluster(
+    raw: dict[str, Any], hibernated: bool, deleted: bool, failed: bool
+) -> None:
+    facts = read_shoot_facts(raw)
+    assert facts.namespace == NAMESPACE
+    assert (facts.lifecycle.hibernated, facts.lifecycle.deleted, facts.failed) == (hibernated, deleted, failed)
+
+
+def test_the_kubeconfig_secret_is_named_on_the_cluster() -> None:
+    facts = read_shoot_facts(cluster(annotations={GENERIC_KUBECONFIG_ANNOTATION: "generic-token-kubeconfig-1a2b"}))
+    assert facts.kubeconfig_secret == "generic-token-kubeconfig-1a2b"
+    assert read_shoot_facts(cluster()).kubeconfig_secret == ""
