@@ -94,6 +94,15 @@ class ControlPlane:
     # An audit policy (audit.k8s.io/v1 Policy): the apiserver then writes one JSON line per event to
     # logs/audit.log, so tests can tell exactly which identity wrote what.
     audit_policy: dict[str, object] | None = None
+    # Another control plane's etcd (its client URL, see `etcd_url`) instead of an etcd of its own: several API
+    # servers (a seed and its shoots) then share one etcd, kept apart by `etcd_prefix`. Such a plane stops only its
+    # own processes.
+    etcd_servers: str | None = None
+    etcd_prefix: str = "/registry"
+    # Audiences besides the issuer that tokens may be requested for (a Gardener shoot's API server adds "gardener").
+    extra_api_audiences: tuple[str, ...] = ()
+    # kube-controller-manager (namespace deletion, garbage collection, service-account tokens); off saves memory.
+    controller_manager: bool = True
     etcd_port: int = 0
     apiserver_port: int = 0
     _processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -102,6 +111,16 @@ class ControlPlane:
     @property
     def server(self) -> str:
         return f"https://{LOOPBACK}:{self.apiserver_port}"
+
+    @property
+    def etcd_url(self) -> str:
+        """The client URL of the etcd this plane stores its objects in."""
+        return self.etcd_servers or f"http://{LOOPBACK}:{self.etcd_port}"
+
+    @property
+    def issuer(self) -> str:
+        """The service-account token issuer (also the default token audience)."""
+        return self.server
 
     @property
     def kubeconfig(self) -> Path:
@@ -130,11 +149,13 @@ class ControlPlane:
         self._ca = pki.ca
         deadline = time.monotonic() + timeout
         try:
-            self._start_etcd(deadline)
+            if self.etcd_servers is None:
+                self._start_etcd(deadline)
             self._start_apiserver(deadline)
             self.write_kubeconfig(self.kubeconfig, user="admin", groups=("system:masters",))
             self._wait_for_default_namespace(deadline)
-            self._start_controller_manager()
+            if self.controller_manager:
+                self._start_controller_manager()
             self._save_state()
         except BaseException:
             self.stop()
@@ -257,7 +278,8 @@ class ControlPlane:
         process = self._spawn(
             "kube-apiserver",
             [
-                f"--etcd-servers=http://{LOOPBACK}:{self.etcd_port}",
+                f"--etcd-servers={self.etcd_url}",
+                f"--etcd-prefix={self.etcd_prefix}",
                 f"--bind-address={LOOPBACK}",
                 f"--advertise-address={LOOPBACK}",
                 f"--secure-port={self.apiserver_port}",
@@ -265,7 +287,8 @@ class ControlPlane:
                 f"--tls-cert-file={pki / 'apiserver.crt'}",
                 f"--tls-private-key-file={pki / 'apiserver.key'}",
                 f"--client-ca-file={pki / 'ca.crt'}",
-                f"--service-account-issuer=https://{LOOPBACK}:{self.apiserver_port}",
+                f"--service-account-issuer={self.issuer}",
+                f"--api-audiences={','.join((self.issuer, *self.extra_api_audiences))}",
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 "--service-cluster-ip-range=10.0.0.0/24",

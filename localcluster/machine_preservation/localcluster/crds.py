@@ -32,13 +32,13 @@ def crd_manifests(mcm_version: str | None = None) -> list[dict[str, Any]]:
             for entry in sorted(directory.iterdir(), key=lambda e: e.name)
             if entry.name.endswith(".yaml")
         ]
-    manifests = [_single_document(path) for path in sorted(mcm_crds(mcm_version).glob("*.yaml"))]
+    manifests = [single_document(path) for path in sorted(mcm_crds(mcm_version).glob("*.yaml"))]
     manifests.append(yaml.safe_load((directory / SHOOT_CRD).read_text()))
-    manifests.append(_single_document(gardener_cluster_crd()))
+    manifests.append(single_document(gardener_cluster_crd()))
     return manifests
 
 
-def _single_document(path: Path) -> dict[str, Any]:
+def single_document(path: Path) -> dict[str, Any]:
     documents = [d for d in yaml.safe_load_all(path.read_text()) if d]
     if len(documents) != 1 or documents[0].get("kind") != "CustomResourceDefinition":
         raise ValueError(f"{path}: expected exactly one CustomResourceDefinition")
@@ -50,10 +50,14 @@ def install_crds(kubeconfig: Path, *, mcm_version: str | None = None, timeout: f
     """Create or replace every CRD (see `crd_manifests` for `mcm_version`), then wait until each is Established and
     its resources can be listed (right after Established the API server still answers 429 "storage is
     (re)initializing" for a moment, which would fail whoever lists first)."""
+    install_crd_manifests(kubeconfig, crd_manifests(mcm_version), timeout=timeout)
+
+
+def install_crd_manifests(kubeconfig: Path, manifests: list[dict[str, Any]], *, timeout: float = 60.0) -> None:
+    """Create or replace these CRDs, then wait until each is Established and listable (see `install_crds`)."""
     api_client = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
     with api_client:
         api = client.ApiextensionsV1Api(api_client)
-        manifests = crd_manifests(mcm_version)
         for manifest in manifests:
             apply_crd(api, manifest)
         deadline = time.monotonic() + timeout

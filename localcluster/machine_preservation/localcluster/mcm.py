@@ -23,7 +23,9 @@ MCM_MODULE = "github.com/gardener/machine-controller-manager"
 # The generation without native preservation, the one the product exists for.
 DEFAULT_MCM_VERSION = "v0.61.3"
 GARDENER_MODULE = "github.com/gardener/gardener"
-GARDENER_VERSION = "v1.147.1"
+# The Gardener release the seed CRDs and gardener-resource-manager come from (localcluster/go/gardener-resource-manager
+# builds GRM from the same version).
+GARDENER_VERSION = "v1.150.0"
 CLUSTER_CRD_PATH = "example/seed-crds/10-crd-extensions.gardener.cloud_clusters.yaml"
 
 MCM_BINARIES = ("machine-controller-manager", "machine-controller")

