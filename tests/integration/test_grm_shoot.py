@@ -10,6 +10,7 @@ ManagedResource deletes its objects.
 from __future__ import annotations
 
 import base64
+import datetime
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ class Shoot:
 @pytest.fixture(scope="module")
 def shoot(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shoot]:
     """One shoot: its namespace in the seed, its own kube-apiserver and its real GRM."""
-    gardener.install_seed_crds(control_plane.kubeconfig, operator=False)
+    gardener.install_seed_crds(control_plane.kubeconfig)
     namespace = gardener.shoot_namespace_name("grm", uuid.uuid4().hex[:6])
     api_client = sync_config.new_client_from_config(config_file=str(control_plane.kubeconfig))  # type: ignore[no-untyped-call]
     with api_client:
@@ -149,21 +150,7 @@ async def test_shoot_access_secret_gets_a_token_for_the_service_account_in_the_s
     shoot: Shoot, api: client.ApiClient, tmp_path: Path
 ) -> None:
     name = f"shoot-access-{SA_NAME}-{uuid.uuid4().hex[:4]}"
-    secret = {
-        "metadata": {
-            "name": name,
-            "namespace": shoot.namespace,
-            "labels": {
-                "resources.gardener.cloud/purpose": "token-requestor",
-                "resources.gardener.cloud/class": "shoot",
-            },
-            "annotations": {
-                "serviceaccount.resources.gardener.cloud/name": SA_NAME,
-                "serviceaccount.resources.gardener.cloud/namespace": SA_NAMESPACE,
-            },
-        },
-        "type": "Opaque",
-    }
+    secret = _access_secret(shoot.namespace, name)
     core = client.CoreV1Api(api)
     await core.create_namespaced_secret(shoot.namespace, client.V1Secret.model_validate(secret))
 
@@ -210,3 +197,116 @@ def _token_kubeconfig(path: Path, plane: ControlPlane, token: str) -> Path:
     }
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+async def test_gardenlet_stand_in_writes_what_an_extension_reads(
+    shoot: Shoot, api: client.ApiClient, tmp_path: Path
+) -> None:
+    """Cluster with the Shoot and the generic token kubeconfig's name, the kubeconfig (with a shoot-access token it
+    reaches the shoot), the Extension with gardenlet's annotations, judged as gardenlet does."""
+    ns = shoot.namespace
+    await gardener.apply_cluster(
+        api,
+        gardener.cluster_manifest(
+            ns,
+            shoot=gardener.shoot_manifest(ns, workers=[gardener.worker("pool-a", auto_preserve_failed_machine_max=1)]),
+        ),
+    )
+    secret_name = await gardener.publish_generic_token_kubeconfig(api, ns, shoot.plane)
+    objects = client.CustomObjectsApi(api)
+    cluster = await objects.get_cluster_custom_object(
+        gardener.EXTENSIONS_GROUP, gardener.EXTENSIONS_VERSION, "clusters", ns
+    )
+    assert isinstance(cluster, dict)
+    assert cluster["metadata"]["annotations"][gardener.GENERIC_KUBECONFIG_ANNOTATION] == secret_name
+    assert cluster["spec"]["shoot"]["spec"]["provider"]["workers"][0]["machineControllerManager"] == {
+        "autoPreserveFailedMachineMax": 1
+    }
+    hibernated = gardener.shoot_manifest(ns, hibernated=True)
+    cluster = await gardener.update_cluster_shoot(api, ns, hibernated)
+    assert cluster["spec"]["shoot"]["spec"]["hibernation"] == {"enabled": True}
+
+    # The generic kubeconfig plus a token of a shoot-access Secret reach the shoot, as an extension combines them.
+    core = client.CoreV1Api(api)
+    generic = yaml.safe_load(base64.b64decode((await core.read_namespaced_secret(secret_name, ns)).data["kubeconfig"]))  # type: ignore[index]
+    assert generic["users"][0]["user"] == {"tokenFile": gardener.GENERIC_KUBECONFIG_TOKEN_FILE}
+    access = f"shoot-access-{SA_NAME}-{uuid.uuid4().hex[:4]}"
+    await core.create_namespaced_secret(ns, client.V1Secret.model_validate(_access_secret(ns, access)))
+
+    async def token() -> str | None:
+        data = (await core.read_namespaced_secret(access, ns)).data or {}
+        return base64.b64decode(data["token"]).decode() if "token" in data else None
+
+    generic["users"][0]["user"] = {"token": await eventually_async(token, limit=20)}
+    (tmp_path / "combined.kubeconfig").write_text(yaml.safe_dump(generic))
+    shoot_client = await new_api_client(kubeconfig=tmp_path / "combined.kubeconfig")
+    try:
+        review = await client.AuthenticationV1Api(shoot_client).create_self_subject_review(
+            client.V1SelfSubjectReview.model_validate({})
+        )
+    finally:
+        await shoot_client.close()
+    assert review.status.user_info.username == SA_USERNAME  # type: ignore[union-attr]
+
+    created = await gardener.apply_extension(api, ns, provider_config={"kind": "PreservationConfig"})
+    assert created["metadata"]["annotations"][gardener.OPERATION_ANNOTATION] == "reconcile"
+    assert gardener.extension_ready(created) == "observed generation outdated (0/1)"
+    # What the extension controller does: take the annotation away, then report success.
+    await objects.patch_namespaced_custom_object(
+        gardener.EXTENSIONS_GROUP,
+        gardener.EXTENSIONS_VERSION,
+        ns,
+        "extensions",
+        gardener.EXTENSION_TYPE,
+        [{"op": "remove", "path": "/metadata/annotations/gardener.cloud~1operation"}],
+        _content_type=gardener.JSON_PATCH,
+    )
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    status = {
+        "observedGeneration": 1,
+        "lastOperation": {
+            "type": "Create",
+            "state": "Succeeded",
+            "progress": 100,
+            "description": "done",
+            "lastUpdateTime": now,
+        },
+    }
+    await objects.patch_namespaced_custom_object_status(
+        gardener.EXTENSIONS_GROUP,
+        gardener.EXTENSIONS_VERSION,
+        ns,
+        "extensions",
+        gardener.EXTENSION_TYPE,
+        {"status": status},
+        _content_type="application/merge-patch+json",
+    )
+    assert gardener.extension_ready(await gardener.read_extension(api, ns)) is None
+    requested = await gardener.request_operation(api, ns, "migrate")
+    assert gardener.extension_ready(requested) == "gardener operation 'migrate' is not yet picked up by controller"
+
+    await gardener.create_shoot_namespace(api, ns, extension_types=())
+    labels = (await core.read_namespace(ns)).metadata.labels  # type: ignore[union-attr]
+    assert labels is not None
+    assert "extensions.gardener.cloud/machine-preservation" not in labels
+    assert labels["gardener.cloud/role"] == "shoot"
+    await gardener.delete_extension(api, ns)
+    await gardener.create_shoot_namespace(api, ns)
+
+
+def _access_secret(namespace: str, name: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {
+                "resources.gardener.cloud/purpose": "token-requestor",
+                "resources.gardener.cloud/class": "shoot",
+            },
+            "annotations": {
+                "serviceaccount.resources.gardener.cloud/name": SA_NAME,
+                "serviceaccount.resources.gardener.cloud/namespace": SA_NAMESPACE,
+            },
+        },
+        "type": "Opaque",
+    }

@@ -55,6 +55,7 @@ GENERIC_KUBECONFIG_BASE_NAME = "generic-token-kubeconfig"
 # there, so a component combines it with its own token.
 GENERIC_KUBECONFIG_TOKEN_FILE = "/var/run/secrets/gardener.cloud/shoot/generic-kubeconfig/token"
 SHOOT_AUDIENCE = "gardener"
+JSON_PATCH, MERGE_PATCH = "application/json-patch+json", "application/merge-patch+json"
 
 
 # --- CRDs and API servers --------------------------------------------------------------------------------------
@@ -325,7 +326,9 @@ async def create_shoot_namespace(
             if not k.startswith("extensions.gardener.cloud/")
         }
         labels.update(body["metadata"]["labels"])
-        await core.patch_namespace(namespace, [{"op": "replace", "path": "/metadata/labels", "value": labels}])
+        await core.patch_namespace(
+            namespace, [{"op": "replace", "path": "/metadata/labels", "value": labels}], _content_type=JSON_PATCH
+        )
 
 
 async def apply_cluster(api: client.ApiClient, cluster: Mapping[str, Any]) -> dict[str, Any]:
@@ -342,7 +345,7 @@ async def apply_cluster(api: client.ApiClient, cluster: Mapping[str, Any]) -> di
     patch = {"metadata": {"annotations": cluster["metadata"].get("annotations") or {}}, "spec": cluster["spec"]}
     return _as_dict(
         await objects.patch_cluster_custom_object(
-            EXTENSIONS_GROUP, EXTENSIONS_VERSION, "clusters", name, patch, _content_type="application/merge-patch+json"
+            EXTENSIONS_GROUP, EXTENSIONS_VERSION, "clusters", name, patch, _content_type=MERGE_PATCH
         )
     )
 
@@ -356,6 +359,7 @@ async def update_cluster_shoot(api: client.ApiClient, namespace: str, shoot: Map
             "clusters",
             namespace,
             [{"op": "replace", "path": "/spec/shoot", "value": dict(shoot)}],
+            _content_type=JSON_PATCH,
         )
     )
 
@@ -376,7 +380,7 @@ async def publish_generic_token_kubeconfig(api: client.ApiClient, namespace: str
         "clusters",
         namespace,
         {"metadata": {"annotations": {GENERIC_KUBECONFIG_ANNOTATION: name}}},
-        _content_type="application/merge-patch+json",
+        _content_type=MERGE_PATCH,
     )
     return name
 
@@ -416,7 +420,7 @@ async def apply_extension(
             "extensions",
             extension_type,
             patch,
-            _content_type="application/merge-patch+json",
+            _content_type=MERGE_PATCH,
         )
     )
 
@@ -434,7 +438,7 @@ async def request_operation(
             "extensions",
             extension_type,
             {"metadata": {"annotations": annotations}},
-            _content_type="application/merge-patch+json",
+            _content_type=MERGE_PATCH,
         )
     )
 
@@ -449,7 +453,7 @@ async def delete_extension(api: client.ApiClient, namespace: str, *, extension_t
         "extensions",
         extension_type,
         {"metadata": {"annotations": {"confirmation.gardener.cloud/deletion": "true"}}},
-        _content_type="application/merge-patch+json",
+        _content_type=MERGE_PATCH,
     )
     await objects.delete_namespaced_custom_object(
         EXTENSIONS_GROUP, EXTENSIONS_VERSION, namespace, "extensions", extension_type
