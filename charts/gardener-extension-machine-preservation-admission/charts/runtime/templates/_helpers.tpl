@@ -1,0 +1,20 @@
+{{/* One installation per garden: fixed names, as Gardener's admission components name theirs. The application
+     part's default webhook URL names the Service: keep the two in step. */}}
+{{- define "mpadm.runtime.name" -}}gardener-extension-machine-preservation-admission{{- end -}}
+{{- define "mpadm.runtime.tlsSecret" -}}
+{{- .Values.global.certificate.secretName | default (printf "%s-tls" (include "mpadm.runtime.name" .)) -}}
+{{- end -}}
+
+{{- define "mpadm.runtime.labels" -}}
+app.kubernetes.io/name: {{ include "mpadm.runtime.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: admission
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "mpadm.runtime.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "mpadm.runtime.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: admission
+{{- end -}}
