@@ -26,11 +26,13 @@ from kubernetes import client, config
 
 from machine_preservation.certs import commands as certs_commands
 from machine_preservation.cli.main import build_parser
+from machine_preservation.core import shoot_resources
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.localcluster.controlplane import ControlPlane, free_port
 from machine_preservation.localcluster.crds import apply_crd
 from machine_preservation.localcluster.mcm import GARDENER_MODULE, GARDENER_VERSION, go_module_dir
 from machine_preservation.localcluster.toolchain import Toolchain
+from machine_preservation.webhook import commands as webhook_commands
 from machine_preservation.webhook.commands import write_self_signed
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import WebhookServer
@@ -334,6 +336,17 @@ def test_webhook_and_certs_commands_are_accepted_by_the_cli(rendered: list[dict[
     assert str(webhook.cert_dir) == "/certs"
     assert webhook.controller_username == CONTROLLER_USERNAME
     assert webhook.max_preserve_timeout == dt.timedelta(hours=720)
+    # One webhook for every shoot: the controller's seed and shoot identities, MCM per shoot namespace (and its
+    # default identity inside the shoots), native preservation decided per shoot namespace.
+    settings = webhook_commands.settings_from(webhook, native=False)
+    assert settings.controller_usernames == {CONTROLLER_USERNAME, shoot_resources.CONTROLLER_USERNAME}
+    assert settings.mcm_service_accounts == {"machine-controller-manager"}
+    assert settings.mcm_usernames == {shoot_resources.MCM_USERNAME}
+    mcm = "system:serviceaccount:shoot--p--a:machine-controller-manager"
+    assert settings.is_mcm(mcm, namespace="shoot--p--a")
+    assert not settings.is_mcm(mcm, namespace="shoot--p--b")
+    assert webhook.mcm_native_preservation_per_namespace
+    assert webhook.mcm_native_preservation == "auto"
 
     certs = certs_commands.settings_from(parser.parse_args(container(rendered, CERTS)["args"]))
     assert (certs.secret_namespace, certs.secret_name) == (NAMESPACE, f"{WEBHOOK}-certs")

@@ -1,20 +1,32 @@
 """`--mcm-native-preservation=auto` against the real API server: MCM's Deployment and CRDs as the webhook reads
-them at start, with and without the rights or objects to read."""
+them at start, with and without the rights or objects to read; and per namespace
+(`--mcm-native-preservation-per-namespace`), as one webhook serving many shoots reads them when requests need them."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.mcm_evidence import MACHINE_CRD, MACHINE_SET_CRD, cluster_evidence
 from machine_preservation.core.mcm_generation import NativePreservationMode
+from machine_preservation.core.webhook_configurations import CA_ANNOTATION_PATH
 from machine_preservation.localcluster.controlplane import ControlPlane
+from machine_preservation.webhook.app import WebhookConfig, build_app, shoot_path
 from machine_preservation.webhook.machine_sets import new_api_client
-from machine_preservation.webhook.mcm_detection import decide, read_evidence
+from machine_preservation.webhook.mcm_detection import NativeByNamespace, decide, read_evidence
+from machine_preservation.webhook.metrics import WebhookMetrics
+from tests.webhook.conftest import AiohttpClient, StaticMachineSets
+from tests.webhook.reviews import NODE_KIND, node, review
 
 
 def _mcm_deployment(image: str) -> dict[str, Any]:
@@ -96,3 +108,110 @@ def test_without_a_deployment_or_rights_the_crds_decide_and_nothing_fails(
     # An explicit mode reads nothing.
     explicit = asyncio.run(decide(mode=NativePreservationMode.TRUE, kubeconfig=nobody, namespace=namespace))
     assert (explicit.native, explicit.because) == (True, "set to true")
+
+
+# --- per namespace ----------------------------------------------------------------------------------------------
+
+
+def _set_image(apps: client.AppsV1Api, namespace: str, image: str) -> None:
+    containers = [{"name": "machine-controller-manager", "image": image}]
+    apps.patch_namespaced_deployment(
+        "machine-controller-manager", namespace, {"spec": {"template": {"spec": {"containers": containers}}}}
+    )
+
+
+@contextmanager
+def _shoots(kube_client: client.ApiClient, **images: str) -> Iterator[dict[str, str]]:
+    """Shoot namespaces, each with an MCM Deployment of the given image; by key, the namespace's name."""
+    tag = uuid.uuid4().hex[:6]
+    core, apps = client.CoreV1Api(kube_client), client.AppsV1Api(kube_client)
+    names = {key: f"shoot--{tag}--{key}" for key in images}
+    for key, image in images.items():
+        core.create_namespace({"metadata": {"name": names[key]}})
+        apps.create_namespaced_deployment(names[key], _mcm_deployment(image))
+    try:
+        yield names
+    finally:
+        for name in names.values():
+            core.delete_namespace(name)
+
+
+def _user_drops_ca() -> dict[str, Any]:
+    """A user removes the CA annotation from a node that carries MCM's `…-by-mcm` marker."""
+    ca, by_mcm = v.CA_SCALE_DOWN_DISABLED_ANNOTATION, v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION
+    old, new = node(annotations={ca: "true", by_mcm: "true"}), node(annotations={by_mcm: "true"})
+    return review(kind=NODE_KIND, operation="UPDATE", obj=new, old=old)
+
+
+async def test_a_shoots_node_requests_follow_that_shoots_mcm(
+    control_plane: ControlPlane, kube_client: client.ApiClient, aiohttp_client: AiohttpClient
+) -> None:
+    """One webhook, two shoots: `…-by-mcm` is a preservation in the shoot whose MCM is v0.62 and none in the
+    v0.61 one; after an upgrade, the v0.61 shoot's node requests follow once the TTL has passed."""
+    apps = client.AppsV1Api(kube_client)
+    ttl = 3.0
+    natives = NativeByNamespace.from_kubeconfig(control_plane.kubeconfig, ttl=ttl)
+    app = build_app(
+        WebhookConfig(
+            settings=AdmissionSettings(),
+            machine_sets=StaticMachineSets(),
+            native=natives,
+            ready=lambda: True,
+            metrics=WebhookMetrics(),
+        )
+    )
+    web = await aiohttp_client(app)
+
+    async def restored(namespace: str) -> bool:
+        response = await web.post(shoot_path(namespace, CA_ANNOTATION_PATH), json=_user_drops_ca())
+        assert response.status == 200
+        answer = (await response.json())["response"]
+        assert answer["allowed"] is True
+        return "patch" in answer
+
+    with _shoots(kube_client, new="r/machine-controller-manager:v0.62.0", old="r/mcm:v0.61.3") as shoots:
+        started = time.monotonic()
+        assert await restored(shoots["new"])
+        assert not await restored(shoots["old"])
+        read_at = time.monotonic()  # the old shoot's decision runs out before read_at + ttl
+        # Cold reads against the API server fit well inside the node webhooks' 5 s.
+        assert read_at - started < 2 * 2.0
+        assert natives.reads == 2
+        # Cached: no read for the next requests.
+        assert await restored(shoots["new"])
+        assert not await restored(shoots["old"])
+        assert natives.reads == 2
+
+        await asyncio.to_thread(_set_image, apps, shoots["old"], "r/mcm:v0.62.1")
+        # Within the TTL the decision read before stands (the first reads were well under a second ago) ...
+        assert not await restored(shoots["old"])
+        assert natives.reads == 2
+        # ... after it, the upgrade is followed.
+        await asyncio.sleep(max(0.0, read_at + ttl - time.monotonic()) + 0.1)
+        assert await restored(shoots["old"])
+        assert natives.reads == 3
+        # The other shoot kept its own decision, and a rollback is followed too.
+        await asyncio.to_thread(_set_image, apps, shoots["new"], "r/machine-controller-manager:v0.61.9")
+        await asyncio.sleep(ttl + 0.1)
+        assert not await restored(shoots["new"])
+        assert await restored(shoots["old"])
+
+
+async def test_without_rights_a_namespace_is_not_native_and_nothing_fails(
+    kube_client: client.ApiClient, kubeconfig_for: Any
+) -> None:
+    nobody = kubeconfig_for("system:serviceaccount:nowhere:nobody")
+    with _shoots(kube_client, new="r/machine-controller-manager:v0.62.0") as shoots:
+        natives = NativeByNamespace.from_kubeconfig(nobody)
+        try:
+            started = time.monotonic()
+            assert await natives.native(shoots["new"]) is False
+            assert time.monotonic() - started < 2.0
+        finally:
+            await natives.close()
+        # The same cluster read with rights says native: the refusal above was no accident of the setup.
+        seeing = NativeByNamespace.from_kubeconfig(kubeconfig_for("admin", ("system:masters",)))
+        try:
+            assert await seeing.native(shoots["new"]) is True
+        finally:
+            await seeing.close()

@@ -16,8 +16,9 @@ import pytest
 from cryptography import x509
 
 from machine_preservation.cli.main import build_parser
+from machine_preservation.core.admission.settings import DEFAULT_CONTROLLER_USERNAME, DEFAULT_MCM_USERNAMES
 from machine_preservation.core.mcm_generation import NativePreservationMode
-from machine_preservation.webhook.commands import write_self_signed
+from machine_preservation.webhook.commands import run, settings_from, write_self_signed
 
 
 def test_self_signed_writes_a_ca_and_a_serving_cert_it_signs(tmp_path: Path) -> None:
@@ -92,6 +93,68 @@ def test_bad_flags_are_refused(flags: list[str], message: str, capsys: pytest.Ca
         build_parser().parse_args(["webhook", "--cert-dir", "/x", *flags])
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_one_controller_username_is_the_controller_as_before() -> None:
+    args = build_parser().parse_args(["webhook", "--cert-dir", "/x", "--controller-username", "c1"])
+    assert args.controller_username == "c1"
+    settings = settings_from(args, native=False)
+    assert (settings.controller_username, settings.more_controller_usernames) == ("c1", frozenset())
+    defaults = settings_from(build_parser().parse_args(["webhook", "--cert-dir", "/x"]), native=True)
+    assert defaults.controller_username == DEFAULT_CONTROLLER_USERNAME
+    assert defaults.more_controller_usernames == frozenset()
+    assert defaults.mcm_usernames == frozenset(DEFAULT_MCM_USERNAMES)
+    assert defaults.mcm_service_accounts == frozenset()
+    assert defaults.mcm_native_preservation is True
+
+
+def test_the_gardener_identities() -> None:
+    args = build_parser().parse_args(
+        [
+            "webhook",
+            "--cert-dir=/x",
+            "--controller-username=system:serviceaccount:extension-mp:gardener-extension-machine-preservation",
+            "--controller-username=system:serviceaccount:kube-system:machine-preservation",
+            "--mcm-service-account=machine-controller-manager",
+            "--mcm-service-account=mcm.v2",
+            "--mcm-native-preservation-per-namespace",
+            "--native-preservation-ttl=30",
+        ]
+    )
+    settings = settings_from(args, native=False)
+    assert settings.controller_username == "system:serviceaccount:extension-mp:gardener-extension-machine-preservation"
+    assert settings.more_controller_usernames == {"system:serviceaccount:kube-system:machine-preservation"}
+    assert settings.mcm_service_accounts == {"machine-controller-manager", "mcm.v2"}
+    assert settings.mcm_usernames == frozenset(DEFAULT_MCM_USERNAMES)  # the shoots' MCM, on nodes
+    assert settings.is_mcm("system:serviceaccount:shoot--p--a:machine-controller-manager", namespace="shoot--p--a")
+    assert args.mcm_native_preservation_per_namespace is True
+    assert args.native_preservation_ttl == 30.0
+    plain = build_parser().parse_args(["webhook", "--cert-dir=/x"])
+    assert plain.mcm_native_preservation_per_namespace is False
+    assert plain.native_preservation_ttl == 60.0
+
+
+@pytest.mark.parametrize("name", ["", "MCM", "kube-system:mcm", "-mcm", "mcm-", "a/b", "a" * 254])
+def test_a_bad_service_account_name_is_refused(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["webhook", "--cert-dir", "/x", f"--mcm-service-account={name}"])
+    assert exited.value.code == 2
+    assert "not a ServiceAccount name (a DNS-1123 subdomain)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ttl", ["0", "-1", "soon"])
+def test_a_bad_ttl_is_refused(ttl: str) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["webhook", "--cert-dir", "/x", f"--native-preservation-ttl={ttl}"])
+
+
+@pytest.mark.parametrize("mode", ["true", "false"])
+def test_per_namespace_needs_auto(mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    args = build_parser().parse_args(
+        ["webhook", "--cert-dir=/x", f"--mcm-native-preservation={mode}", "--mcm-native-preservation-per-namespace"]
+    )
+    assert run(args) == 2
+    assert "needs --mcm-native-preservation=auto" in caplog.text
 
 
 def test_the_command_serves_until_sigterm(tmp_path: Path) -> None:

@@ -4,6 +4,13 @@ Every admission endpoint goes through `_serve`: read the body (413 above the lim
 with a reason), decide with the core, answer 200 with the uid echoed. `dryRun` requests take the same path:
 no decision here has side effects. A body that does not arrive in time gets 408, so nothing hangs.
 
+Many shoots, one server (Gardener): the node endpoints are also served under `/shoots/{namespace}<path>`, the
+URL each shoot's kube-apiserver is given, so that a node request says which shoot it comes from (its shoot
+namespace in the seed). There, and for Machine requests (by their namespace), whether MCM preserves natively is
+the namespace's own decision when the server has a `NativeSource` (`--mcm-native-preservation-per-namespace`);
+without one, and on the plain node paths, the process-wide setting applies as before. Metrics and failure
+policies are those of the plain path: no label per shoot.
+
 An unexpected exception (a bug of ours, never something a client sent) is logged, counted and answered as the
 endpoint's failure policy says (`FAILURE_POLICIES`): a Node request is allowed with a warning, because the node
 rules must never block kubelets; a Machine or Shoot request gets HTTP 500, so that the API server treats the
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -46,6 +54,7 @@ from machine_preservation.core.webhook_configurations import (
     SHOOT_PATH,
 )
 from machine_preservation.webhook.machine_sets import MachineSetSource, SourceUnavailable
+from machine_preservation.webhook.mcm_detection import NativeSource
 from machine_preservation.webhook.metrics import CONTENT_TYPE, WebhookMetrics
 from machine_preservation.webhook.wire import (
     AdmissionRequest,
@@ -83,9 +92,16 @@ FAILURE_POLICIES: Final[Mapping[tuple[str, tuple[str, str]], FailurePolicy]] = {
     (SHOOT_PATH, SHOOT): "Fail",
 }
 
+# The node endpoints as a shoot's kube-apiserver calls them: SHOOT_PREFIX + namespace + path.
+SHOOT_PREFIX: Final = "/shoots/"
+NODE_PATHS: Final = (PRESERVE_ANNOTATION_PATH, CA_ANNOTATION_PATH, MCM_MARKER_PATH)
+# A namespace name is a DNS-1123 label.
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
 _ERROR_KINDS: Final = {413: "too_large", 408: "timeout"}
 
-Decide = Callable[[AdmissionRequest], Awaitable[Verdict]]
+# A parsed request and the namespace its URL names (None on the plain paths) to a verdict.
+Decide = Callable[[AdmissionRequest, str | None], Awaitable[Verdict]]
 M = TypeVar("M", bound=KubeModel)
 
 
@@ -98,6 +114,17 @@ class WebhookConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     body_timeout: float = DEFAULT_BODY_TIMEOUT_SECONDS
     clock: Clock = system_clock
+    # Per namespace whether MCM preserves natively (None: `settings.mcm_native_preservation` everywhere).
+    native: NativeSource | None = None
+
+
+def shoot_path(namespace: str, path: str) -> str:
+    """The URL path of node endpoint `path` for the shoot whose namespace in the seed is `namespace`."""
+    return f"{SHOOT_PREFIX}{namespace}{path}"
+
+
+def valid_namespace(name: str) -> bool:
+    return _NAMESPACE.fullmatch(name) is not None
 
 
 def failure_policy(path: str, kind: tuple[str, str] | None) -> FailurePolicy:
@@ -164,13 +191,25 @@ def _annotations_present(document: dict[str, Any] | None) -> bool:
 
 
 class Endpoints:
-    """The four admission decisions, each from a parsed request to a verdict."""
+    """The admission decisions, each from a parsed request (and the namespace its URL names) to a verdict."""
 
     def __init__(self, config: WebhookConfig) -> None:
         self._config = config
+        self._by_native = {
+            native: config.settings.model_copy(update={"mcm_native_preservation": native}) for native in (False, True)
+        }
 
-    async def preserve_annotation(self, request: AdmissionRequest) -> Verdict:
-        group_kind = _require_kind(request, NODE, MACHINE)
+    async def _settings(self, namespace: str | None) -> AdmissionSettings:
+        """The settings for an object of `namespace`: with that namespace's own native decision when there is a
+        source for it; the process-wide settings for no namespace."""
+        source = self._config.native
+        if source is None or not namespace:
+            return self._config.settings
+        return self._by_native[await source.native(namespace)]
+
+    async def preserve_annotation(self, request: AdmissionRequest, shoot_namespace: str | None = None) -> Verdict:
+        # A shoot's kube-apiserver sends Nodes only; Machines come from the seed's, on the plain path.
+        group_kind = _require_kind(request, NODE) if shoot_namespace else _require_kind(request, NODE, MACHINE)
         if request.operation not in ("CREATE", "UPDATE"):
             return allow()
         model: type[Node] | type[Machine] = Node if group_kind == NODE else Machine
@@ -178,15 +217,18 @@ class Endpoints:
         old = None
         if request.operation == "UPDATE":
             old = _parse(model, request.old_object, field="oldObject", uid=request.uid)
+        # Nodes are cluster-scoped: their namespace is the shoot's, from the URL; a Machine's is its own.
+        namespace = shoot_namespace if group_kind == NODE else (request.namespace or new.metadata.namespace)
         return judge_annotations(
             subject=describe(group_kind[1], new.metadata.name, new.metadata.generate_name),
             old=old.metadata.annotations if old is not None else None,
             new=new.metadata.annotations,
             username=request.user_info.username,
-            settings=self._config.settings,
+            settings=await self._settings(namespace),
+            namespace=None if group_kind == NODE else namespace,
         )
 
-    async def ca_annotation(self, request: AdmissionRequest) -> Verdict:
+    async def ca_annotation(self, request: AdmissionRequest, shoot_namespace: str | None = None) -> Verdict:
         update = _node_update(request)
         if update is None:
             return allow()
@@ -195,38 +237,52 @@ class Endpoints:
             new_node=update[1],
             annotations_present=_annotations_present(request.object),
             username=request.user_info.username,
-            settings=self._config.settings,
+            settings=await self._settings(shoot_namespace),
         )
 
-    async def mcm_marker(self, request: AdmissionRequest) -> Verdict:
+    async def mcm_marker(self, request: AdmissionRequest, shoot_namespace: str | None = None) -> Verdict:
         update = _node_update(request)
         if update is None:
             return allow()
         return guard_mcm_marker(
-            old_node=update[0], new_node=update[1], username=request.user_info.username, settings=self._config.settings
+            old_node=update[0],
+            new_node=update[1],
+            username=request.user_info.username,
+            settings=await self._settings(shoot_namespace),
         )
 
-    async def machine_deletion(self, request: AdmissionRequest) -> Verdict:
+    async def machine_deletion(self, request: AdmissionRequest, _: str | None = None) -> Verdict:
         _require_kind(request, MACHINE)
         if request.operation != "DELETE":
             return allow()
         machine = _parse(Machine, request.old_object, field="oldObject", uid=request.uid)
-        settings, now = self._config.settings, self._config.clock()
+        namespace = request.namespace or machine.metadata.namespace
+        settings, now = await self._settings(namespace), self._config.clock()
         username = request.user_info.username
-        namespace = machine.metadata.namespace or request.namespace
         source = self._config.machine_sets
         view: MachineSetView | None = None
+        scope = namespace or None  # whose MCM ServiceAccount counts (None: the machine's metadata says)
         try:
             # Reads only what the rule needs: the MachineSet (with its namespace's machines and
             # MachineDeployments) when the machine alone does not decide; Gardener's Cluster when a denial may be
             # lifted by the Shoot going away, or the budget's max can only come from the Shoot.
-            if owner := machine_set_to_read(machine=machine, username=username, settings=settings, now=now):
+            if owner := machine_set_to_read(
+                machine=machine, username=username, settings=settings, now=now, namespace=scope
+            ):
                 view = await source.read(namespace=namespace, name=owner)
             cluster = None
-            if cluster_to_read(machine=machine, username=username, settings=settings, now=now, machine_set=view):
+            if cluster_to_read(
+                machine=machine, username=username, settings=settings, now=now, machine_set=view, namespace=scope
+            ):
                 cluster = await source.read_cluster(namespace=namespace)
             assessment = assess_machine_deletion(
-                machine=machine, username=username, settings=settings, now=now, machine_set=view, cluster=cluster
+                machine=machine,
+                username=username,
+                settings=settings,
+                now=now,
+                machine_set=view,
+                cluster=cluster,
+                namespace=scope,
             )
         except SourceUnavailable as error:
             # Fail closed for MCM only (it retries): letting it delete could lose a machine that is
@@ -241,7 +297,7 @@ class Endpoints:
             logger.info("MCM may delete a machine that is kept: %s", assessment.message)
         return assessment.verdict()
 
-    async def shoot(self, request: AdmissionRequest) -> Verdict:
+    async def shoot(self, request: AdmissionRequest, _: str | None = None) -> Verdict:
         _require_kind(request, SHOOT)
         if request.operation not in ("CREATE", "UPDATE"):
             return allow()
@@ -272,7 +328,19 @@ async def _read_body(request: web.Request, *, limit: int, seconds: float) -> byt
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _serve(config: WebhookConfig, path: str, decide: Decide) -> Callable[[web.Request], Awaitable[web.Response]]:
+def _shoot_namespace(request: web.Request) -> str:
+    """The namespace a `/shoots/{namespace}/…` path names; BadRequest for one that cannot be a namespace."""
+    namespace = request.match_info["namespace"]
+    if not valid_namespace(namespace):
+        shown = namespace if len(namespace) <= 80 else namespace[:80] + "…"
+        raise BadRequest(f"{shown!r} in the URL path is not a namespace name (a DNS-1123 label)")
+    return namespace
+
+
+def _serve(
+    config: WebhookConfig, path: str, decide: Decide, *, for_shoot: bool = False
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """The handler of endpoint `path`; `for_shoot`: its `/shoots/{namespace}` route (same metrics, same policy)."""
     endpoint = path.lstrip("/")
     metrics = config.metrics
     # Label lookups cost a lock and a dict probe each; bind this endpoint's series once.
@@ -286,10 +354,11 @@ def _serve(config: WebhookConfig, path: str, decide: Decide) -> Callable[[web.Re
         kind: tuple[str, str] | None = None
         try:
             try:
+                shoot_namespace = _shoot_namespace(request) if for_shoot else None
                 body = await _read_body(request, limit=config.max_body_bytes, seconds=config.body_timeout)
                 review = parse_review(body)
                 uid, kind = review.request.uid, (review.request.kind.group, review.request.kind.kind)
-                verdict = await decide(review.request)
+                verdict = await decide(review.request, shoot_namespace)
             except BadRequest as error:
                 metrics.errors.labels(endpoint, _ERROR_KINDS.get(error.status, "bad_request")).inc()
                 return web.json_response(bad_request_response(error).to_json(), status=error.status)
@@ -323,6 +392,8 @@ def build_app(config: WebhookConfig) -> web.Application:
         (SHOOT_PATH, endpoints.shoot),
     ):
         app.router.add_post(path, _serve(config, path, decide))
+        if path in NODE_PATHS:
+            app.router.add_post(shoot_path("{namespace}", path), _serve(config, path, decide, for_shoot=True))
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -341,6 +412,8 @@ def build_app(config: WebhookConfig) -> web.Application:
 
     async def close_sources(_: web.Application) -> None:
         await config.machine_sets.close()
+        if config.native is not None:
+            await config.native.close()
 
     app.on_cleanup.append(close_sources)
     return app

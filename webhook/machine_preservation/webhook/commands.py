@@ -7,7 +7,9 @@ import asyncio
 import datetime as dt
 import gc
 import logging
+import re
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from machine_preservation.webhook.connections import (
     ConnectionLimits,
 )
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
+from machine_preservation.webhook.mcm_detection import NAMESPACE_TTL_SECONDS, NativeByNamespace
 from machine_preservation.webhook.mcm_detection import decide as decide_native
 from machine_preservation.webhook.server import DEFAULT_CERT_POLL_INTERVAL, WebhookServer
 
@@ -37,6 +40,8 @@ logger = logging.getLogger(__name__)
 
 SELF_SIGNED_VALIDITY = dt.timedelta(days=365)
 _WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+# A ServiceAccount's name is a DNS-1123 subdomain.
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 def _positive_int(text: str) -> int:
@@ -54,6 +59,28 @@ def _positive_seconds(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive: {text}")
     return value
+
+
+def _service_account_name(text: str) -> str:
+    if len(text) > 253 or not _SUBDOMAIN.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"not a ServiceAccount name (a DNS-1123 subdomain): {text!r}")
+    return text
+
+
+class _AppendUsername(argparse.Action):
+    """`--controller-username`, repeatable: every value goes to `controller_usernames`; the first is also
+    `controller_username`, the identity denials name (so one value behaves as the flag always did)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        given = [*getattr(namespace, "controller_usernames", ()), str(values)]
+        namespace.controller_usernames = tuple(given)
+        namespace.controller_username = given[0]
 
 
 def write_self_signed(*, cert_dir: Path, names: tuple[str, ...], now: dt.datetime) -> bool:
@@ -82,12 +109,22 @@ def write_self_signed(*, cert_dir: Path, names: tuple[str, ...], now: dt.datetim
     return True
 
 
-async def serve(args: argparse.Namespace) -> None:
-    settings = AdmissionSettings(
-        controller_username=args.controller_username,
+def settings_from(args: argparse.Namespace, *, native: bool) -> AdmissionSettings:
+    controllers = tuple(args.controller_usernames) or (args.controller_username,)
+    return AdmissionSettings(
+        controller_username=controllers[0],
+        more_controller_usernames=frozenset(controllers[1:]),
         mcm_usernames=frozenset(args.mcm_username or DEFAULT_MCM_USERNAMES),
+        mcm_service_accounts=frozenset(args.mcm_service_account),
         max_preserve_timeout=args.max_preserve_timeout,
-        mcm_native_preservation=(
+        mcm_native_preservation=native,
+    )
+
+
+async def serve(args: argparse.Namespace) -> None:
+    settings = settings_from(
+        args,
+        native=(
             await decide_native(
                 mode=NativePreservationMode(args.mcm_native_preservation),
                 kubeconfig=args.kubeconfig,
@@ -95,12 +132,16 @@ async def serve(args: argparse.Namespace) -> None:
             )
         ).native,
     )
+    native = None
+    if args.mcm_native_preservation_per_namespace:
+        native = NativeByNamespace.from_kubeconfig(args.kubeconfig, ttl=args.native_preservation_ttl)
     server = WebhookServer(
         host=args.host,
         port=args.port,
         cert_dir=args.cert_dir,
         settings=settings,
         machine_sets=KubernetesMachineSets(kubeconfig=args.kubeconfig),
+        native=native,
         max_body_bytes=args.max_body_bytes,
         cert_poll_interval=args.cert_poll_interval,
         limits=ConnectionLimits(
@@ -122,6 +163,13 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.mcm_native_preservation_per_namespace and args.mcm_native_preservation != NativePreservationMode.AUTO:
+        logger.error(
+            "--mcm-native-preservation-per-namespace decides each namespace from what it shows: it needs "
+            "--mcm-native-preservation=auto, not %s",
+            args.mcm_native_preservation,
+        )
+        return 2
     if args.self_signed:
         names = tuple(n for n in (args.host, *args.san) if n not in _WILDCARD_HOSTS) or ("localhost", "127.0.0.1")
         if write_self_signed(cert_dir=args.cert_dir, names=names, now=system_clock()):
@@ -149,13 +197,27 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
     )
     parser.add_argument(
         "--controller-username",
+        action=_AppendUsername,
         default=DEFAULT_CONTROLLER_USERNAME,
-        help="the controller's identity: the only one that may set the auto value and the controller's markers",
+        help="the controller's identity: the only one that may set the auto value and the controller's markers "
+        "(repeatable: one controller with several identities, e.g. Gardener's seed and shoot ServiceAccounts; "
+        "the first is the one denials name)",
     )
+    parser.set_defaults(controller_usernames=())
     parser.add_argument(
         "--mcm-username",
         action="append",
         help=f"an MCM identity whose machine deletes are guarded (repeatable; default {DEFAULT_MCM_USERNAMES[0]})",
+    )
+    parser.add_argument(
+        "--mcm-service-account",
+        action="append",
+        default=[],
+        type=_service_account_name,
+        metavar="NAME",
+        help="MCM's ServiceAccount in the namespace of the Machines it manages (repeatable): a Machine request by "
+        "system:serviceaccount:<the Machine's namespace>:NAME is MCM's, as well as the --mcm-username ones "
+        "(Gardener: machine-controller-manager, one MCM per shoot namespace)",
     )
     parser.add_argument(
         "--max-body-bytes", type=_positive_int, default=DEFAULT_MAX_BODY_BYTES, help="larger bodies get HTTP 413"
@@ -200,6 +262,21 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
         help="whether MCM preserves machines itself (v0.62+): then it may write its own auto value and the "
         "deletion guard covers only preservations our controller still holds; auto: decided at start from MCM's "
         "Deployment (--control-namespace) and CRDs, and logged (default auto)",
+    )
+    parser.add_argument(
+        "--mcm-native-preservation-per-namespace",
+        action="store_true",
+        help="decide --mcm-native-preservation=auto per namespace instead (Gardener: one MCM per shoot namespace): "
+        "for Machine requests by their namespace, for node requests by the namespace their URL names "
+        "(/shoots/<namespace>/<path>), from MCM's Deployment in that namespace and the CRDs, read when first "
+        "needed and again after --native-preservation-ttl; plain node paths keep the process-wide decision",
+    )
+    parser.add_argument(
+        "--native-preservation-ttl",
+        type=_positive_seconds,
+        default=NAMESPACE_TTL_SECONDS,
+        help="seconds a namespace's native-preservation decision is kept before it is read again "
+        f"(default {NAMESPACE_TTL_SECONDS:g})",
     )
     parser.add_argument(
         "--control-namespace",

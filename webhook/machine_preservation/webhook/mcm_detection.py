@@ -1,8 +1,14 @@
-"""`--mcm-native-preservation`: whether the cluster's MCM preserves machines itself, decided once at start.
+"""`--mcm-native-preservation`: whether the cluster's MCM preserves machines itself.
 
 `auto` reads what the control cluster shows (MCM's Deployment in the control namespace when one is named,
 MCM's Machine and MachineSet CRDs) and leaves the decision to the core. Anything that cannot be read is
 evidence not given, never an error: the webhook must come up to serve its other rules.
+
+Decided once at start (`decide`), or, with `--mcm-native-preservation-per-namespace`, per namespace
+(`NativeByNamespace`): a Gardener seed runs one MCM per shoot namespace, each upgraded on its own, and one webhook
+serves them all. Then every namespace's decision is read from its own MCM Deployment (and the seed's CRDs) when a
+request first needs it, kept for a TTL, and read again after that, so an MCM upgrade in one shoot is followed
+within the TTL without a restart.
 """
 
 from __future__ import annotations
@@ -10,9 +16,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from enum import IntEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Protocol
 
 import aiohttp
 from kubernetes.aio import client
@@ -33,10 +43,12 @@ logger = logging.getLogger(__name__)
 READ_TIMEOUT_SECONDS = 5.0
 
 
-async def _read(call: Callable[..., Awaitable[Any]], *args: str) -> Mapping[str, Any] | None:
+async def _read(
+    call: Callable[..., Awaitable[Any]], *args: str, seconds: float = READ_TIMEOUT_SECONDS
+) -> Mapping[str, Any] | None:
     """One object as JSON; None when it cannot be read (missing, forbidden, unreachable, not JSON)."""
     try:
-        response = await call(*args, _request_timeout=READ_TIMEOUT_SECONDS)
+        response = await call(*args, _request_timeout=seconds)
         body = await response.read()
         if response.status != 200:
             return None
@@ -46,8 +58,11 @@ async def _read(call: Callable[..., Awaitable[Any]], *args: str) -> Mapping[str,
     return document if isinstance(document, Mapping) else None
 
 
-async def read_evidence(api_client: client.ApiClient, *, namespace: str | None) -> ClusterEvidence:
-    """What the control cluster shows about its MCM; `namespace`: where MCM's Deployment runs, if known."""
+async def read_evidence(
+    api_client: client.ApiClient, *, namespace: str | None, seconds: float = READ_TIMEOUT_SECONDS
+) -> ClusterEvidence:
+    """What the control cluster shows about its MCM; `namespace`: where MCM's Deployment runs, if known.
+    `seconds`: the timeout of each read (they run at the same time)."""
     extensions = client.ApiextensionsV1Api(api_client)
     read_crd = extensions.read_custom_resource_definition_without_preload_content
 
@@ -55,10 +70,14 @@ async def read_evidence(api_client: client.ApiClient, *, namespace: str | None) 
         if not namespace:
             return None
         apps = client.AppsV1Api(api_client)
-        return await _read(apps.read_namespaced_deployment_without_preload_content, MCM_DEPLOYMENT, namespace)
+        return await _read(
+            apps.read_namespaced_deployment_without_preload_content, MCM_DEPLOYMENT, namespace, seconds=seconds
+        )
 
     deployment, machine_crd, machine_set_crd = await asyncio.gather(
-        read_deployment(), _read(read_crd, MACHINE_CRD), _read(read_crd, MACHINE_SET_CRD)
+        read_deployment(),
+        _read(read_crd, MACHINE_CRD, seconds=seconds),
+        _read(read_crd, MACHINE_SET_CRD, seconds=seconds),
     )
     return cluster_evidence(deployment=deployment, machine_crd=machine_crd, machine_set_crd=machine_set_crd)
 
@@ -82,3 +101,156 @@ async def decide(*, mode: NativePreservationMode, kubeconfig: Path | None, names
         "; the deletion guard covers only preservations our controller still holds" if decision.native else "",
     )
     return decision
+
+
+# --- per namespace ----------------------------------------------------------------------------------------------
+
+NAMESPACE_TTL_SECONDS: Final = 60.0
+# A seed holds a few hundred shoot namespaces; beyond this many the least recently used decision is dropped.
+NAMESPACE_CACHE_SIZE: Final = 2048
+# How long a request waits for its namespace's evidence at most: the node webhooks' timeoutSeconds is <= 5, and a
+# kube-apiserver in the seed answers three GETs in milliseconds.
+NAMESPACE_READ_TIMEOUT_SECONDS: Final = 2.0
+# After a read that gave less than the one before (the Deployment could not be read this time), read again this soon.
+RETRY_SECONDS: Final = 5.0
+
+
+class _Strength(IntEnum):
+    """How much a read showed: a weaker read never overrides a stronger decision of the same namespace."""
+
+    NOTHING = 0
+    CRDS = 1
+    IMAGE = 2
+
+
+def _strength(evidence: ClusterEvidence) -> _Strength:
+    if evidence.mcm_image is not None:
+        return _Strength.IMAGE
+    if evidence.machine_crd_has_expiry is not None or evidence.machine_set_crd_has_auto_max is not None:
+        return _Strength.CRDS
+    return _Strength.NOTHING
+
+
+class NativeSource(Protocol):
+    """Whether the MCM of a namespace preserves machines itself; never raises."""
+
+    async def native(self, namespace: str) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+ReadEvidence = Callable[[client.ApiClient, str, float], Awaitable[ClusterEvidence]]
+Connect = Callable[[], Awaitable[client.ApiClient]]
+
+
+async def _read_namespace(api_client: client.ApiClient, namespace: str, seconds: float) -> ClusterEvidence:
+    return await read_evidence(api_client, namespace=namespace, seconds=seconds)
+
+
+@dataclass
+class _Entry:
+    decision: NativeDecision | None = None
+    strength: _Strength = _Strength.NOTHING
+    expires: float = 0.0  # monotonic seconds
+    pending: asyncio.Task[None] | None = None
+
+
+class NativeByNamespace:
+    """`auto` per namespace, cached: the decision for a namespace is read when a request first needs it and again
+    once `ttl` has passed.
+
+    - Concurrent requests for the same namespace share one read; a request waits for it at most `timeout`
+      (the read itself is bounded by that), then goes on with what is known.
+    - A read that fails is evidence not given, never an error. When it shows less than the read before (e.g. the
+      Deployment could not be read, but was last time), the last decision stays and is read again after
+      `RETRY_SECONDS`; with nothing known at all, the core decides from what there is (not native without any
+      evidence).
+    - At most `max_entries` namespaces are kept, the least recently asked for dropped first.
+    """
+
+    def __init__(
+        self,
+        *,
+        connect: Connect,
+        ttl: float = NAMESPACE_TTL_SECONDS,
+        max_entries: int = NAMESPACE_CACHE_SIZE,
+        timeout: float = NAMESPACE_READ_TIMEOUT_SECONDS,
+        read: ReadEvidence = _read_namespace,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._connect, self._read = connect, read
+        self._ttl, self._max_entries, self._timeout = ttl, max_entries, timeout
+        self._monotonic = monotonic
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._api_client: client.ApiClient | None = None
+        self._connecting = asyncio.Lock()
+        self.reads = 0  # reads started, for tests and the curious
+
+    @classmethod
+    def from_kubeconfig(cls, kubeconfig: Path | None, **options: Any) -> NativeByNamespace:
+        return cls(connect=lambda: new_api_client(kubeconfig=kubeconfig), **options)
+
+    async def native(self, namespace: str) -> bool:
+        entry = self._entries.get(namespace)
+        if entry is None:
+            entry = self._entries[namespace] = _Entry()
+            while len(self._entries) > self._max_entries:
+                self._entries.popitem(last=False)
+        else:
+            self._entries.move_to_end(namespace)
+        if entry.decision is None or self._monotonic() >= entry.expires:
+            if entry.pending is None:
+                entry.pending = asyncio.create_task(self._refresh(namespace, entry))
+            # Shielded: a request that gives up (its client went away) does not cancel the read the others wait for.
+            await asyncio.shield(entry.pending)
+        return entry.decision.native if entry.decision is not None else False
+
+    async def _client(self) -> client.ApiClient:
+        async with self._connecting:
+            if self._api_client is None:
+                self._api_client = await self._connect()
+            return self._api_client
+
+    async def _evidence(self, namespace: str) -> ClusterEvidence:
+        self.reads += 1
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await self._read(await self._client(), namespace, self._timeout)
+        except TimeoutError:
+            logger.warning("MCM's generation in %s: no answer within %g s", namespace, self._timeout)
+        except (ConfigException, aiohttp.ClientError, OSError, ValueError) as error:
+            logger.warning("MCM's generation in %s: cannot read the cluster: %s", namespace, error)
+        except Exception:
+            # Evidence not given, whatever the reason: the decision must never fail a request.
+            logger.exception("MCM's generation in %s: reading failed", namespace)
+        return ClusterEvidence()
+
+    async def _refresh(self, namespace: str, entry: _Entry) -> None:
+        try:
+            evidence = await self._evidence(namespace)
+            strength = _strength(evidence)
+            now = self._monotonic()
+            if entry.decision is not None and strength < entry.strength:
+                entry.expires = now + min(self._ttl, RETRY_SECONDS)
+                return
+            decision = decide_native_preservation(mode=NativePreservationMode.AUTO, evidence=evidence)
+            if entry.decision is None or entry.decision.native != decision.native:
+                logger.info(
+                    "MCM native preservation in %s: %s (%s)",
+                    namespace,
+                    "on" if decision.native else "off",
+                    decision.because,
+                )
+            entry.decision, entry.strength = decision, strength
+            entry.expires = now + (self._ttl if strength > _Strength.NOTHING else min(self._ttl, RETRY_SECONDS))
+        finally:
+            entry.pending = None
+
+    async def close(self) -> None:
+        for entry in self._entries.values():
+            if entry.pending is not None:
+                entry.pending.cancel()
+        self._entries.clear()
+        if self._api_client is not None:
+            await self._api_client.close()  # type: ignore[no-untyped-call]
+            self._api_client = None

@@ -15,6 +15,7 @@ from machine_preservation.webhook.app import DEFAULT_MAX_BODY_BYTES, WebhookConf
 from machine_preservation.webhook.certificates import CertificateStore
 from machine_preservation.webhook.connections import ConnectionLimits, TLSSite
 from machine_preservation.webhook.machine_sets import MachineSetSource
+from machine_preservation.webhook.mcm_detection import NativeSource
 from machine_preservation.webhook.metrics import WebhookMetrics
 
 DEFAULT_CERT_POLL_INTERVAL = 10.0
@@ -31,6 +32,7 @@ class WebhookServer:
         cert_dir: Path,
         settings: AdmissionSettings,
         machine_sets: MachineSetSource,
+        native: NativeSource | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         cert_poll_interval: float = DEFAULT_CERT_POLL_INTERVAL,
         limits: ConnectionLimits | None = None,
@@ -43,6 +45,7 @@ class WebhookServer:
             WebhookConfig(
                 settings=settings,
                 machine_sets=machine_sets,
+                native=native,
                 ready=self.certificates.ready,
                 metrics=self.metrics,
                 max_body_bytes=max_body_bytes,

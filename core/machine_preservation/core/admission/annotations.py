@@ -6,6 +6,8 @@
 - the controller-owned markers (core.vocabulary.CONTROLLER_OWNED_ANNOTATIONS) change only through the
   controller's identity; the CA `-by-mcm` marker also through MCM's identities, because upstream MCM sets it
   itself during rolling updates.
+- MCM's identities are its exact usernames, and for a Machine also its ServiceAccount in the Machine's namespace
+  (`namespace`; settings.mcm_service_accounts).
 - when the cluster's MCM preserves natively (settings.mcm_native_preservation), MCM's identities may also
   write their own auto value (`auto-preserved`, not ours) and the last-applied node value: MCM runs the
   lifecycle then and writes both itself. Users still may not.
@@ -33,12 +35,15 @@ def annotation_errors(
     new: Mapping[str, str],
     username: str,
     settings: AdmissionSettings,
+    namespace: str | None = None,
 ) -> tuple[FieldError, ...]:
-    """Every rule the change from `old` (None on CREATE) to `new` breaks, in a stable order."""
+    """Every rule the change from `old` (None on CREATE) to `new` breaks, in a stable order. `namespace`: the
+    object's (None for a Node)."""
     previous: Mapping[str, str] = old or {}
     errors: list[FieldError] = []
     is_controller = settings.is_controller(username)
-    native_mcm = settings.mcm_native_preservation and settings.is_mcm(username)
+    is_mcm = settings.is_mcm(username, namespace=namespace)
+    native_mcm = settings.mcm_native_preservation and is_mcm
 
     value = new.get(v.PRESERVE_ANNOTATION)
     # A native MCM writes its own auto value: that is its auto-preservation, not a user's.
@@ -51,7 +56,7 @@ def annotation_errors(
                 forbidden(
                     path,
                     f'the value "{value}" is reserved for the preservation controller '
-                    f"({settings.controller_username}); supported values: {supported}",
+                    f"({settings.controller_shown}); supported values: {supported}",
                 )
             )
         elif value not in v.USER_ALLOWED_VALUES and value not in v.AUTO_PRESERVE_VALUES:
@@ -60,14 +65,14 @@ def annotation_errors(
     for key in v.CONTROLLER_OWNED_ANNOTATIONS:
         if new.get(key) == previous.get(key) or is_controller:
             continue
-        if key in _MCM_MAY_CHANGE and settings.is_mcm(username):
+        if key in _MCM_MAY_CHANGE and is_mcm:
             continue
         if key in _NATIVE_MCM_MAY_CHANGE and native_mcm:
             continue
         errors.append(
             forbidden(
                 _ANNOTATIONS.key(key),
-                f"only the preservation controller ({settings.controller_username}) may set, change or remove it",
+                f"only the preservation controller ({settings.controller_shown}) may set, change or remove it",
             )
         )
     return tuple(errors)
@@ -80,9 +85,10 @@ def judge_annotations(
     new: Mapping[str, str],
     username: str,
     settings: AdmissionSettings,
+    namespace: str | None = None,
 ) -> Verdict:
     """Allow, or deny naming the object (`subject`, e.g. `Node "n1"`) and every broken rule."""
-    errors = annotation_errors(old=old, new=new, username=username, settings=settings)
+    errors = annotation_errors(old=old, new=new, username=username, settings=settings, namespace=namespace)
     if not errors:
         return allow()
     return deny(f"{subject}: {aggregate(errors)}")

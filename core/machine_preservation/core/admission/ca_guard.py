@@ -81,7 +81,7 @@ def guard_ca_annotation(
 def guard_mcm_marker(*, old_node: Node | None, new_node: Node, username: str, settings: AdmissionSettings) -> Verdict:
     """Allow untouched, or allow with a JSONPatch that takes out the `…-by-mcm` marker MCM adds to a node we
     preserve (see the module's docstring)."""
-    if old_node is None or settings.mcm_native_preservation or not settings.is_mcm(username):
+    if old_node is None or settings.mcm_native_preservation or not settings.is_mcm(username, namespace=None):
         return allow()
     ours = v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION
     marker = v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION

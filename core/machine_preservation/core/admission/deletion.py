@@ -1,6 +1,8 @@
 """Whether MCM may delete a Machine now: never when the delete would only *replace* a Failed machine we keep.
 
-Who is guarded: DELETEs by one of MCM's identities of a machine in phase Failed. A user's delete, the
+Who is guarded: DELETEs by one of MCM's identities of a machine in phase Failed. MCM's identities are its exact
+usernames and its ServiceAccount in the machine's own namespace (settings.mcm_service_accounts: Gardener runs one
+MCM per shoot namespace), so one shoot's MCM is nobody special to another shoot's machines. A user's delete, the
 controller's, and any delete of a machine that is not Failed always pass, without reading anything.
 
 Which machines we keep:
@@ -160,10 +162,12 @@ def last_known_node(machine: Machine) -> Node | None:
 
 
 def _first_look(
-    *, machine: Machine, username: str, settings: AdmissionSettings, now: dt.datetime
+    *, machine: Machine, username: str, settings: AdmissionSettings, now: dt.datetime, namespace: str | None
 ) -> Assessment | PreservationRecord | None:
     """A pass decided by the machine alone, else its record (None: none yet)."""
-    if not settings.is_mcm(username) or machine.phase != v.MachinePhase.FAILED:
+    if namespace is None:
+        namespace = machine.metadata.namespace
+    if not settings.is_mcm(username, namespace=namespace) or machine.phase != v.MachinePhase.FAILED:
         return Assessment(Outcome.NOT_GUARDED)
     if machine.metadata.deletion_timestamp is not None:
         return Assessment(Outcome.ALREADY_DELETED)
@@ -182,10 +186,14 @@ def _owner_set_name(machine: Machine) -> str:
     return machine.metadata.controller_name("MachineSet") or ""
 
 
-def machine_set_to_read(*, machine: Machine, username: str, settings: AdmissionSettings, now: dt.datetime) -> str:
+def machine_set_to_read(
+    *, machine: Machine, username: str, settings: AdmissionSettings, now: dt.datetime, namespace: str | None = None
+) -> str:
     """The name of the MachineSet to read (with the namespace's machines and MachineDeployments) before
-    judging this DELETE; "" when the machine alone decides, or it has no MachineSet."""
-    if isinstance(_first_look(machine=machine, username=username, settings=settings, now=now), Assessment):
+    judging this DELETE; "" when the machine alone decides, or it has no MachineSet. `namespace`: the request's
+    (None: the one in the machine's metadata)."""
+    first = _first_look(machine=machine, username=username, settings=settings, now=now, namespace=namespace)
+    if isinstance(first, Assessment):
         return ""
     return _owner_set_name(machine)
 
@@ -411,14 +419,16 @@ def assess_machine_deletion(
     now: dt.datetime,
     machine_set: MachineSetView | None = None,
     cluster: Mapping[str, Any] | None = None,
+    namespace: str | None = None,
 ) -> Assessment:
     """Judge a DELETE of `machine` (the request's oldObject) by `username`.
 
     `machine_set`: the view read for `machine_set_to_read(...)`; None when none was needed, the machine has
     no MachineSet, or it is gone. `cluster`: the Gardener `Cluster` named after the namespace, as the API
-    serves it, read for `cluster_to_read(...)`; None when not read or there is none.
+    serves it, read for `cluster_to_read(...)`; None when not read or there is none. `namespace`: the
+    request's, which decides whether a ServiceAccount is MCM's (None: the one in the machine's metadata).
     """
-    first = _first_look(machine=machine, username=username, settings=settings, now=now)
+    first = _first_look(machine=machine, username=username, settings=settings, now=now, namespace=namespace)
     if isinstance(first, Assessment):
         return first
     pools = read_cluster(cluster) if cluster is not None else None
@@ -443,11 +453,12 @@ def cluster_to_read(
     settings: AdmissionSettings,
     now: dt.datetime,
     machine_set: MachineSetView | None = None,
+    namespace: str | None = None,
 ) -> bool:
     """Whether the Gardener `Cluster` may change the answer: the answer without it is a denial (the Shoot may be
     going away), or the machine's budget has no max but what the Shoot may say (MCM's CRDs drop the field)."""
     assessment = assess_machine_deletion(
-        machine=machine, username=username, settings=settings, now=now, machine_set=machine_set
+        machine=machine, username=username, settings=settings, now=now, machine_set=machine_set, namespace=namespace
     )
     if not assessment.allowed:
         return True
@@ -472,8 +483,15 @@ def judge_machine_deletion(
     now: dt.datetime,
     machine_set: MachineSetView | None = None,
     cluster: Mapping[str, Any] | None = None,
+    namespace: str | None = None,
 ) -> Verdict:
     """`assess_machine_deletion` as an admission verdict."""
     return assess_machine_deletion(
-        machine=machine, username=username, settings=settings, now=now, machine_set=machine_set, cluster=cluster
+        machine=machine,
+        username=username,
+        settings=settings,
+        now=now,
+        machine_set=machine_set,
+        cluster=cluster,
+        namespace=namespace,
     ).verdict()
