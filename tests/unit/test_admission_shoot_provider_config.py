@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from machine_preservation.core.admission.field_errors import root
 from machine_preservation.core.admission.settings import AdmissionSettings
-from machine_preservation.core.admission.shoot import validate_shoot
+from machine_preservation.core.admission.shoot import provider_config_errors, validate_shoot
 from machine_preservation.core.admission.verdict import Verdict
 from machine_preservation.core.provider_config import (
     API_VERSION,
@@ -433,3 +433,39 @@ def test_a_conflict_is_reported_exactly_for_each_setting_with_two_different_valu
     }
     assert reported == expected
     assert verdict.allowed == (not expected)
+
+
+# --- the seed's look at an Extension's providerConfig (provider_config_errors) -------------------------------
+
+
+def _seed_errors(document: Any, the_shoot: dict[str, Any] | None) -> list[str]:
+    return [
+        error.render() for error in provider_config_errors(shoot=the_shoot, provider_config=document, settings=SETTINGS)
+    ]
+
+
+def test_the_seed_finds_what_the_admission_would_have_denied_named_by_the_shoots_fields() -> None:
+    the_shoot = shoot(worker("w", maximum=4))
+    assert (
+        _seed_errors(config(entry("w", autoPreserveFailedMachineMax=1, machinePreserveTimeout="72h")), the_shoot) == []
+    )
+    [unknown] = _seed_errors(config(entry("x")), the_shoot)
+    assert unknown.startswith(ENTRY.format(0, "name"))
+    assert "pools: w" in unknown
+    [timeout] = _seed_errors(config(entry("w", machinePreserveTimeout="three days")), the_shoot)
+    assert timeout.startswith(ENTRY.format(0, "machinePreserveTimeout"))
+    [maximum] = _seed_errors(config(entry("w", autoPreserveFailedMachineMax=9)), the_shoot)
+    assert maximum.startswith(ENTRY.format(0, "autoPreserveFailedMachineMax"))
+    [decoding] = _seed_errors({"apiVersion": API_VERSION, "kind": KIND, "workers": "w"}, the_shoot)
+    assert decoding.startswith(f"{CONFIG}.workers")
+
+
+def test_without_our_entry_in_the_shoot_the_paths_name_position_zero() -> None:
+    # Auto-enabled: no entry in spec.extensions; the Shoot's pools still judge the document.
+    auto_enabled = {"spec": {"provider": {"workers": [worker("w")]}}}
+    assert _seed_errors(config(entry("w", machinePreserveTimeout="1h")), auto_enabled) == []
+    [unknown] = _seed_errors(config(entry("x")), auto_enabled)
+    assert unknown.startswith("spec.extensions[0].providerConfig.workers[0].name")
+    # No Shoot in the Cluster: no pool is known.
+    [unknown] = _seed_errors(config(entry("w")), None)
+    assert "pools: none" in unknown

@@ -20,8 +20,9 @@ from machine_preservation.core.webhook_configurations import (
     MCM_MARKER_PATH,
     PRESERVE_ANNOTATION_PATH,
     ClientConfig,
+    shoot_path,
 )
-from machine_preservation.webhook.app import NODE_PATHS, WebhookConfig, build_app, shoot_path
+from machine_preservation.webhook.app import NODE_PATHS, WebhookConfig, build_app
 from machine_preservation.webhook.metrics import WebhookMetrics
 from tests.webhook.conftest import NOW, AiohttpClient, StaticMachineSets
 from tests.webhook.reviews import (

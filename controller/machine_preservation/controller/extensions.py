@@ -36,13 +36,14 @@ from machine_preservation.controller.shoot_access import GENERIC_KUBECONFIG_ANNO
 from machine_preservation.controller.shoots import ShootSupervisor
 from machine_preservation.core import extension as contract
 from machine_preservation.core import shoot_resources
-from machine_preservation.core.admission.field_errors import FieldPath
+from machine_preservation.core.admission.field_errors import aggregate
+from machine_preservation.core.admission.settings import AdmissionSettings
+from machine_preservation.core.admission.shoot import provider_config_errors
 from machine_preservation.core.admission.shoot_lifecycle import ShootLifecycle, shoot_lifecycle
-from machine_preservation.core.provider_config import InvalidPreservationConfig, parse_preservation_config
+from machine_preservation.core.webhook_configurations import shoot_path
 
 logger = logging.getLogger(__name__)
 
-PROVIDER_CONFIG_PATH = FieldPath("spec.providerConfig")
 EXTENSION_VERSION = contract.API_VERSION.rpartition("/")[2]
 
 
@@ -62,6 +63,7 @@ class ShootFacts:
     lifecycle: ShootLifecycle
     failed: bool  # the shoot's last operation failed: Gardener's extensions leave it alone
     kubeconfig_secret: str  # the generic token kubeconfig Secret's name
+    shoot: Mapping[str, Any] | None = None  # the Shoot as the Cluster carries it (its pools judge a providerConfig)
 
 
 @dataclass
@@ -73,6 +75,8 @@ class ExtensionReconciler:
     webhook_url: str
     ca_bundle: Callable[[], bytes | None]  # the CA the shoots' API servers verify the webhook with
     clock: Callable[[], dt.datetime]
+    # The bounds a providerConfig is judged by, as the garden admission judges it.
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     # Per namespace, the digest of the objects last made current there: unchanged desired objects are not read
     # again on every reconcile (a restart reads each shoot's once).
     _provisioned: dict[str, str] = field(default_factory=dict)
@@ -139,11 +143,14 @@ class ExtensionReconciler:
         self._provisioned.pop(namespace, None)  # an operation looks at the objects again, whatever we remember
         await self._ensure_objects(namespace)
         self._run_or_pause(namespace, facts)
-        try:
-            parse_preservation_config(extension.spec.provider_config, path=PROVIDER_CONFIG_PATH)
-        except InvalidPreservationConfig as invalid:
-            return str(invalid)
-        return None
+        if extension.spec.provider_config is None:
+            return None
+        errors = provider_config_errors(
+            shoot=facts.shoot if facts is not None else None,
+            provider_config=extension.spec.provider_config,
+            settings=self.admission,
+        )
+        return aggregate(errors) if errors else None
 
     async def _delete(self, extension: contract.Extension, facts: ShootFacts | None) -> None:
         """Disabled, or the shoot goes: end the shoot's preservations (taints, conditions, our CA annotations,
@@ -215,7 +222,7 @@ class ExtensionReconciler:
             raise CaBundleMissing("the webhook CA is not there yet (the certs manager writes it)")
         access = shoot_resources.shoot_access_secret(namespace)
         # The shoot's node webhooks call a path naming the shoot: the one webhook serves every shoot of the seed.
-        url = f"{self.webhook_url.rstrip('/')}/shoots/{namespace}"
+        url = self.webhook_url.rstrip("/") + shoot_path(namespace)
         objects = shoot_resources.shoot_objects(ca_bundle=ca_bundle, url=url)
         secret, managed_resource = shoot_resources.managed_resource(namespace, objects)
         digest = hashlib.sha256(json.dumps([access, secret, managed_resource], sort_keys=True).encode()).hexdigest()
@@ -366,11 +373,14 @@ def read_shoot_facts(raw: Mapping[str, Any]) -> ShootFacts:
     """A `Cluster` as the extension reads it."""
     metadata = raw.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
+    spec = raw.get("spec")
+    shoot = spec.get("shoot") if isinstance(spec, Mapping) else None
     return ShootFacts(
         namespace=str(metadata.get("name") or ""),
         lifecycle=shoot_lifecycle(raw),
         failed=contract.shoot_failed(raw),
         kubeconfig_secret=str(annotations.get(GENERIC_KUBECONFIG_ANNOTATION) or ""),
+        shoot=shoot if isinstance(shoot, Mapping) else None,
     )
 
 

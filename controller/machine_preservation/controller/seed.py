@@ -26,7 +26,7 @@ from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.api_errors import ApiError, classify
-from machine_preservation.controller.clients import new_api_client
+from machine_preservation.controller.clients import MERGE_PATCH, new_api_client
 from machine_preservation.controller.extensions import (
     EXTENSION_VERSION,
     ExtensionReconciler,
@@ -42,6 +42,7 @@ from machine_preservation.controller.runtime import DEFAULT_DRAIN_ATTEMPT_TIMEOU
 from machine_preservation.controller.shoots import ShootSupervisor
 from machine_preservation.core import extension as contract
 from machine_preservation.core import shoot_resources
+from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.shoot_lifecycle import CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL
 from machine_preservation.core.clock import system_clock
 from machine_preservation.core.config import PreservationConfig
@@ -197,11 +198,14 @@ class SeedController:
             webhook_url=options.webhook_url,
             ca_bundle=ca_bundle,
             clock=system_clock,
+            admission=AdmissionSettings(max_preserve_timeout=options.preservation.max_preserve_timeout),
         )
 
         def enqueue_extension(old: contract.Extension | None, new: contract.Extension | None) -> None:
             current = new or old
             assert current is not None
+            if old is not None and new is not None and old is not new and not _asks_for_work(old, new):
+                return  # our own status writes, and metadata nobody asked us to act on
             queue.add(current.metadata.namespace, background=old is not None and old is new)
 
         def enqueue_cluster(old: ShootFacts | None, new: ShootFacts | None) -> None:
@@ -257,11 +261,9 @@ class SeedController:
             body = contract.heartbeat_lease(namespace=namespace, holder=self.options.identity, now=system_clock())
             try:
                 try:
-                    # The client sends a plain JSON body as it is.
-                    await api.replace_namespaced_lease(
-                        contract.HEARTBEAT_LEASE_NAME,
-                        namespace,
-                        body,  # type: ignore[arg-type]
+                    # A merge patch needs no resourceVersion; the client sends a plain JSON body as it is.
+                    await api.patch_namespaced_lease(
+                        contract.HEARTBEAT_LEASE_NAME, namespace, body, _content_type=MERGE_PATCH
                     )
                 except ApiException as error:
                     if classify(error.status) is not ApiError.NOT_FOUND:
@@ -270,6 +272,17 @@ class SeedController:
             except ApiException as error:
                 logger.warning("cannot renew the heartbeat Lease: %s %s", error.status, error.reason)
             await asyncio.sleep(self.options.heartbeat_period)
+
+
+def _asks_for_work(old: contract.Extension, new: contract.Extension) -> bool:
+    """Whether an update of an Extension is one gardenlet drives us with (as Gardener's extension predicates
+    select): a new generation, the operation or timestamp annotation, the deletion; not a status change."""
+    annotations = (contract.OPERATION_ANNOTATION, contract.TIMESTAMP_ANNOTATION)
+    return (
+        old.metadata.generation != new.metadata.generation
+        or any(old.metadata.annotations.get(key) != new.metadata.annotations.get(key) for key in annotations)
+        or old.deleting != new.deleting
+    )
 
 
 async def _set_when_synced(informers: tuple[Informer[Any], ...], synced: asyncio.Event) -> None:

@@ -27,6 +27,15 @@ CA_ANNOTATION_PATH: Final = "/mutate-node-ca-annotation"
 MCM_MARKER_PATH: Final = "/mutate-node-mcm-marker"
 MACHINE_DELETION_PATH: Final = "/validate-machine-deletion"
 SHOOT_PATH: Final = "/validate-shoot"
+# The node endpoints as a shoot's kube-apiserver calls them when one webhook serves every shoot of a seed:
+# SHOOT_PREFIX + the shoot's namespace in the seed + the endpoint's path.
+SHOOT_PREFIX: Final = "/shoots/"
+
+
+def shoot_path(namespace: str, path: str = "") -> str:
+    """The URL path of node endpoint `path` (or of them all, without one) for the shoot of `namespace`."""
+    return f"{SHOOT_PREFIX}{namespace}{path}"
+
 
 DOMAIN: Final = "machine-preservation.sapcloud.io"
 NODE_PRESERVE_WEBHOOK: Final = f"preserve-annotation.nodes.{DOMAIN}"

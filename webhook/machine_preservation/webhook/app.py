@@ -52,6 +52,7 @@ from machine_preservation.core.webhook_configurations import (
     MCM_MARKER_PATH,
     PRESERVE_ANNOTATION_PATH,
     SHOOT_PATH,
+    shoot_path,
 )
 from machine_preservation.webhook.machine_sets import MachineSetSource, SourceUnavailable
 from machine_preservation.webhook.mcm_detection import NativeSource
@@ -92,8 +93,6 @@ FAILURE_POLICIES: Final[Mapping[tuple[str, tuple[str, str]], FailurePolicy]] = {
     (SHOOT_PATH, SHOOT): "Fail",
 }
 
-# The node endpoints as a shoot's kube-apiserver calls them: SHOOT_PREFIX + namespace + path.
-SHOOT_PREFIX: Final = "/shoots/"
 NODE_PATHS: Final = (PRESERVE_ANNOTATION_PATH, CA_ANNOTATION_PATH, MCM_MARKER_PATH)
 # A namespace name is a DNS-1123 label.
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -116,11 +115,6 @@ class WebhookConfig:
     clock: Clock = system_clock
     # Per namespace whether MCM preserves natively (None: `settings.mcm_native_preservation` everywhere).
     native: NativeSource | None = None
-
-
-def shoot_path(namespace: str, path: str) -> str:
-    """The URL path of node endpoint `path` for the shoot whose namespace in the seed is `namespace`."""
-    return f"{SHOOT_PREFIX}{namespace}{path}"
 
 
 def valid_namespace(name: str) -> bool:

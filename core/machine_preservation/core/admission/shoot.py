@@ -210,6 +210,24 @@ def _provider_config_errors(
     return errors
 
 
+def provider_config_errors(
+    *, shoot: Mapping[str, Any] | None, provider_config: Any, settings: AdmissionSettings
+) -> list[FieldError]:
+    """Every error of the extension's providerConfig judged against the Shoot's pools, as the Shoot admission
+    judges it, named by the Shoot's field paths (the Shoot owner fixes them there). For the seed: a providerConfig
+    that reached it without passing the garden admission."""
+    entry = preservation_extension(shoot) if shoot is not None else None
+    workers = _workers(shoot)
+    return _provider_config_errors(
+        extension=PreservationExtension(index=entry.index if entry is not None else 0, provider_config=provider_config),
+        old_extension=None,
+        workers=workers if isinstance(workers, list) else [],
+        changed_pools=set(),
+        settings=settings,
+        warnings=[],
+    )
+
+
 def _by_name(workers: Any) -> dict[str, Mapping[str, Any]]:
     """The named workers by name (Gardener denies duplicate names; the last one counts here)."""
     return {

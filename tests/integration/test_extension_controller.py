@@ -1,0 +1,303 @@
+"""The Gardener extension process (`machine-preservation extension`) against real parts: the seed's kube-apiserver
+with Gardener's CRDs, a kube-apiserver per shoot (audience `gardener`) and each shoot's real
+gardener-resource-manager. The test plays gardenlet (namespace, `Cluster`, generic token kubeconfig, `Extension`
+with operation and timestamp annotations) and judges readiness as gardenlet does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import datetime as dt
+import json
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
+
+from machine_preservation.certs.authority import generate_ca
+from machine_preservation.controller.clients import MERGE_PATCH
+from machine_preservation.controller.seed import CA_BUNDLE_KEY, SeedController, SeedOptions
+from machine_preservation.core import extension as contract
+from machine_preservation.core import shoot_resources
+from machine_preservation.core.mcm_generation import NativePreservationMode
+from machine_preservation.localcluster import gardener
+from machine_preservation.localcluster.controlplane import ControlPlane
+from machine_preservation.localcluster.grm import GrmRunner
+from tests.controller.support import aio_client
+from tests.polling import eventually_async
+
+WEBHOOK_URL = "https://127.0.0.1:9"  # nothing listens: the shoots' node webhooks fail open (Ignore)
+
+
+@dataclasses.dataclass
+class Shoot:
+    namespace: str
+    plane: ControlPlane
+    grm: GrmRunner
+    api: client.ApiClient  # the shoot's API server, as admin
+
+
+@pytest.fixture(scope="module")
+def seed(control_plane: ControlPlane) -> ControlPlane:
+    gardener.install_seed_crds(control_plane.kubeconfig, operator=False)
+    return control_plane
+
+
+@contextlib.asynccontextmanager
+async def new_shoot(seed: ControlPlane, api: client.ApiClient, directory: Path) -> AsyncIterator[Shoot]:
+    """A shoot as gardenlet prepares it for extensions: namespace, Cluster, generic token kubeconfig, its API server
+    and its gardener-resource-manager."""
+    # Short: GRM's client certificate names its ServiceAccount in this namespace, within 64 characters.
+    namespace = gardener.shoot_namespace_name("t", uuid.uuid4().hex[:5])
+    plane = await asyncio.to_thread(
+        gardener.start_shoot_control_plane, seed, directory / "plane", name=namespace.rpartition("--")[2]
+    )
+    grm = GrmRunner(seed=seed, shoot=plane, namespace=namespace, directory=directory / "grm")
+    shoot_api = await aio_client(plane.kubeconfig)
+    try:
+        await gardener.create_shoot_namespace(api, namespace)
+        await gardener.apply_cluster(
+            api,
+            gardener.cluster_manifest(
+                namespace, shoot=gardener.shoot_manifest(namespace, workers=[gardener.worker("worker1")])
+            ),
+        )
+        await gardener.publish_generic_token_kubeconfig(api, namespace, plane)
+        await asyncio.to_thread(grm.start)
+        yield Shoot(namespace=namespace, plane=plane, grm=grm, api=shoot_api)
+    finally:
+        await shoot_api.close()
+        await asyncio.to_thread(grm.stop)
+        await asyncio.to_thread(plane.stop)
+
+
+@dataclasses.dataclass
+class Extension:
+    controller: SeedController
+    namespace: str  # the extension's own namespace
+    stop: asyncio.Event
+    task: asyncio.Task[int]
+
+
+@pytest.fixture
+async def api(seed: ControlPlane) -> AsyncIterator[client.ApiClient]:
+    api_client = await aio_client(seed.kubeconfig)
+    yield api_client
+    await api_client.close()
+
+
+def new_ca_pem(name: str) -> bytes:
+    return generate_ca(common_name=name, now=dt.datetime.now(dt.UTC), valid_for=dt.timedelta(days=1)).cert_pem
+
+
+@pytest.fixture
+def ca_pem() -> bytes:
+    return new_ca_pem("test-webhook-ca")
+
+
+@pytest.fixture
+async def extension(seed: ControlPlane, api: client.ApiClient, ca_pem: bytes) -> AsyncIterator[Extension]:
+    """The extension process, in this event loop, with its namespace and the certs manager's Secret."""
+    namespace = f"extension-machine-preservation-{uuid.uuid4().hex[:6]}"
+    core = client.CoreV1Api(api)
+    await core.create_namespace({"metadata": {"name": namespace}})  # type: ignore[arg-type]
+    await core.create_namespaced_secret(
+        namespace,
+        {  # type: ignore[arg-type]
+            "metadata": {"name": "webhook-certs"},
+            "data": {CA_BUNDLE_KEY: base64.b64encode(ca_pem).decode()},
+        },
+    )
+    controller = SeedController(
+        options=SeedOptions(
+            namespace=namespace,
+            webhook_url=WEBHOOK_URL,
+            ca_secret=(namespace, "webhook-certs"),
+            identity="test-extension",
+            kubeconfig=seed.kubeconfig,
+            leader_elect=False,
+            metrics_port=0,
+            heartbeat_period=1.0,
+            native_preservation=NativePreservationMode.FALSE,
+        )
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(controller.run(stop))
+    try:
+        yield Extension(controller=controller, namespace=namespace, stop=stop, task=task)
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(task, 60) == 0
+        await core.delete_namespace(namespace)
+
+
+async def _extension(api: client.ApiClient, namespace: str) -> dict[str, Any] | None:
+    try:
+        return await gardener.read_extension(api, namespace)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+async def ready(api: client.ApiClient, namespace: str, *, limit: float = 30.0) -> dict[str, Any]:
+    """Wait as gardenlet does until the Extension is ready; return it."""
+
+    async def check() -> dict[str, Any] | None:
+        obj = await _extension(api, namespace)
+        return obj if obj is not None and gardener.extension_ready(obj) is None else None
+
+    try:
+        return await eventually_async(check, limit=limit, interval=0.2)
+    except AssertionError as timeout:
+        obj = await _extension(api, namespace)
+        raise AssertionError(
+            f"not ready: {obj and gardener.extension_ready(obj)}; {obj and obj.get('status')}"
+        ) from timeout
+
+
+def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == kind), None)
+
+
+async def _shoot_webhooks(shoot: Shoot) -> dict[str, Any] | None:
+    try:
+        configuration = await client.AdmissionregistrationV1Api(
+            shoot.api
+        ).read_validating_webhook_configuration_without_preload_content(shoot_resources.WEBHOOK_CONFIGURATION)
+    except ApiException:
+        return None
+    if configuration.status != 200:
+        return None
+    document: dict[str, Any] = json.loads(await configuration.read())
+    return document
+
+
+async def test_enable_serves_the_shoot_and_delete_cleans_up(
+    seed: ControlPlane, api: client.ApiClient, extension: Extension, ca_pem: bytes, tmp_path: Path
+) -> None:
+    async with new_shoot(seed, api, tmp_path) as shoot:
+        await gardener.apply_extension(api, shoot.namespace)
+        obj = await ready(api, shoot.namespace)
+        assert contract.FINALIZER in obj["metadata"]["finalizers"]
+        assert obj["status"]["lastOperation"]["type"] == "Create"
+
+        # The shoot's GRM put the node webhooks into the shoot, pointing at this shoot's path of the one webhook.
+        webhooks = await eventually_async(lambda: _shoot_webhooks(shoot), limit=20)
+        for webhook in webhooks["webhooks"]:
+            assert webhook["clientConfig"]["url"].startswith(f"{WEBHOOK_URL}/shoots/{shoot.namespace}/")
+            assert base64.b64decode(webhook["clientConfig"]["caBundle"]) == ca_pem
+            assert webhook["failurePolicy"] == "Ignore"
+            assert webhook["timeoutSeconds"] <= 5
+
+        # The lifecycle runs with the shoot-access token GRM wrote: the condition says the shoot is served.
+        async def served() -> bool:
+            current = await _extension(api, shoot.namespace)
+            condition = current and _condition(current, contract.CONTROL_PLANE_HEALTHY)
+            return bool(condition and condition["status"] == "True")
+
+        await eventually_async(served, limit=30)
+        lease = await client.CoordinationV1Api(api).read_namespaced_lease(
+            contract.HEARTBEAT_LEASE_NAME, extension.namespace
+        )
+        assert lease.spec is not None
+        assert lease.spec.renew_time is not None
+
+        # gardenlet's delete: the finalizer goes once the shoot's objects and the Secrets are gone.
+        await gardener.delete_extension(api, shoot.namespace)
+        await eventually_async(lambda: _gone(api, shoot.namespace), limit=30)
+        assert await _shoot_webhooks(shoot) is None
+        secrets = await client.CoreV1Api(api).list_namespaced_secret(shoot.namespace)
+        names = {s.metadata.name for s in secrets.items if s.metadata is not None}
+        assert shoot_resources.SHOOT_ACCESS_SECRET not in names
+        assert shoot_resources.MANAGED_RESOURCE_SECRET not in names
+        assert shoot.namespace not in extension.controller.supervisor.namespaces()  # type: ignore[union-attr]
+
+
+async def _gone(api: client.ApiClient, namespace: str) -> bool:
+    return await _extension(api, namespace) is None
+
+
+async def test_a_bad_provider_config_is_an_error_naming_the_field_and_the_shoot_stays_served(
+    seed: ControlPlane, api: client.ApiClient, extension: Extension, tmp_path: Path
+) -> None:
+    async with new_shoot(seed, api, tmp_path) as shoot:
+        await gardener.apply_extension(
+            api,
+            shoot.namespace,
+            provider_config={
+                "apiVersion": "machine-preservation.extensions.gardener.cloud/v1alpha1",
+                "kind": "PreservationConfig",
+                "workers": [{"name": "worker1", "machinePreserveTimeout": "three days"}],
+            },
+        )
+
+        async def errored() -> dict[str, Any] | None:
+            obj = await _extension(api, shoot.namespace)
+            return obj if obj and (obj.get("status") or {}).get("lastError") else None
+
+        obj = await eventually_async(errored, limit=30)
+        assert obj["status"]["lastOperation"]["state"] == "Error"
+        # Named as the Shoot owner finds it: the Shoot's field, judged with the garden admission's words.
+        description = obj["status"]["lastError"]["description"]
+        assert "spec.extensions[0].providerConfig.workers[0].machinePreserveTimeout" in description
+        assert gardener.extension_ready(obj) is not None
+        # Everything else is provisioned all the same.
+        await eventually_async(lambda: _shoot_webhooks(shoot), limit=20)
+
+        # Fixed by the shoot owner: the next reconcile succeeds.
+        await gardener.apply_extension(api, shoot.namespace, provider_config=None)
+        await client.CustomObjectsApi(api).patch_namespaced_custom_object(
+            gardener.EXTENSIONS_GROUP,
+            gardener.EXTENSIONS_VERSION,
+            shoot.namespace,
+            "extensions",
+            gardener.EXTENSION_TYPE,
+            {"spec": {"providerConfig": None}},
+            _content_type=MERGE_PATCH,
+        )
+        await gardener.request_operation(api, shoot.namespace, "reconcile")
+        await ready(api, shoot.namespace)
+        await gardener.delete_extension(api, shoot.namespace)
+        await eventually_async(lambda: _gone(api, shoot.namespace), limit=30)
+
+
+async def test_a_new_ca_reaches_every_shoot(
+    seed: ControlPlane, api: client.ApiClient, extension: Extension, tmp_path: Path
+) -> None:
+    async with (
+        new_shoot(seed, api, tmp_path / "a") as first,
+        new_shoot(seed, api, tmp_path / "b") as second,
+    ):
+        for shoot in (first, second):
+            await gardener.apply_extension(api, shoot.namespace)
+        for shoot in (first, second):
+            await ready(api, shoot.namespace)
+        rotated = new_ca_pem("rotated-ca")
+        await client.CoreV1Api(api).patch_namespaced_secret(
+            "webhook-certs",
+            extension.namespace,
+            {"data": {CA_BUNDLE_KEY: base64.b64encode(rotated).decode()}},
+            _content_type=MERGE_PATCH,
+        )
+
+        async def rotated_in(shoot: Shoot) -> bool:
+            webhooks = await _shoot_webhooks(shoot)
+            return bool(webhooks) and all(
+                base64.b64decode(w["clientConfig"]["caBundle"]) == rotated
+                for w in webhooks["webhooks"]  # type: ignore[index]
+            )
+
+        for shoot in (first, second):
+            await eventually_async(lambda s=shoot: rotated_in(s), limit=30)  # type: ignore[misc]
+        for shoot in (first, second):
+            await gardener.delete_extension(api, shoot.namespace)
+        for shoot in (first, second):
+            await eventually_async(lambda s=shoot: _gone(api, s.namespace), limit=30)  # type: ignore[misc]
