@@ -22,8 +22,9 @@ from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.certs.authority import generate_ca
+from machine_preservation.certs.rotation import CA_BUNDLE_KEY
 from machine_preservation.controller.clients import MERGE_PATCH
-from machine_preservation.controller.seed import CA_BUNDLE_KEY, SeedController, SeedOptions
+from machine_preservation.controller.seed import SeedController, SeedOptions
 from machine_preservation.core import extension as contract
 from machine_preservation.core import shoot_resources
 from machine_preservation.core.mcm_generation import NativePreservationMode

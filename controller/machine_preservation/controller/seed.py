@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
+from machine_preservation.certs.rotation import CA_BUNDLE_KEY
 from machine_preservation.controller.api_errors import ApiError, classify
 from machine_preservation.controller.clients import MERGE_PATCH, new_api_client
 from machine_preservation.controller.extensions import (
@@ -53,8 +53,6 @@ logger = logging.getLogger(__name__)
 LEASE_NAME = "gardener-extension-machine-preservation"
 EXIT_OK = 0
 EXIT_LOST_LEADERSHIP = 1
-# The key of the CA certificate in the certs manager's state Secret.
-CA_BUNDLE_KEY = "ca.crt"
 
 
 @dataclass(frozen=True)
@@ -169,10 +167,11 @@ class SeedController:
             resync_period=options.resync_period,
         )
         ca_namespace, ca_name = options.ca_secret
-        ca_secrets: Informer[Mapping[str, Any]] = Informer(
+        # Only the trust bundle is kept from the certs manager's Secret (it also holds the CA's key).
+        ca_secrets: Informer[bytes | None] = Informer(
             name="webhook-ca",
             source=Source(core.list_namespaced_secret, (ca_namespace,), {"field_selector": f"metadata.name={ca_name}"}),
-            parse=dict,
+            parse=lambda secret: decode_ca_bundle(secret, CA_BUNDLE_KEY),
             resync_period=options.resync_period,
         )
         queue: WorkQueue[str] = WorkQueue(name="extensions")
@@ -187,8 +186,7 @@ class SeedController:
         )
 
         def ca_bundle() -> bytes | None:
-            secret = ca_secrets.get(f"{ca_namespace}/{ca_name}")
-            return decode_ca_bundle(secret, CA_BUNDLE_KEY) if secret is not None else None
+            return ca_secrets.get(f"{ca_namespace}/{ca_name}")
 
         reconciler = ExtensionReconciler(
             seed=seed,
@@ -212,8 +210,8 @@ class SeedController:
             if old != new and new is not None and extensions.get(f"{new.namespace}/{contract.EXTENSION_TYPE}"):
                 queue.add(new.namespace)
 
-        def enqueue_all(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> None:
-            if old is not new:  # a new CA reaches every shoot
+        def enqueue_all(old: bytes | None, new: bytes | None) -> None:
+            if old != new:  # a new CA reaches every shoot
                 for extension in extensions.values():
                     queue.add(extension.metadata.namespace)
 

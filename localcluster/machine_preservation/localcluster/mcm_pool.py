@@ -197,9 +197,17 @@ class FakeKubelets:
     confirms it)."""
 
     def __init__(
-        self, api: client.ApiClient, namespace: str, *, interval: float = 0.5, finish_pod_termination: bool = True
+        self,
+        api: client.ApiClient,
+        namespace: str,
+        *,
+        interval: float = 0.5,
+        finish_pod_termination: bool = True,
+        target: client.ApiClient | None = None,
     ) -> None:
         self.api = api
+        # The cluster of the Nodes and Pods (a Gardener shoot's own API server), else `api`'s.
+        self.target = target or api
         self.namespace = namespace
         self.interval = interval
         self.finish_pod_termination = finish_pod_termination
@@ -209,7 +217,7 @@ class FakeKubelets:
     async def set_ready(self, node: str, ready: bool | ConditionStatus) -> None:
         status: ConditionStatus = ("True" if ready else "False") if isinstance(ready, bool) else ready
         self.desired[node] = status
-        await set_node_condition(self.api, node, status)
+        await set_node_condition(self.target, node, status)
 
     def forget(self, node: str) -> None:
         """Stop keeping the node's condition (it reports whatever is written next)."""
@@ -228,10 +236,10 @@ class FakeKubelets:
     async def tick(self) -> None:
         """One round: re-assert conditions, finish terminating pods."""
         for name, status in list(self.desired.items()):
-            node = await read_node(self.api, name)
+            node = await read_node(self.target, name)
             if node is not None and node_ready_status(node) != status and self.desired.get(name) == status:
                 logger.info("fake kubelet: node %s drifted from Ready=%s; writing it again", name, status)
-                await set_node_condition(self.api, name, status)
+                await set_node_condition(self.target, name, status)
         if self.finish_pod_termination:
             await self._finish_terminating_pods()
 
@@ -247,7 +255,7 @@ class FakeKubelets:
         nodes = {machine_node(m) for m in await list_machines(self.api, self.namespace)} - {""}
         if not nodes:
             return
-        core = client.CoreV1Api(self.api)
+        core = client.CoreV1Api(self.target)
         response = await core.list_pod_for_all_namespaces_without_preload_content()
         body = await response.read()
         if response.status != 200:
@@ -267,9 +275,16 @@ class FakeKubelets:
 
 
 async def wait_for_pool(
-    api: client.ApiClient, namespace: str, pool: str, replicas: int, *, limit: float = 120.0
+    api: client.ApiClient,
+    namespace: str,
+    pool: str,
+    replicas: int,
+    *,
+    limit: float = 120.0,
+    target: client.ApiClient | None = None,
 ) -> list[dict[str, Any]]:
-    """Wait until the pool has exactly `replicas` Machines, each Running with a Ready Node; returns them."""
+    """Wait until the pool has exactly `replicas` Machines, each Running with a Ready Node (in `target`, else in
+    `api`'s cluster); returns them."""
     deadline = time.monotonic() + limit
     last = ""
     while True:
@@ -278,7 +293,7 @@ async def wait_for_pool(
         ready = 0
         for machine in machines:
             node_name = machine_node(machine)
-            node = await read_node(api, node_name) if node_name else None
+            node = await read_node(target or api, node_name) if node_name else None
             node_status = node_ready_status(node) if node else "-"
             summary.append(
                 f"{machine['metadata']['name']}:{machine_phase(machine) or '-'}/{node_name or '-'}:{node_status}"

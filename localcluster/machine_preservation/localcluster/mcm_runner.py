@@ -122,11 +122,13 @@ def grant_mcm_rbac(admin_kubeconfig: Path, *, username: str = MCM_USERNAME) -> N
 
 @dataclass
 class McmRunner:
-    """Real MCM (`version`) for `namespace` of `plane`; the control and target cluster are both `plane`."""
+    """Real MCM (`version`) for `namespace` of `plane`; the Nodes are in `target` (a Gardener shoot's own API
+    server), or in `plane` too when there is none."""
 
     plane: ControlPlane
     namespace: str
     directory: Path
+    target: ControlPlane | None = None
     version: str = DEFAULT_MCM_VERSION
     settings: McmSettings = field(default_factory=McmSettings)
     bin_dir: Path | None = None
@@ -153,16 +155,22 @@ class McmRunner:
         if self.bin_dir is None:
             self.bin_dir = ensure_mcm_binaries(self.version)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
+        target = self.target or self.plane
         mcm_kubeconfig = self.plane.write_kubeconfig(
             self.directory / "mcm.kubeconfig", user=MCM_USERNAME, groups=MCM_GROUPS
         )
-        cloud_kubeconfig = self.plane.write_kubeconfig(
+        mcm_target_kubeconfig = target.write_kubeconfig(
+            self.directory / "mcm-target.kubeconfig", user=MCM_USERNAME, groups=MCM_GROUPS
+        )
+        cloud_kubeconfig = target.write_kubeconfig(
             self.directory / "fake-cloud.kubeconfig", user=FAKE_CLOUD_USERNAME, groups=("system:masters",)
         )
         grant_mcm_rbac(self.plane.kubeconfig)
+        if target is not self.plane:
+            grant_mcm_rbac(target.kubeconfig)
         common = [
             f"--control-kubeconfig={mcm_kubeconfig}",
-            f"--target-kubeconfig={mcm_kubeconfig}",
+            f"--target-kubeconfig={mcm_target_kubeconfig}",
             f"--namespace={self.namespace}",
             "--leader-elect=false",
             f"--address={LOOPBACK}",
