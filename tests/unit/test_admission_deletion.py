@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.deletion import (
@@ -16,8 +17,10 @@ from machine_preservation.core.admission.deletion import (
     Assessment,
     MachineSetView,
     Outcome,
+    ShootExtension,
     assess_machine_deletion,
     cluster_to_read,
+    extension_to_read,
     judge_machine_deletion,
     last_known_node,
     machine_set_to_read,
@@ -740,3 +743,191 @@ def test_the_cluster_is_left_unread_only_where_it_changes_nothing(
             assert (
                 assess(candidate, machine_set=namespace, cluster=cluster, settings_=chosen).allowed == without.allowed
             )
+
+
+# --- Gardener's extension mode: the shoot's Extension ------------------------------------------------------------
+
+
+def extension(*, deleting: bool = False, last: tuple[str, str] | None = ("Reconcile", "Succeeded")) -> dict[str, Any]:
+    """The shoot namespace's Extension of type machine-preservation as the API serves it; `last`: the last
+    operation's (type, state)."""
+    metadata: dict[str, Any] = {"name": "machine-preservation", "namespace": "shoot--p--s", "generation": 1}
+    if deleting:
+        metadata["deletionTimestamp"] = NOW.isoformat()
+        metadata["finalizers"] = ["extensions.gardener.cloud/machine-preservation"]
+    status: dict[str, Any] = {}
+    if last is not None:
+        status["lastOperation"] = {"type": last[0], "state": last[1], "progress": 100}
+    return {
+        "apiVersion": "extensions.gardener.cloud/v1alpha1",
+        "kind": "Extension",
+        "metadata": metadata,
+        "spec": {"type": "machine-preservation"},
+        "status": status,
+    }
+
+
+ENABLED = ShootExtension.read(extension())
+ABSENT = ShootExtension.read(None)
+WHEN_FAILED = machine(annotations={P: "when-failed"})
+
+
+def _extension_rows() -> list[Any]:
+    budget = view(machine_set(replicas=2, max_=1), [machine(), healthy("h1")])
+    released = Outcome.EXTENSION_RELEASED
+    return [
+        # Unknown (not the extension, or no Extension kind): today's answer.
+        pytest.param(PRESERVED, {"machine_set": PRESERVED_SET}, None, Outcome.PRESERVED, id="unknown-preserved"),
+        pytest.param(WHEN_FAILED, {}, None, Outcome.PENDING_BY_VALUE, id="unknown-pending"),
+        # Enabled: the guard as ever, also in the middle of a migration or after a restore.
+        pytest.param(PRESERVED, {"machine_set": PRESERVED_SET}, ENABLED, Outcome.PRESERVED, id="enabled"),
+        pytest.param(WHEN_FAILED, {}, ENABLED, Outcome.PENDING_BY_VALUE, id="enabled-pending"),
+        pytest.param(
+            WHEN_FAILED, {}, ShootExtension.read(extension(last=None)), Outcome.PENDING_BY_VALUE, id="created-not-yet"
+        ),
+        pytest.param(
+            PRESERVED,
+            {},
+            ShootExtension.read(extension(last=("Migrate", "Processing"))),
+            Outcome.PRESERVED,
+            id="migration-under-way",
+        ),
+        pytest.param(
+            PRESERVED,
+            {},
+            ShootExtension.read(extension(last=("Migrate", "Error"))),
+            Outcome.PRESERVED,
+            id="migration-failed",
+        ),
+        pytest.param(
+            PRESERVED,
+            {},
+            ShootExtension.read(extension(last=("Restore", "Succeeded"))),
+            Outcome.PRESERVED,
+            id="restored-here",
+        ),
+        # Disabled, being disabled, migrated away: every delete passes.
+        pytest.param(PRESERVED, {"machine_set": PRESERVED_SET}, ABSENT, released, id="gone-preserved"),
+        pytest.param(WHEN_FAILED, {}, ABSENT, released, id="gone-leftover-when-failed"),
+        pytest.param(machine(annotations={P: "now"}), {}, ABSENT, released, id="gone-leftover-now"),
+        pytest.param(machine(), {"machine_set": budget}, ABSENT, released, id="gone-budget"),
+        pytest.param(
+            WHEN_FAILED, {}, ShootExtension.read(extension(deleting=True)), released, id="being-deleted-pending"
+        ),
+        pytest.param(
+            PRESERVED,
+            {"machine_set": PRESERVED_SET},
+            ShootExtension.read(extension(deleting=True)),
+            released,
+            id="being-deleted-preserved",
+        ),
+        pytest.param(
+            PRESERVED,
+            {"machine_set": PRESERVED_SET},
+            ShootExtension.read(extension(last=("Migrate", "Succeeded"))),
+            released,
+            id="migrated-away",
+        ),
+        # What passed without it passes with it, whatever it says.
+        pytest.param(PRESERVED, {"username": "alice"}, ENABLED, Outcome.NOT_GUARDED, id="a-user"),
+        pytest.param(machine(), {}, ENABLED, Outcome.NOT_KEPT, id="not-kept"),
+        pytest.param(machine(), {}, ABSENT, Outcome.NOT_KEPT, id="not-kept-gone"),
+        pytest.param(
+            PRESERVED, {"cluster": gardener(hibernated=True)}, ABSENT, Outcome.SHOOT_GOING_AWAY, id="shoot-first"
+        ),
+    ]
+
+
+@pytest.mark.parametrize(("candidate", "context", "shoot_extension", "expected"), _extension_rows())
+def test_a_disabled_or_migrated_extension_lets_every_delete_pass(
+    candidate: Machine, context: dict[str, Any], shoot_extension: ShootExtension | None, expected: Outcome
+) -> None:
+    username = context.pop("username", MCM)
+    assessment = assess_machine_deletion(
+        machine=candidate, username=username, settings=SETTINGS, now=NOW, extension=shoot_extension, **context
+    )
+    assert assessment.outcome == expected
+    assert assessment.allowed == (expected not in DENIALS)
+    verdict = judge_machine_deletion(
+        machine=candidate, username=username, settings=SETTINGS, now=NOW, extension=shoot_extension, **context
+    )
+    assert verdict == assessment.verdict()
+
+
+def test_the_release_by_the_extension_says_why() -> None:
+    def why(shoot_extension: ShootExtension) -> str:
+        return assess_machine_deletion(
+            machine=WHEN_FAILED, username=MCM, settings=SETTINGS, now=NOW, extension=shoot_extension
+        ).message
+
+    assert why(ABSENT) == (
+        'machine "m1": the extension is disabled for the Shoot (its Extension "machine-preservation" is gone)'
+    )
+    assert why(ShootExtension.read(extension(deleting=True))) == (
+        'machine "m1": the extension is being disabled for the Shoot '
+        '(its Extension "machine-preservation" is being deleted)'
+    )
+    assert why(ShootExtension.read(extension(last=("Migrate", "Succeeded")))) == (
+        'machine "m1": the Shoot has been migrated to another seed (its Extension "machine-preservation" was migrated)'
+    )
+    assert ENABLED.released() == ""
+
+
+def test_the_extension_is_read_as_gardener_writes_it() -> None:
+    assert ShootExtension(present=False) == ABSENT
+    assert ShootExtension() == ENABLED
+    assert ShootExtension.read({}) == ShootExtension()  # nothing said: it is there, so enabled
+    assert ShootExtension.read({"metadata": None, "status": None}) == ShootExtension()
+    assert ShootExtension.read(extension(deleting=True)) == ShootExtension(deleting=True)
+    assert ShootExtension.read(extension(last=("Migrate", "Succeeded"))) == ShootExtension(migrated=True)
+    for not_yet in (("Migrate", "Processing"), ("Migrate", "Error"), ("Delete", "Succeeded")):
+        assert ShootExtension.read(extension(last=not_yet)) == ShootExtension()
+    with pytest.raises(ValidationError):
+        ShootExtension.read({"metadata": "raw"})
+
+
+@pytest.mark.parametrize(
+    ("candidate", "context", "read"),
+    [
+        pytest.param(PRESERVED, {"username": "alice"}, False, id="a-users-delete"),
+        pytest.param(PRESERVED, {"machine_set": PRESERVED_SET}, True, id="a-denial"),
+        pytest.param(WHEN_FAILED, {}, True, id="a-pending-denial"),
+        pytest.param(PRESERVED, {"machine_set": view(machine_set(replicas=0), [PRESERVED])}, False, id="scaled-down"),
+        pytest.param(PRESERVED, {"cluster": gardener(hibernated=True)}, False, id="the-shoot-lifted-it"),
+        pytest.param(machine(), {}, False, id="not-kept"),
+    ],
+)
+def test_the_extension_is_read_only_for_a_denial(candidate: Machine, context: dict[str, Any], read: bool) -> None:
+    username = context.pop("username", MCM)
+    assert extension_to_read(machine=candidate, username=username, settings=SETTINGS, now=NOW, **context) is read
+
+
+_EXTENSIONS = st.none() | st.builds(
+    ShootExtension, present=st.booleans(), deleting=st.booleans(), migrated=st.booleans()
+)
+
+
+@given(namespace=namespaces(), cluster=_CLUSTERS, shoot_extension=_EXTENSIONS, native=st.booleans())
+def test_the_extension_only_ever_lifts_a_denial(
+    namespace: MachineSetView, cluster: dict[str, Any] | None, shoot_extension: ShootExtension | None, native: bool
+) -> None:
+    """Released: every delete passes. Otherwise (or unknown) the answer is the one without it. Unread (no denial to
+    lift), it would change nothing."""
+    chosen = NATIVE if native else SETTINGS
+    for candidate in namespace.machines:
+        common: dict[str, Any] = {
+            "machine": candidate,
+            "username": MCM,
+            "settings": chosen,
+            "now": NOW,
+            "machine_set": namespace,
+            "cluster": cluster,
+        }
+        without = assess_machine_deletion(**common)
+        withit = assess_machine_deletion(**common, extension=shoot_extension)
+        if shoot_extension is not None and shoot_extension.released():
+            assert withit.allowed
+        else:
+            assert withit == without
+        if not extension_to_read(**common):
+            assert withit == without

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from machine_preservation.core.admission.deletion import MachineSetView
+from machine_preservation.core.admission.deletion import MachineSetView, ShootExtension
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.webhook.app import WebhookConfig, build_app
 from machine_preservation.webhook.machine_sets import SourceUnavailable, view_from_lists
@@ -32,11 +32,17 @@ class StaticMachineSets:
     machines: list[dict[str, Any]] = field(default_factory=list)
     machine_deployments: list[dict[str, Any]] = field(default_factory=list)
     clusters: dict[str, dict[str, Any]] = field(default_factory=dict)  # Gardener Cluster objects by name
+    # Gardener's extension mode: the namespace's Extension of our type by namespace (a namespace not listed has
+    # none). False: not that mode, nothing is read (as KubernetesMachineSets without gardener_extension).
+    gardener_extension: bool = False
+    extensions: dict[str, dict[str, Any]] = field(default_factory=dict)
     failure: str = ""
     cluster_failure: str = ""
+    extension_failure: str = ""
     crash: bool = False
     reads: list[tuple[str, str]] = field(default_factory=list)
     cluster_reads: list[str] = field(default_factory=list)
+    extension_reads: list[str] = field(default_factory=list)
 
     async def read(self, *, namespace: str, name: str) -> MachineSetView | None:
         self.reads.append((namespace, name))
@@ -57,9 +63,18 @@ class StaticMachineSets:
             raise SourceUnavailable(self.cluster_failure)
         return self.clusters.get(namespace)
 
+    async def read_extension(self, *, namespace: str) -> ShootExtension | None:
+        if not self.gardener_extension:
+            return None
+        self.extension_reads.append(namespace)
+        if self.extension_failure:
+            raise SourceUnavailable(self.extension_failure)
+        return ShootExtension.read(self.extensions.get(namespace))
+
     async def close(self) -> None:
         self.reads.clear()
         self.cluster_reads.clear()
+        self.extension_reads.clear()
 
 
 @dataclass

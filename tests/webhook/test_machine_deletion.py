@@ -255,3 +255,72 @@ async def test_with_native_mcm_only_machines_carrying_our_record_stay_guarded(ai
     assert not await allowed(preserved())  # handed over while running: guarded until our record is gone
     source.machine_sets = [sized(replicas=0)]
     assert await allowed(preserved())
+
+
+def gardener_extension(*, deleting: bool = False, last: tuple[str, str] = ("Reconcile", "Succeeded")) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": "machine-preservation", "namespace": NAMESPACE}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-11-21T11:00:00Z"
+    return {
+        "apiVersion": "extensions.gardener.cloud/v1alpha1",
+        "kind": "Extension",
+        "metadata": metadata,
+        "spec": {"type": "machine-preservation"},
+        "status": {"lastOperation": {"type": last[0], "state": last[1]}},
+    }
+
+
+async def test_a_disabled_extension_lets_mcm_replace_a_machine_with_a_leftover_value(webhook: Webhook) -> None:
+    source = webhook.machine_sets
+    source.gardener_extension = True
+    leftover = machine("m1", {v.PRESERVE_ANNOTATION: "when-failed"}, phase="Failed")
+    source.extensions = {NAMESPACE: gardener_extension()}
+    response = await webhook.review(PATH, delete(leftover))
+    assert response["allowed"] is False
+    assert "about to be preserved" in response["status"]["message"]
+    assert source.extension_reads == [NAMESPACE]
+    for released in (
+        gardener_extension(deleting=True),
+        gardener_extension(last=("Migrate", "Succeeded")),
+        None,  # gone
+    ):
+        source.extensions = {NAMESPACE: released} if released is not None else {}
+        assert (await webhook.review(PATH, delete(leftover)))["allowed"] is True
+        # Preserved ones too: the controller is releasing them.
+        source.machine_sets, source.machines = [sized(replicas=2)], [preserved(), machine("m2")]
+        assert (await webhook.review(PATH, delete(preserved())))["allowed"] is True
+        source.machine_sets, source.machines = [], []
+    source.extensions = {NAMESPACE: gardener_extension(last=("Migrate", "Processing"))}
+    assert (await webhook.review(PATH, delete(leftover)))["allowed"] is False
+
+
+async def test_the_extension_is_read_only_for_a_denial_and_only_as_the_extension(webhook: Webhook) -> None:
+    source = webhook.machine_sets
+    leftover = machine("m1", {v.PRESERVE_ANNOTATION: "when-failed"}, phase="Failed")
+    # Not serving as Gardener's extension: nothing read, today's answer.
+    assert (await webhook.review(PATH, delete(leftover)))["allowed"] is False
+    assert source.extension_reads == []
+    source.gardener_extension = True
+    for allowed_anyway in (
+        delete(leftover, ADMIN),
+        delete(machine(phase="Failed")),
+        delete(preserved(phase="Running")),
+    ):
+        assert (await webhook.review(PATH, allowed_anyway))["allowed"] is True
+    source.clusters = {NAMESPACE: cluster(spec={"hibernation": {"enabled": True}})}
+    assert (await webhook.review(PATH, delete(leftover)))["allowed"] is True
+    assert source.extension_reads == []
+
+
+async def test_an_unreadable_extension_denies_mcm_with_503(webhook: Webhook) -> None:
+    source = webhook.machine_sets
+    source.gardener_extension = True
+    source.extension_failure = "reading the Extension shoot--p--s/machine-preservation: 403 Forbidden"
+    response = await webhook.review(PATH, delete(machine("m1", {v.PRESERVE_ANNOTATION: "now"}, phase="Failed")))
+    assert (response["allowed"], response["status"]["code"]) == (False, 503)
+    assert response["status"]["message"] == (
+        'cannot decide whether MCM may delete machine "m1": reading the Extension '
+        "shoot--p--s/machine-preservation: 403 Forbidden; retry later"
+    )
+    # A delete allowed without it never gets that far.
+    assert (await webhook.review(PATH, delete(machine(phase="Failed"))))["allowed"] is True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from kubernetes.aio.client.exceptions import ApiException
 
@@ -98,3 +100,24 @@ async def test_a_busy_api_server_is_not_asked_forever_and_other_errors_not_again
     with pytest.raises(ApiException):
         await _patiently(forbidden)
     assert calls == 1
+
+
+def _not_found(body: str | None) -> ApiException:
+    return ApiException(status=404, reason="Not Found", body=body)
+
+
+def test_a_missing_extension_is_told_apart_from_a_missing_extension_kind() -> None:
+    missing = (
+        '{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"extensions.extensions.gardener'
+        '.cloud \\"machine-preservation\\" not found","reason":"NotFound","details":{"name":"machine-preservation",'
+        '"group":"extensions.gardener.cloud","kind":"extensions"},"code":404}'
+    )
+    assert machine_sets._object_missing(_not_found(missing))
+    for no_kind in ("404 page not found\n", None, "[]", '{"details": "x"}', missing.replace('"extensions"}', '"x"}')):
+        assert not machine_sets._object_missing(_not_found(no_kind))
+
+
+async def test_outside_gardeners_extension_mode_no_extension_is_read(tmp_path: Path) -> None:
+    source = machine_sets.KubernetesMachineSets(kubeconfig=tmp_path / "absent")  # any read would fail
+    assert await source.read_extension(namespace="shoot--p--s") is None
+    await source.close()

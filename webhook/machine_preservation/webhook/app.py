@@ -39,6 +39,7 @@ from machine_preservation.core.admission.deletion import (
     MachineSetView,
     assess_machine_deletion,
     cluster_to_read,
+    extension_to_read,
     machine_set_to_read,
 )
 from machine_preservation.core.admission.settings import AdmissionSettings
@@ -259,7 +260,8 @@ class Endpoints:
         try:
             # Reads only what the rule needs: the MachineSet (with its namespace's machines and
             # MachineDeployments) when the machine alone does not decide; Gardener's Cluster when a denial may be
-            # lifted by the Shoot going away, or the budget's max can only come from the Shoot.
+            # lifted by the Shoot going away, or the budget's max can only come from the Shoot; the namespace's
+            # Extension (Gardener's extension mode) when it is still a denial, which a disabled extension lifts.
             if owner := machine_set_to_read(
                 machine=machine, username=username, settings=settings, now=now, namespace=scope
             ):
@@ -269,6 +271,17 @@ class Endpoints:
                 machine=machine, username=username, settings=settings, now=now, machine_set=view, namespace=scope
             ):
                 cluster = await source.read_cluster(namespace=namespace)
+            extension = None
+            if extension_to_read(
+                machine=machine,
+                username=username,
+                settings=settings,
+                now=now,
+                machine_set=view,
+                cluster=cluster,
+                namespace=scope,
+            ):
+                extension = await source.read_extension(namespace=namespace)
             assessment = assess_machine_deletion(
                 machine=machine,
                 username=username,
@@ -277,6 +290,7 @@ class Endpoints:
                 machine_set=view,
                 cluster=cluster,
                 namespace=scope,
+                extension=extension,
             )
         except SourceUnavailable as error:
             # Fail closed for MCM only (it retries): letting it delete could lose a machine that is

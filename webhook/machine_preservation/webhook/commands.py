@@ -140,7 +140,7 @@ async def serve(args: argparse.Namespace) -> None:
         port=args.port,
         cert_dir=args.cert_dir,
         settings=settings,
-        machine_sets=KubernetesMachineSets(kubeconfig=args.kubeconfig),
+        machine_sets=KubernetesMachineSets(kubeconfig=args.kubeconfig, gardener_extension=args.gardener_extension),
         native=native,
         max_body_bytes=args.max_body_bytes,
         cert_poll_interval=args.cert_poll_interval,
@@ -277,6 +277,13 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
         default=NAMESPACE_TTL_SECONDS,
         help="seconds a namespace's native-preservation decision is kept before it is read again "
         f"(default {NAMESPACE_TTL_SECONDS:g})",
+    )
+    parser.add_argument(
+        "--gardener-extension",
+        action="store_true",
+        help="serving as Gardener's extension (the seed chart): MCM's deletes in a shoot namespace whose Extension "
+        "of type machine-preservation is gone, being deleted or migrated away all pass (the extension is disabled "
+        "there, its preservations released); off, the guard never reads Extensions",
     )
     parser.add_argument(
         "--control-namespace",

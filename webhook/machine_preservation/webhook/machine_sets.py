@@ -1,5 +1,7 @@
 """What the deletion guard reads on demand: a Machine's MachineSet with the namespace's machines, MachineSets
-and MachineDeployments (budget and replica counts), and the Shoot's Gardener `Cluster` resource.
+and MachineDeployments (budget and replica counts), the Shoot's Gardener `Cluster` resource, and (only when
+serving as Gardener's extension) the namespace's `Extension` of type machine-preservation: whether the extension
+is still enabled for the Shoot in this seed.
 
 A guarded Machine DELETE is rare, so the webhook reads on demand with kubernetes.aio (in the server's event
 loop) instead of keeping a cache.
@@ -8,6 +10,7 @@ loop) instead of keeping a cache.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -19,8 +22,9 @@ from kubernetes.aio.client.exceptions import ApiException
 from kubernetes.aio.config.config_exception import ConfigException
 from pydantic import ValidationError
 
+from machine_preservation.core import extension as gardener_extension
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.admission.deletion import MachineSetView
+from machine_preservation.core.admission.deletion import EXTENSION_NAME, MachineSetView, ShootExtension
 from machine_preservation.core.admission.shoot_lifecycle import CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
 
@@ -46,6 +50,11 @@ class MachineSetSource(Protocol):
     async def read_cluster(self, *, namespace: str) -> dict[str, Any] | None:
         """Gardener's `Cluster` named after the control namespace, as served; None when there is none (not
         Gardener)."""
+        ...
+
+    async def read_extension(self, *, namespace: str) -> ShootExtension | None:
+        """The namespace's Extension of type machine-preservation (absent: `present` False); None when not
+        serving as Gardener's extension, or the API server has no Extension kind (not Gardener)."""
         ...
 
     async def close(self) -> None: ...
@@ -110,11 +119,32 @@ def _items(listing: object) -> list[dict[str, Any]]:
     return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
 
 
-class KubernetesMachineSets:
-    """MachineSetSource backed by the API server (kubeconfig file, in-cluster config, or the default)."""
+def _object_missing(error: ApiException) -> bool:
+    """A 404 about the object itself (a Status naming its kind), not about the resource: the API server answers a
+    path of a kind it does not serve (no CRD) with a bare "404 page not found"."""
+    try:
+        status = json.loads(error.body or "")
+    except (TypeError, ValueError):
+        return False
+    details = status.get("details") if isinstance(status, dict) else None
+    return (
+        isinstance(details, dict)
+        and details.get("kind") == gardener_extension.PLURAL
+        and details.get("group") == gardener_extension.API_GROUP
+    )
 
-    def __init__(self, *, kubeconfig: Path | None = None) -> None:
+
+class KubernetesMachineSets:
+    """MachineSetSource backed by the API server (kubeconfig file, in-cluster config, or the default).
+
+    `gardener_extension`: serving as Gardener's extension (one installation per seed), where a shoot namespace
+    without our Extension has the extension disabled. Off, `read_extension` reads nothing and answers None: a
+    seed may well have Gardener's Extension kind without this installation being the extension (a standalone
+    installation per shoot namespace), and there the guard must stay as it is."""
+
+    def __init__(self, *, kubeconfig: Path | None = None, gardener_extension: bool = False) -> None:
         self._kubeconfig = kubeconfig
+        self._gardener_extension = gardener_extension
         self._api_client: client.ApiClient | None = None
         self._lock = asyncio.Lock()
 
@@ -167,6 +197,35 @@ class KubernetesMachineSets:
         except (ConfigException, aiohttp.ClientError, TimeoutError, OSError) as error:
             raise SourceUnavailable(f"reading the Cluster {namespace!r}: {error}") from None
         return cluster if isinstance(cluster, dict) else None
+
+    async def read_extension(self, *, namespace: str) -> ShootExtension | None:
+        if not self._gardener_extension:
+            return None
+        shown = f"the Extension {namespace}/{EXTENSION_NAME}"
+        try:
+            api = await self._api()
+            extension = await _patiently(
+                lambda: api.get_namespaced_custom_object(
+                    gardener_extension.API_GROUP,
+                    gardener_extension.API_VERSION.split("/")[1],
+                    namespace,
+                    gardener_extension.PLURAL,
+                    EXTENSION_NAME,
+                    _request_timeout=READ_TIMEOUT_SECONDS,
+                )
+            )
+        except ApiException as error:
+            if error.status == 404:  # no such Extension: disabled; no Extension kind at all: not Gardener
+                return ShootExtension(present=False) if _object_missing(error) else None
+            raise SourceUnavailable(f"reading {shown}: {error.status} {error.reason}") from None
+        except (ConfigException, aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise SourceUnavailable(f"reading {shown}: {error}") from None
+        if not isinstance(extension, dict):
+            raise SourceUnavailable(f"reading {shown}: unexpected answer from the API server")
+        try:
+            return ShootExtension.read(extension)
+        except ValidationError as error:
+            raise SourceUnavailable(f"unexpected object from the API server: {error.errors()[0]['msg']}") from None
 
     async def close(self) -> None:
         if self._api_client is not None:

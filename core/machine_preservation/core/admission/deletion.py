@@ -27,7 +27,12 @@ Replica counts always win: a kept machine's delete passes when
   surplus of kept machines may go, the first ones in MCM's scale-down order (priority annotation, phase,
   age); the others stay denied, so MCM's parallel deletes cannot take more kept machines than the count
   needs. Scale to zero therefore deletes every machine, preserved ones included;
-- the Shoot is being hibernated, deleted or migrated, as its Gardener `Cluster` resource shows.
+- the Shoot is being hibernated, deleted or migrated, as its Gardener `Cluster` resource shows;
+- (Gardener's extension mode) the extension no longer serves the Shoot: the namespace's `Extension` of type
+  machine-preservation is gone or being deleted (the extension is disabled: the controller releases every
+  preservation but leaves the users' preserve annotations, and the namespace label that routes MCM's deletes
+  here goes only with gardenlet's next namespace update), or it was migrated away (the Shoot moved to another
+  seed). Every delete then passes, preserved machines included.
 So the guard denies only the delete that would replace a kept machine; the denial names the machine, until
 when it is kept, and how to release it.
 
@@ -38,7 +43,8 @@ running): those stay guarded until the record is gone.
 What it costs: the shell reads the machine's MachineSet, the namespace's machines and MachineDeployments
 only when a guarded delete is not decided by the machine alone (`machine_set_to_read`), and the Gardener
 `Cluster` only when the answer would otherwise be a denial, or when the budget's max can only come from the
-Shoot (`cluster_to_read`).
+Shoot (`cluster_to_read`), and the `Extension` only when the answer with all that is still a denial
+(`extension_to_read`).
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from machine_preservation.core.admission.shoot_lifecycle import shoot_lifecycle
 from machine_preservation.core.admission.verdict import Verdict, allow, deny
 from machine_preservation.core.auto_preservation import is_being_replaced, plan_auto_preservation
 from machine_preservation.core.durations import format_go_duration
+from machine_preservation.core.extension import EXTENSION_TYPE, Extension, is_migrated
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, ObjectMeta
 from machine_preservation.core.pool_settings import (
     ClusterView,
@@ -93,6 +100,8 @@ _EPOCH = dt.datetime.min.replace(tzinfo=dt.UTC)
 # The pool settings' last resort are the controller's flags, which the webhook does not know: the max's default
 # is the controller's (0, auto-preservation off); the timeout's is only named, never shown as a value.
 _POOL_DEFAULTS: Final = PoolDefaults(preserve_timeout=dt.timedelta(0))
+# gardenlet names a shoot's Extension after its type.
+EXTENSION_NAME: Final = EXTENSION_TYPE
 
 
 @dataclass(frozen=True)
@@ -103,6 +112,36 @@ class MachineSetView:
     machines: Sequence[Machine]  # every machine of the namespace
     siblings: Sequence[MachineSet]  # every MachineSet of the namespace, this one included
     machine_deployments: Sequence[MachineDeployment] = ()  # every MachineDeployment of the namespace
+
+
+@dataclass(frozen=True)
+class ShootExtension:
+    """The shoot namespace's `Extension` of type machine-preservation, as far as the guard needs it (Gardener's
+    extension mode): whether the extension still serves the Shoot in this seed."""
+
+    present: bool = True
+    deleting: bool = False
+    migrated: bool = False
+
+    @classmethod
+    def read(cls, extension: Mapping[str, Any] | None) -> ShootExtension:
+        """From the object as the API serves it; None: there is none. Raises pydantic's ValidationError for an
+        object that does not fit the Extension model."""
+        if extension is None:
+            return cls(present=False)
+        model = Extension.model_validate(extension)
+        return cls(deleting=model.deleting, migrated=is_migrated(model))
+
+    def released(self) -> str:
+        """Why the extension no longer guards the Shoot's machines, for people; "" while it does."""
+        named = f'Extension "{EXTENSION_NAME}"'
+        if not self.present:
+            return f"the extension is disabled for the Shoot (its {named} is gone)"
+        if self.deleting:
+            return f"the extension is being disabled for the Shoot (its {named} is being deleted)"
+        if self.migrated:
+            return f"the Shoot has been migrated to another seed (its {named} was migrated)"
+        return ""
 
 
 class Outcome(StrEnum):
@@ -119,6 +158,7 @@ class Outcome(StrEnum):
     MACHINE_SET_SURPLUS = "machine-set-surplus"
     MACHINE_DEPLOYMENT_SURPLUS = "machine-deployment-surplus"
     SHOOT_GOING_AWAY = "shoot-going-away"
+    EXTENSION_RELEASED = "extension-released"  # Gardener: the Extension is gone, being deleted or migrated
     # Denials:
     PRESERVED = "preserved"
     PENDING_BY_VALUE = "pending-by-value"
@@ -135,6 +175,7 @@ RELEASES: Final = frozenset(
         Outcome.MACHINE_SET_SURPLUS,
         Outcome.MACHINE_DEPLOYMENT_SURPLUS,
         Outcome.SHOOT_GOING_AWAY,
+        Outcome.EXTENSION_RELEASED,
     }
 )
 
@@ -420,6 +461,7 @@ def assess_machine_deletion(
     machine_set: MachineSetView | None = None,
     cluster: Mapping[str, Any] | None = None,
     namespace: str | None = None,
+    extension: ShootExtension | None = None,
 ) -> Assessment:
     """Judge a DELETE of `machine` (the request's oldObject) by `username`.
 
@@ -427,6 +469,8 @@ def assess_machine_deletion(
     no MachineSet, or it is gone. `cluster`: the Gardener `Cluster` named after the namespace, as the API
     serves it, read for `cluster_to_read(...)`; None when not read or there is none. `namespace`: the
     request's, which decides whether a ServiceAccount is MCM's (None: the one in the machine's metadata).
+    `extension`: the namespace's Extension of our type, read for `extension_to_read(...)` in Gardener's
+    extension mode; None when not read, not in that mode, or unknown (no Extension kind): no release then.
     """
     first = _first_look(machine=machine, username=username, settings=settings, now=now, namespace=namespace)
     if isinstance(first, Assessment):
@@ -443,6 +487,8 @@ def assess_machine_deletion(
             return release
     if cluster is not None and (why := shoot_lifecycle(cluster).going_away()):
         return Assessment(Outcome.SHOOT_GOING_AWAY, f"{subject}: {why}")
+    if extension is not None and (why := extension.released()):
+        return Assessment(Outcome.EXTENSION_RELEASED, f"{subject}: {why}")
     return denial
 
 
@@ -475,6 +521,28 @@ def cluster_to_read(
     return pool_name(machine_set=own, machine_deployment=deployment) is not None
 
 
+def extension_to_read(
+    *,
+    machine: Machine,
+    username: str,
+    settings: AdmissionSettings,
+    now: dt.datetime,
+    machine_set: MachineSetView | None = None,
+    cluster: Mapping[str, Any] | None = None,
+    namespace: str | None = None,
+) -> bool:
+    """Whether the namespace's Extension may change the answer: with everything else read, it is a denial."""
+    return not assess_machine_deletion(
+        machine=machine,
+        username=username,
+        settings=settings,
+        now=now,
+        machine_set=machine_set,
+        cluster=cluster,
+        namespace=namespace,
+    ).allowed
+
+
 def judge_machine_deletion(
     *,
     machine: Machine,
@@ -484,6 +552,7 @@ def judge_machine_deletion(
     machine_set: MachineSetView | None = None,
     cluster: Mapping[str, Any] | None = None,
     namespace: str | None = None,
+    extension: ShootExtension | None = None,
 ) -> Verdict:
     """`assess_machine_deletion` as an admission verdict."""
     return assess_machine_deletion(
@@ -494,4 +563,5 @@ def judge_machine_deletion(
         machine_set=machine_set,
         cluster=cluster,
         namespace=namespace,
+        extension=extension,
     ).verdict()
