@@ -38,6 +38,13 @@ def _configuration(text: str) -> WebhookConfigurationRef:
         raise argparse.ArgumentTypeError(str(error)) from error
 
 
+def _owned_configuration(text: str) -> WebhookConfigurationRef:
+    try:
+        return WebhookConfigurationRef.parse_managed(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+
+
 async def _api_client(kubeconfig: Path | None) -> client.ApiClient:
     """A client for the kubeconfig, or for the in-cluster service account when None."""
     if kubeconfig is not None:
@@ -80,10 +87,11 @@ def settings_from(args: argparse.Namespace) -> ManagerSettings:
         cert_dir=args.cert_dir,
         identity=split_names(names),
         policy=policy,
-        configurations=tuple(args.webhook_configuration),
+        configurations=(*args.webhook_configuration, *args.own_webhook_configuration),
         ca_common_name=args.ca_common_name or f"{args.service}.{args.namespace}-ca",
         resync=dt.timedelta(seconds=args.resync),
         serving_secret=args.serving_secret,
+        owner_namespace=args.owner_namespace or None,
     )
 
 
@@ -142,6 +150,21 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
         metavar="KIND/NAME[@KUBECONFIG]",
         help="inject the caBundle into this validating/NAME or mutating/NAME (repeatable); "
         "@KUBECONFIG for a configuration in another cluster",
+    )
+    loop.add_argument(
+        "--own-webhook-configuration",
+        type=_owned_configuration,
+        action="append",
+        default=[],
+        metavar="KIND/NAME=FILE",
+        help="create and keep validating/NAME or mutating/NAME (local cluster) exactly as the manifest FILE "
+        "describes it (without caBundle; re-read every pass), with the caBundle (repeatable)",
+    )
+    loop.add_argument(
+        "--owner-namespace",
+        default="",
+        metavar="NAMESPACE",
+        help="the Namespace owning the --own-webhook-configuration objects: deleting it deletes them",
     )
     loop.add_argument("--ca-common-name", default="", help="default: <service>.<namespace>-ca")
     # RotationPolicy checks these durations against each other, with messages that name both.

@@ -10,8 +10,12 @@
 {{- define "gemp.certsSecret.name" -}}{{ include "gemp.webhook.name" . }}-certs{{- end -}}
 {{/* Only tls.crt and tls.key, mounted by the webhook pods. */}}
 {{- define "gemp.servingSecret.name" -}}{{ include "gemp.webhook.name" . }}-tls{{- end -}}
-{{/* The seed's Machine ValidatingWebhookConfiguration: named after the release. */}}
+{{/* The seed's Machine ValidatingWebhookConfiguration: named after the release. Owned by the certs manager, which
+     reads its manifest from a ConfigMap (key below) mounted at the path below. */}}
 {{- define "gemp.configuration.name" -}}{{ .Release.Name }}{{- end -}}
+{{- define "gemp.seedWebhooks.configMap" -}}{{ include "gemp.name" . }}-seed-webhooks{{- end -}}
+{{- define "gemp.seedWebhooks.key" -}}validatingwebhookconfiguration.yaml{{- end -}}
+{{- define "gemp.seedWebhooks.dir" -}}/etc/machine-preservation/seed-webhooks{{- end -}}
 {{/* Cluster-scoped RBAC: Gardener's prefix for extensions, the release, the component. */}}
 {{- define "gemp.clusterRole.name" -}}extensions.gardener.cloud:{{ .root.Release.Name }}:{{ .component }}{{- end -}}
 

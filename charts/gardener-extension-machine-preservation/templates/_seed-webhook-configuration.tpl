@@ -1,0 +1,80 @@
+{{- /*
+The seed's Machine webhooks, for every shoot namespace with the extension enabled (gardenlet labels those
+extensions.gardener.cloud/machine-preservation=true). Rules, matchConditions, failure policy and timeout mirror
+the Machine webhooks of charts/machine-preservation/templates/webhook-configurations.yaml; what differs is the
+scope (all enabled shoot namespaces instead of one control namespace) and MCM's identity (one ServiceAccount per
+shoot namespace instead of a list of names).
+
+Not an object of the chart: gardenlet hands the chart to the seed's gardener-resource-manager, which re-applies
+every object as rendered on each sync and would wipe the caBundle each time (failurePolicy Fail: Machine requests
+refused until the next injection). The chart puts this manifest into a ConfigMap instead, and the certs manager
+owns the configuration entirely (--own-webhook-configuration): it creates it and keeps it as the manifest says,
+with the caBundle of its CA, owned by the extension namespace (deleted with it). As Gardener's own extensions
+register their seed webhooks from the extension process.
+*/ -}}
+{{- define "gemp.seedWebhookConfiguration" -}}
+{{- $controller := include "gemp.controllerUsername" . -}}
+{{- $preserveKeys := include "gemp.preserveRelatedAnnotations" . | fromJsonArray -}}
+{{- $namespaces := dict "matchLabels" (dict "extensions.gardener.cloud/machine-preservation" "true") -}}
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingWebhookConfiguration
+metadata:
+  name: {{ include "gemp.configuration.name" . }}
+  labels:
+    {{- include "gemp.labels" . | nindent 4 }}
+webhooks:
+  - name: preserve-annotation.machines.machine-preservation.sapcloud.io
+    clientConfig:
+      service:
+        namespace: {{ .Release.Namespace }}
+        name: {{ include "gemp.webhook.name" . }}
+        port: 443
+        path: /validate-preserve-annotation
+    rules:
+      - apiGroups: [machine.sapcloud.io]
+        apiVersions: [v1alpha1]
+        operations: [CREATE, UPDATE]
+        resources: [machines]
+        scope: Namespaced
+    matchConditions:
+      - name: preserve-annotations-change
+        expression: {{ include "gemp.cel.anyAnnotationChanged" $preserveKeys | toJson }}
+      - name: not-the-controller
+        expression: {{ printf "!(request.userInfo.username in [%s])" (include "gemp.cel.string" $controller) | toJson }}
+    failurePolicy: Fail
+    matchPolicy: Equivalent
+    sideEffects: None
+    timeoutSeconds: {{ .Values.webhook.timeoutSeconds }}
+    admissionReviewVersions: [v1]
+    namespaceSelector:
+      {{- toYaml $namespaces | nindent 6 }}
+  - name: deletion.machines.machine-preservation.sapcloud.io
+    clientConfig:
+      service:
+        namespace: {{ .Release.Namespace }}
+        name: {{ include "gemp.webhook.name" . }}
+        port: 443
+        path: /validate-machine-deletion
+    rules:
+      - apiGroups: [machine.sapcloud.io]
+        apiVersions: [v1alpha1]
+        operations: [DELETE]
+        resources: [machines]
+        scope: Namespaced
+    matchConditions:
+      # Only MCM's own deletes can be denied (MCM runs in each shoot namespace as the ServiceAccount
+      # machine-controller-manager), so nobody else's delete waits for the webhook: not the provider extension's
+      # force-deletions, not gardenlet's.
+      - name: deleted-by-mcm
+        expression: {{ "request.userInfo.username.startsWith('system:serviceaccount:shoot--') && request.userInfo.username.endsWith(':machine-controller-manager')" | toJson }}
+      # Only Failed machines are ever kept, so an outage never blocks MCM deleting healthy ones.
+      - name: machine-failed
+        expression: {{ include "gemp.cel.failed" "oldObject" | toJson }}
+    failurePolicy: Fail
+    matchPolicy: Equivalent
+    sideEffects: None
+    timeoutSeconds: {{ .Values.webhook.timeoutSeconds }}
+    admissionReviewVersions: [v1]
+    namespaceSelector:
+      {{- toYaml $namespaces | nindent 6 }}
+{{- end -}}
