@@ -48,6 +48,7 @@ NAMESPACE = "extension-machine-preservation-x7k2f"
 NAME = "gardener-extension-machine-preservation"
 WEBHOOK = f"{NAME}-webhook"
 CERTS = f"{NAME}-certs"
+SEED_WEBHOOKS = f"{NAME}-seed-webhooks"
 CONTROLLER_USERNAME = f"system:serviceaccount:{NAMESPACE}:{NAME}"
 MACHINES = ("machine.sapcloud.io", "v1alpha1")
 OPERATOR_EXTENSION_CRD = "example/operator/10-crd-operator.gardener.cloud_extensions.yaml"
@@ -116,6 +117,14 @@ def rendered(toolchain: Toolchain, tmp_path: Path) -> list[dict[str, Any]]:
     return render(toolchain, tmp_path)
 
 
+def seed_webhook_configuration(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    """The seed ValidatingWebhookConfiguration's manifest, from the ConfigMap the certs manager mounts."""
+    text = standalone.find(documents, "ConfigMap", SEED_WEBHOOKS)["data"]["validatingwebhookconfiguration.yaml"]
+    manifest: dict[str, Any] = yaml.safe_load(text)
+    assert manifest["kind"] == "ValidatingWebhookConfiguration"
+    return manifest
+
+
 def pod_spec(documents: list[dict[str, Any]], deployment: str) -> dict[str, Any]:
     spec: dict[str, Any] = standalone.find(documents, "Deployment", deployment)["spec"]["template"]["spec"]
     return spec
@@ -181,13 +190,18 @@ def test_the_installation_is_exactly_these_objects(rendered: list[dict[str, Any]
             ("Deployment", CERTS, NAMESPACE),
             ("Role", CERTS, NAMESPACE),
             ("RoleBinding", CERTS, NAMESPACE),
-            ("ClusterRole", f"{prefix}:cabundle", ""),
-            ("ClusterRoleBinding", f"{prefix}:cabundle", ""),
-            ("ValidatingWebhookConfiguration", RELEASE, ""),
+            ("ClusterRole", f"{prefix}:seed-webhooks", ""),
+            ("ClusterRoleBinding", f"{prefix}:seed-webhooks", ""),
+            # The seed webhook configuration's manifest: the certs manager creates and keeps the configuration
+            # (the seed's gardener-resource-manager would wipe its caBundle on every sync).
+            ("ConfigMap", SEED_WEBHOOKS, NAMESPACE),
         ]
     )
-    # The Secrets are rendered empty: the certs manager owns their data.
-    assert all("data" not in d for d in rendered if d["kind"] == "Secret")
+    # The Secrets are rendered empty: the certs manager owns their data, and gardener-resource-manager only creates
+    # them (it would wipe `data` on every sync otherwise).
+    secrets = [d for d in rendered if d["kind"] == "Secret"]
+    assert all("data" not in d for d in secrets)
+    assert all(d["metadata"]["annotations"] == {"resources.gardener.cloud/ignore": "true"} for d in secrets)
 
 
 @pytest.mark.parametrize(
@@ -320,9 +334,7 @@ def test_values_reach_the_containers(toolchain: Toolchain, tmp_path: Path) -> No
     assert service["metadata"]["annotations"]["networking.resources.gardener.cloud/from-world-to-ports"] == (
         '[{"port":10250,"protocol":"TCP"}]'
     )
-    assert {w["timeoutSeconds"] for w in standalone.find(documents, "ValidatingWebhookConfiguration")["webhooks"]} == {
-        5
-    }
+    assert {w["timeoutSeconds"] for w in seed_webhook_configuration(documents)["webhooks"]} == {5}
     for deployment in (NAME, WEBHOOK, CERTS):
         assert container(documents, deployment)["image"] == "registry.example.com/mp:1.2.3"
         assert "priorityClassName" not in pod_spec(documents, deployment)
@@ -352,7 +364,18 @@ def test_webhook_and_certs_commands_are_accepted_by_the_cli(rendered: list[dict[
     certs = certs_commands.settings_from(parser.parse_args(container(rendered, CERTS)["args"]))
     assert (certs.secret_namespace, certs.secret_name) == (NAMESPACE, f"{WEBHOOK}-certs")
     assert certs.serving_secret == (NAMESPACE, f"{WEBHOOK}-tls")
+    # The seed webhook configuration: owned entirely (created and kept from the mounted manifest), owned in turn
+    # by the extension namespace (gone with it).
     assert [str(c) for c in certs.configurations] == [f"validating/{RELEASE}"]
+    mount = next(m for m in container(rendered, CERTS)["volumeMounts"] if m["name"] == "seed-webhooks")
+    key = "validatingwebhookconfiguration.yaml"
+    assert certs.configurations[0].template == Path(mount["mountPath"]) / key
+    assert certs.owner_namespace == NAMESPACE
+    manifests = next(v for v in pod_spec(rendered, CERTS)["volumes"] if v["name"] == "seed-webhooks")
+    assert manifests["configMap"]["name"] == SEED_WEBHOOKS
+    assert key in standalone.find(rendered, "ConfigMap", SEED_WEBHOOKS)["data"]
+    annotations = standalone.find(rendered, "Deployment", CERTS)["spec"]["template"]["metadata"]["annotations"]
+    assert set(annotations) == {"checksum/seed-webhooks"}, "a changed configuration rolls the certs manager"
     # The certificate names the host every shoot's kube-apiserver calls (the controller's --webhook-url).
     assert f"{WEBHOOK}.{NAMESPACE}.svc" in certs.identity.dns_names
     # What the webhook pods mount is what the certs manager publishes.
@@ -454,8 +477,11 @@ def test_rbac_is_exactly_what_each_component_does(rendered: list[dict[str, Any]]
         | expand(ext, "extensions", "get")
     )
     assert rules(rendered, "Role", CERTS) == expand("", "secrets", "get patch", f"{WEBHOOK}-certs,{WEBHOOK}-tls")
-    assert rules(rendered, "ClusterRole", f"{prefix}:cabundle") == expand(
-        "admissionregistration.k8s.io", "validatingwebhookconfigurations", "get patch", RELEASE
+    # `create` cannot be limited by name (the API server authorizes a create before the object has one).
+    assert rules(rendered, "ClusterRole", f"{prefix}:seed-webhooks") == (
+        expand("admissionregistration.k8s.io", "validatingwebhookconfigurations", "get patch", RELEASE)
+        | expand("admissionregistration.k8s.io", "validatingwebhookconfigurations", "create")
+        | expand("", "namespaces", "get", NAMESPACE)
     )
     # Each binding binds its role to its component's ServiceAccount, and only that.
     for kind, name, account in (
@@ -463,7 +489,7 @@ def test_rbac_is_exactly_what_each_component_does(rendered: list[dict[str, Any]]
         ("RoleBinding", f"{NAME}-leases", NAME),
         ("ClusterRoleBinding", f"{prefix}:webhook", WEBHOOK),
         ("RoleBinding", CERTS, CERTS),
-        ("ClusterRoleBinding", f"{prefix}:cabundle", CERTS),
+        ("ClusterRoleBinding", f"{prefix}:seed-webhooks", CERTS),
     ):
         binding = standalone.find(rendered, kind, name)
         assert binding["roleRef"]["name"] == name
@@ -474,7 +500,9 @@ def test_rbac_is_exactly_what_each_component_does(rendered: list[dict[str, Any]]
 
 
 def test_seed_webhooks(rendered: list[dict[str, Any]], toolchain: Toolchain) -> None:
-    configuration = standalone.find(rendered, "ValidatingWebhookConfiguration", RELEASE)
+    configuration = seed_webhook_configuration(rendered)
+    assert configuration["metadata"]["name"] == RELEASE
+    assert all("caBundle" not in w["clientConfig"] for w in configuration["webhooks"]), "the certs manager's"
     webhooks = {w["name"]: w for w in configuration["webhooks"]}
     assert set(webhooks) == {
         "preserve-annotation.machines.machine-preservation.sapcloud.io",
@@ -532,7 +560,9 @@ def kubectl(toolchain: Toolchain, kubeconfig: Path, *args: str, stdin: str = "")
 def test_every_object_is_accepted_by_the_api_server(
     toolchain: Toolchain, control_plane: ControlPlane, namespace: str, tmp_path: Path
 ) -> None:
-    documents = render(toolchain, tmp_path, namespace=namespace, release=f"mp-{namespace}")
+    rendered = render(toolchain, tmp_path, namespace=namespace, release=f"mp-{namespace}")
+    # And the seed webhook configuration as the certs manager creates it from its manifest.
+    documents = [*rendered, seed_webhook_configuration(rendered)]
     result = kubectl(
         toolchain,
         control_plane.kubeconfig,
@@ -554,7 +584,7 @@ def test_the_api_server_check_has_teeth(
 ) -> None:
     """The same check rejects a matchCondition that is not valid CEL, and a field the API does not know."""
     documents = render(toolchain, tmp_path, namespace=namespace, release=f"mp-{namespace}")
-    configuration = standalone.find(documents, "ValidatingWebhookConfiguration")
+    configuration = seed_webhook_configuration(documents)
     configuration["webhooks"][1]["matchConditions"][0]["expression"] = "request.userInfo.username.startsWith("
     deployment = standalone.find(documents, "Deployment", NAME)
     deployment["spec"]["template"]["spec"]["containers"][0]["argz"] = []
@@ -617,7 +647,8 @@ async def test_the_seed_webhooks_see_only_mcms_deletes_in_enabled_shoot_namespac
     enabled, disabled = f"shoot--{tag}--a", f"shoot--{tag}--b"
     release = f"mp-{tag}"
     documents = render(toolchain, tmp_path, namespace=f"extension-mp-{tag}", release=release)
-    configuration = standalone.find(documents, "ValidatingWebhookConfiguration", release)
+    configuration = seed_webhook_configuration(documents)
+    assert configuration["metadata"]["name"] == release
     cert_dir = tmp_path / "certs"
     write_self_signed(cert_dir=cert_dir, names=("127.0.0.1",), now=dt.datetime.now(dt.UTC))
     ca_bundle = base64.b64encode((cert_dir / "ca.crt").read_bytes()).decode()
