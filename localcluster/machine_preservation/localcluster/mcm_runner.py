@@ -101,13 +101,15 @@ class McmSettings:
 
 
 def grant_mcm_rbac(admin_kubeconfig: Path, *, username: str = MCM_USERNAME) -> None:
-    """A ClusterRole with what MCM needs, bound to its user (idempotent)."""
+    """A ClusterRole with what MCM needs, bound to its user (idempotent; one binding per user, so that the MCMs
+    of several shoot namespaces of one seed each keep theirs)."""
+    binding_name = RBAC_NAME if username == MCM_USERNAME else f"{RBAC_NAME}:{username}"
     api_client = config.new_client_from_config(config_file=str(admin_kubeconfig))  # type: ignore[no-untyped-call]
     with api_client:
         rbac = client.RbacAuthorizationV1Api(api_client)
-        role = {"metadata": {"name": RBAC_NAME}, "rules": MCM_RULES}
-        binding = {
-            "metadata": {"name": RBAC_NAME},
+        role: dict[str, Any] = {"metadata": {"name": RBAC_NAME}, "rules": MCM_RULES}
+        binding: dict[str, Any] = {
+            "metadata": {"name": binding_name},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": RBAC_NAME},
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": username}],
         }
@@ -117,7 +119,7 @@ def grant_mcm_rbac(admin_kubeconfig: Path, *, username: str = MCM_USERNAME) -> N
             except ApiException as error:
                 if error.status != 409:
                     raise
-                getattr(rbac, f"replace_{kind}")(RBAC_NAME, body)
+                getattr(rbac, f"replace_{kind}")(body["metadata"]["name"], body)
 
 
 @dataclass
@@ -129,6 +131,9 @@ class McmRunner:
     namespace: str
     directory: Path
     target: ControlPlane | None = None
+    # MCM's identity towards `plane` (in a Gardener seed: its ServiceAccount in the shoot namespace); towards
+    # the target it is always MCM_USERNAME, as in a shoot.
+    control_user: str = MCM_USERNAME
     version: str = DEFAULT_MCM_VERSION
     settings: McmSettings = field(default_factory=McmSettings)
     bin_dir: Path | None = None
@@ -157,7 +162,7 @@ class McmRunner:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         target = self.target or self.plane
         mcm_kubeconfig = self.plane.write_kubeconfig(
-            self.directory / "mcm.kubeconfig", user=MCM_USERNAME, groups=MCM_GROUPS
+            self.directory / "mcm.kubeconfig", user=self.control_user, groups=MCM_GROUPS
         )
         mcm_target_kubeconfig = target.write_kubeconfig(
             self.directory / "mcm-target.kubeconfig", user=MCM_USERNAME, groups=MCM_GROUPS
@@ -165,7 +170,7 @@ class McmRunner:
         cloud_kubeconfig = target.write_kubeconfig(
             self.directory / "fake-cloud.kubeconfig", user=FAKE_CLOUD_USERNAME, groups=("system:masters",)
         )
-        grant_mcm_rbac(self.plane.kubeconfig)
+        grant_mcm_rbac(self.plane.kubeconfig, username=self.control_user)
         if target is not self.plane:
             grant_mcm_rbac(target.kubeconfig)
         common = [

@@ -128,7 +128,8 @@ def render_webhook_configurations(
 
 
 async def apply_manifests(admin: client.ApiClient, manifests: Iterable[dict[str, Any]]) -> None:
-    """Create the chart's RBAC objects and webhook configurations (and the namespaces they live in)."""
+    """Create the chart's ServiceAccounts, RBAC objects and webhook configurations (and the namespaces they live
+    in)."""
     manifests = list(manifests)
     core = client.CoreV1Api(admin)
     namespaces = sorted({m["metadata"]["namespace"] for m in manifests if m["metadata"].get("namespace")})
@@ -158,6 +159,12 @@ async def _call(admin: client.ApiClient, verb: str, manifest: dict[str, Any]) ->
     name, namespace = manifest["metadata"]["name"], manifest["metadata"].get("namespace")
     create = verb == "create"
     match manifest["kind"]:
+        case "ServiceAccount":
+            core = client.CoreV1Api(admin)
+            if create:
+                await core.create_namespaced_service_account(namespace, manifest)  # type: ignore[arg-type]
+            else:
+                await core.delete_namespaced_service_account(name, namespace)
         case "Role":
             if create:
                 await rbac.create_namespaced_role(namespace, manifest)  # type: ignore[arg-type]

@@ -1,0 +1,185 @@
+"""The Gardener seed chart installed as gardenlet installs it, on a local seed (developer tooling for the
+end-to-end tests and the playground; not part of the image).
+
+gardenlet renders charts/gardener-extension-machine-preservation with the values it injects (`gardenlet_values`)
+into the extension namespace. Here the rendered ServiceAccounts and RBAC are applied as they are, and the
+webhook and extension processes run on this machine with the rendered container arguments, authenticated as the
+rendered ServiceAccounts (tokens from the TokenRequest API), so the chart's RBAC is what they get. What only a
+pod has is replaced: listen addresses and ports (127.0.0.1, free ports), the certificate directory (the webhook's
+own self-signed certificate for 127.0.0.1 instead of the certs manager's), the webhook's URL (127.0.0.1 instead
+of the Service), and the kubeconfig (in-cluster config becomes a token kubeconfig).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes.aio import client
+
+from machine_preservation.localcluster.controlplane import ControlPlane
+
+RELEASE = "machine-preservation"
+CHART_NAME = "gardener-extension-machine-preservation"
+EXTENSION_DEPLOYMENT = CHART_NAME
+WEBHOOK_DEPLOYMENT = f"{CHART_NAME}-webhook"
+# The kinds that make up the components' identities and rights.
+IDENTITY_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+TOKEN_SECONDS = 24 * 3600
+
+
+def seed_chart_directory() -> Path:
+    # localcluster/machine_preservation/localcluster/seed_install.py -> repository root
+    chart = Path(__file__).resolve().parents[3] / "charts" / CHART_NAME
+    if not chart.is_dir():
+        raise FileNotFoundError(f"the seed chart is not at {chart}: run this from a source checkout")
+    return chart
+
+
+def gardenlet_values(*, seed_name: str = "local") -> dict[str, Any]:
+    """The `gardener` block gardenlet injects into an extension's chart."""
+    return {
+        "gardener": {
+            "version": "v1.150.0",
+            "garden": {"clusterIdentity": "local-garden"},
+            "seed": {
+                "name": seed_name,
+                "clusterIdentity": f"{seed_name}-seed",
+                "annotations": {},
+                "labels": {"seed.gardener.cloud/provider": "local"},
+                "provider": "local",
+                "region": "local",
+                "volumeProvider": "",
+                "volumeProviders": [],
+                "ingressDomain": f"ingress.{seed_name}.seed.local",
+                "protected": False,
+                "visible": True,
+                "taints": [],
+                "networks": {"pods": "10.1.0.0/16", "services": "10.2.0.0/16", "nodes": "10.3.0.0/16"},
+                "blockCIDRs": [],
+                "spec": {},
+            },
+            "gardenlet": {"featureGates": {}},
+        }
+    }
+
+
+def render(helm: Path, *, namespace: str, values: Mapping[str, Any], directory: Path) -> list[dict[str, Any]]:
+    """`helm template` of the seed chart as release RELEASE in `namespace`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    values_file = directory / "values.yaml"
+    values_file.write_text(yaml.safe_dump(dict(values)))
+    result = subprocess.run(
+        [str(helm), "template", RELEASE, str(seed_chart_directory()), "--namespace", namespace, "-f", str(values_file)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"helm template failed: {result.stderr}")
+    return [document for document in yaml.safe_load_all(result.stdout) if document]
+
+
+def find(documents: Iterable[Mapping[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    for document in documents:
+        if document.get("kind") == kind and document["metadata"]["name"] == name:
+            return dict(document)
+    raise LookupError(f"the chart renders no {kind} {name}")
+
+
+def container_args(documents: Iterable[Mapping[str, Any]], deployment: str) -> list[str]:
+    """The first container's arguments of a rendered Deployment."""
+    spec = find(documents, "Deployment", deployment)["spec"]["template"]["spec"]
+    return list(spec["containers"][0].get("args") or [])
+
+
+def service_account_of(documents: Iterable[Mapping[str, Any]], deployment: str) -> str:
+    spec = find(documents, "Deployment", deployment)["spec"]["template"]["spec"]
+    return str(spec["serviceAccountName"])
+
+
+def replace_args(args: Sequence[str], replacements: Mapping[str, str | None], extra: Sequence[str] = ()) -> list[str]:
+    """`args` with each `--flag=...` named in `replacements` set to its value (None: dropped), then `extra`."""
+    result: list[str] = []
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        if flag in replacements:
+            value = replacements[flag]
+            if value is not None:
+                result.append(f"{flag}={value}")
+        else:
+            result.append(arg)
+    return [*result, *extra]
+
+
+def identities(documents: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The rendered ServiceAccounts and RBAC, as they are (`product.apply_manifests` creates them)."""
+    return [dict(document) for document in documents if document.get("kind") in IDENTITY_KINDS]
+
+
+async def service_account_kubeconfig(
+    admin: client.ApiClient, seed: ControlPlane, *, namespace: str, name: str, path: Path
+) -> Path:
+    """A kubeconfig with a token of ServiceAccount `namespace/name` (TokenRequest), for a process off-cluster."""
+    request = {"spec": {"audiences": [seed.issuer], "expirationSeconds": TOKEN_SECONDS}}
+    answer = await client.CoreV1Api(admin).create_namespaced_service_account_token(
+        name,
+        namespace,
+        request,  # type: ignore[arg-type]
+    )
+    assert answer.status is not None
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "seed",
+        "clusters": [
+            {
+                "name": "seed",
+                "cluster": {
+                    "server": seed.server,
+                    "certificate-authority-data": base64.b64encode(seed.ca.cert_pem).decode(),
+                },
+            }
+        ],
+        "users": [{"name": name, "user": {"token": answer.status.token}}],
+        "contexts": [{"name": "seed", "context": {"cluster": "seed", "user": name}}],
+    }
+    await asyncio.to_thread(_write_private, path, yaml.safe_dump(config))
+    return path
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o600)
+
+
+def seed_webhook_configuration(documents: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The seed's Machine ValidatingWebhookConfiguration the chart asks for: rendered as it is, or as the manifest
+    the certs manager keeps in force (a ConfigMap holding it)."""
+    for document in documents:
+        if document.get("kind") == "ValidatingWebhookConfiguration":
+            return dict(document)
+        if document.get("kind") == "ConfigMap":
+            for text in (document.get("data") or {}).values():
+                candidate = yaml.safe_load(text)
+                if isinstance(candidate, dict) and candidate.get("kind") == "ValidatingWebhookConfiguration":
+                    return candidate
+    raise LookupError("the chart renders no seed ValidatingWebhookConfiguration")
+
+
+def served_by(configuration: Mapping[str, Any], *, url: str, ca_bundle: bytes) -> dict[str, Any]:
+    """`configuration` with each webhook's Service reference replaced by `url` + its path, and the CA."""
+    result = dict(configuration)
+    webhooks = []
+    for webhook in configuration.get("webhooks") or []:
+        path = (webhook.get("clientConfig", {}).get("service") or {}).get("path", "")
+        client_config = {"url": url.rstrip("/") + path, "caBundle": base64.b64encode(ca_bundle).decode()}
+        webhooks.append({**webhook, "clientConfig": client_config})
+    result["webhooks"] = webhooks
+    return result
