@@ -302,3 +302,64 @@ async def test_a_new_ca_reaches_every_shoot(
             await gardener.delete_extension(api, shoot.namespace)
         for shoot in (first, second):
             await eventually_async(lambda s=shoot: _gone(api, s.namespace), limit=30)  # type: ignore[misc]
+
+
+async def test_migrate_keeps_the_shoots_objects_and_restore_takes_them_over(
+    seed: ControlPlane, api: client.ApiClient, extension: Extension, tmp_path: Path
+) -> None:
+    async with new_shoot(seed, api, tmp_path) as shoot:
+        await gardener.apply_extension(api, shoot.namespace)
+        await ready(api, shoot.namespace)
+        before = await eventually_async(lambda: _shoot_webhooks(shoot), limit=20)
+
+        # The source seed's gardenlet migrates: the shoot's objects stay, ours in the seed go, nothing holds the
+        # Extension any more.
+        await gardener.request_operation(api, shoot.namespace, "migrate")
+
+        async def migrated() -> dict[str, Any] | None:
+            obj = await _extension(api, shoot.namespace)
+            last = ((obj or {}).get("status") or {}).get("lastOperation") or {}
+            done = last.get("type") == "Migrate" and last.get("state") == "Succeeded"
+            return obj if done and gardener.OPERATION_ANNOTATION not in obj["metadata"].get("annotations", {}) else None  # type: ignore[index]
+
+        obj = await eventually_async(migrated, limit=30)
+        assert not obj["metadata"].get("finalizers")
+        assert shoot.namespace not in extension.controller.supervisor.namespaces()  # type: ignore[union-attr]
+        custom = client.CustomObjectsApi(api)
+        managed = await custom.list_namespaced_custom_object(
+            gardener.RESOURCES_GROUP, gardener.RESOURCES_VERSION, shoot.namespace, "managedresources"
+        )
+        assert not managed["items"]
+        secrets = await client.CoreV1Api(api).list_namespaced_secret(shoot.namespace)
+        assert shoot_resources.SHOOT_ACCESS_SECRET not in {s.metadata.name for s in secrets.items if s.metadata}
+        kept = await _shoot_webhooks(shoot)
+        assert kept is not None
+        assert kept["webhooks"] == before["webhooks"]
+        await client.CustomObjectsApi(api).delete_namespaced_custom_object(
+            gardener.EXTENSIONS_GROUP,
+            gardener.EXTENSIONS_VERSION,
+            shoot.namespace,
+            "extensions",
+            gardener.EXTENSION_TYPE,
+        )
+        await eventually_async(lambda: _gone(api, shoot.namespace), limit=10)
+
+        # The destination seed's gardenlet (the same seed here): the Extension waits for its state, then restores.
+        await gardener.apply_extension(api, shoot.namespace, operation="wait-for-state")
+        await asyncio.sleep(2)  # a wait-for-state object is left alone
+        waiting = await _extension(api, shoot.namespace)
+        assert waiting is not None
+        assert not (waiting.get("status") or {}).get("lastOperation")
+        await gardener.request_operation(api, shoot.namespace, "restore")
+        restored = await ready(api, shoot.namespace)
+        assert restored["status"]["lastOperation"]["type"] == "Restore"
+        assert contract.FINALIZER in restored["metadata"]["finalizers"]
+
+        async def served() -> bool:
+            current = await _extension(api, shoot.namespace)
+            condition = current and _condition(current, contract.CONTROL_PLANE_HEALTHY)
+            return bool(condition and condition["status"] == "True")
+
+        await eventually_async(served, limit=30)
+        await gardener.delete_extension(api, shoot.namespace)
+        await eventually_async(lambda: _gone(api, shoot.namespace), limit=30)
