@@ -363,3 +363,33 @@ async def test_migrate_keeps_the_shoots_objects_and_restore_takes_them_over(
         await eventually_async(served, limit=30)
         await gardener.delete_extension(api, shoot.namespace)
         await eventually_async(lambda: _gone(api, shoot.namespace), limit=30)
+
+
+async def test_hibernation_pauses_the_shoots_lifecycle_and_waking_up_resumes_it(
+    seed: ControlPlane, api: client.ApiClient, extension: Extension, tmp_path: Path
+) -> None:
+    async with new_shoot(seed, api, tmp_path) as shoot:
+        await gardener.apply_extension(api, shoot.namespace)
+        await ready(api, shoot.namespace)
+        supervisor = extension.controller.supervisor
+        assert supervisor is not None
+
+        async def health(status: str, reason: str) -> bool:
+            current = await _extension(api, shoot.namespace)
+            condition = current and _condition(current, contract.CONTROL_PLANE_HEALTHY)
+            return bool(condition and condition["status"] == status and condition["reason"] == reason)
+
+        await eventually_async(lambda: health("True", "ShootServed"), limit=30)
+        workers = [gardener.worker("worker1")]
+        await gardener.update_cluster_shoot(
+            api, shoot.namespace, gardener.shoot_manifest(shoot.namespace, workers=workers, hibernated=True)
+        )
+        await eventually_async(lambda: shoot.namespace not in supervisor.namespaces(), limit=10)
+        await eventually_async(lambda: health("True", "ShootHibernated"), limit=10)
+        await gardener.update_cluster_shoot(
+            api, shoot.namespace, gardener.shoot_manifest(shoot.namespace, workers=workers, hibernated=False)
+        )
+        await eventually_async(lambda: health("True", "ShootServed"), limit=30)
+        assert shoot.namespace in supervisor.namespaces()
+        await gardener.delete_extension(api, shoot.namespace)
+        await eventually_async(lambda: _gone(api, shoot.namespace), limit=30)

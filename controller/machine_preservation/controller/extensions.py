@@ -142,7 +142,7 @@ class ExtensionReconciler:
         namespace = extension.metadata.namespace
         self._provisioned.pop(namespace, None)  # an operation looks at the objects again, whatever we remember
         await self._ensure_objects(namespace)
-        self._run_or_pause(namespace, facts)
+        await self._run_or_pause(namespace, facts)
         if extension.spec.provider_config is None:
             return None
         errors = provider_config_errors(
@@ -189,7 +189,7 @@ class ExtensionReconciler:
             return
         namespace = extension.metadata.namespace
         await self._ensure_objects(namespace)
-        self._run_or_pause(namespace, facts)
+        await self._run_or_pause(namespace, facts)
         await self._report_health(extension, facts)
 
     async def _report_health(self, extension: contract.Extension, facts: ShootFacts | None) -> None:
@@ -208,9 +208,10 @@ class ExtensionReconciler:
         if patch is not None:
             await self._patch_status(extension, patch)
 
-    def _run_or_pause(self, namespace: str, facts: ShootFacts | None) -> None:
+    async def _run_or_pause(self, namespace: str, facts: ShootFacts | None) -> None:
         if facts is None or facts.lifecycle.hibernated or facts.lifecycle.deleted:
             # Hibernated or going: its API server is (about to be) down and MCM deletes every machine.
+            await self.supervisor.stop(namespace)
             return
         self.supervisor.ensure_running(namespace, kubeconfig_secret=facts.kubeconfig_secret)
 
