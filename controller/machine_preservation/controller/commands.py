@@ -36,23 +36,29 @@ from machine_preservation.core.mcm_generation import NativePreservationMode
 logger = logging.getLogger(__name__)
 
 EXIT_BAD_SETUP = 2
+DEFAULT_MCM_RECHECK_PERIOD = dt.timedelta(seconds=SeedOptions.mcm_recheck_period)
 
 
-def options_from(args: argparse.Namespace) -> ControllerOptions:
+def _preservation_from(args: argparse.Namespace) -> PreservationConfig:
+    """The lifecycle settings both commands take (`_add_lifecycle_arguments`)."""
     if args.drain_attempt_timeout <= dt.timedelta(0):
         raise ValueError(
             f"--drain-attempt-timeout must be positive, got {format_go_duration(args.drain_attempt_timeout)}"
         )
+    return PreservationConfig(
+        default_preserve_timeout=args.machine_preserve_timeout,
+        drain_timeout=args.machine_drain_timeout,
+        drain_retry_interval=args.drain_retry_interval,
+        max_preserve_timeout=args.max_preserve_timeout,
+    )
+
+
+def options_from(args: argparse.Namespace) -> ControllerOptions:
     return ControllerOptions(
         namespace=args.namespace,
         control_kubeconfig=args.control_kubeconfig,
         target_kubeconfig=args.target_kubeconfig,
-        preservation=PreservationConfig(
-            default_preserve_timeout=args.machine_preserve_timeout,
-            drain_timeout=args.machine_drain_timeout,
-            drain_retry_interval=args.drain_retry_interval,
-            max_preserve_timeout=args.max_preserve_timeout,
-        ),
+        preservation=_preservation_from(args),
         native_preservation=args.mcm_native_preservation,
         max_drain_attempt=args.drain_attempt_timeout,
         workers=args.workers,
@@ -136,22 +142,13 @@ def _namespaced_name(text: str) -> tuple[str, str]:
 def seed_options_from(args: argparse.Namespace) -> SeedOptions:
     if not args.namespace:
         raise ValueError("--namespace is required (or $POD_NAMESPACE)")
-    if args.drain_attempt_timeout <= dt.timedelta(0):
-        raise ValueError(
-            f"--drain-attempt-timeout must be positive, got {format_go_duration(args.drain_attempt_timeout)}"
-        )
     return SeedOptions(
         namespace=args.namespace,
         webhook_url=args.webhook_url,
         ca_secret=args.ca_secret,
         identity=default_identity(),
         kubeconfig=args.kubeconfig,
-        preservation=PreservationConfig(
-            default_preserve_timeout=args.machine_preserve_timeout,
-            drain_timeout=args.machine_drain_timeout,
-            drain_retry_interval=args.drain_retry_interval,
-            max_preserve_timeout=args.max_preserve_timeout,
-        ),
+        preservation=_preservation_from(args),
         native_preservation=args.mcm_native_preservation,
         max_drain_attempt=args.drain_attempt_timeout,
         workers=args.workers,
@@ -159,6 +156,7 @@ def seed_options_from(args: argparse.Namespace) -> SeedOptions:
         leader_elect=args.leader_elect,
         metrics_host=args.metrics_bind_address,
         metrics_port=args.metrics_port,
+        mcm_recheck_period=args.mcm_recheck_period.total_seconds(),
     )
 
 
@@ -252,5 +250,13 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
     extension.add_argument("--workers", type=int, default=4, help="concurrent Machine reconciles per shoot")
     extension.add_argument(
         "--extension-workers", type=int, default=10, help="concurrent Extension reconciles over all shoots"
+    )
+    extension.add_argument(
+        "--mcm-recheck-period",
+        type=go_duration_argument(accept="positive"),
+        default=DEFAULT_MCM_RECHECK_PERIOD,
+        help="how often each shoot's MCM is inspected again while its lifecycle runs; a changed verdict on native "
+        "preservation (MCM upgraded) restarts that shoot's lifecycle "
+        f"(default {format_go_duration(DEFAULT_MCM_RECHECK_PERIOD)})",
     )
     extension.set_defaults(handler=run_extension)
