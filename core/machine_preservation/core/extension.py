@@ -14,9 +14,6 @@ named after the type, in the shoot namespace) and waits on it. This module says,
   or for a deletion when our finalizer is not there (we never set anything up);
 - the JSON merge patches of the status subresource that report an operation: Processing (progress 1), then
   Succeeded (progress 100, `observedGeneration`, `lastError` cleared) or Error (progress 50, `lastError`);
-- when gardenlet counts the object as ready (`readiness_problem`): no `lastError`, the generation observed, no
-  operation annotation left, the last operation Succeeded and not older than the `gardener.cloud/timestamp`
-  annotation (whole seconds);
 - the `ControlPlaneHealthy` condition (its times move only on change) and the heartbeat Lease that makes
   gardenlet believe the extension's conditions.
 
@@ -40,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from machine_preservation.core import provider_config
-from machine_preservation.core.preservation_record import format_timestamp, parse_timestamp
+from machine_preservation.core.preservation_record import format_timestamp
 
 EXTENSION_TYPE: Final = provider_config.EXTENSION_TYPE
 API_GROUP: Final = "extensions.gardener.cloud"
@@ -460,34 +457,6 @@ def error(
             "observedGeneration": generation,
         }
     }
-
-
-# --- readiness as gardenlet judges it -------------------------------------------------------------------------
-
-
-def readiness_problem(extension: Extension) -> str | None:
-    """Why gardenlet does not count the Extension as ready yet (its CheckExtensionObject), None when it does."""
-    status, metadata = extension.status, extension.metadata
-    if status.last_error is not None:
-        return f"error during reconciliation: {status.last_error.description}"
-    if status.observed_generation != metadata.generation:
-        return f"observed generation outdated ({status.observed_generation}/{metadata.generation})"
-    if OPERATION_ANNOTATION in metadata.annotations:
-        return f"gardener operation {metadata.annotations[OPERATION_ANNOTATION]!r} is not yet picked up"
-    last = status.last_operation
-    if last is None:
-        return "extension did not record a last operation yet"
-    if last.state != OperationState.SUCCEEDED:
-        return f"extension state is not succeeded but {last.state}"
-    if TIMESTAMP_ANNOTATION in metadata.annotations:
-        requested = parse_timestamp(metadata.annotations[TIMESTAMP_ANNOTATION])
-        if requested is None:
-            return f"cannot parse {TIMESTAMP_ANNOTATION} annotation"
-        updated = parse_timestamp(last.last_update_time)
-        requested = requested.replace(microsecond=0)
-        if updated is None or requested > updated:
-            return f"extension is not reconciled yet: requested at {format_timestamp(requested)}"
-    return None
 
 
 # --- conditions ------------------------------------------------------------------------------------------------
