@@ -85,6 +85,14 @@ class Extension:
     namespace: str  # the extension's own namespace
     stop: asyncio.Event
     task: asyncio.Task[int]
+    options: SeedOptions
+
+    async def crash_and_restart(self) -> None:
+        """End the process where it is (its task cancelled mid-await), then start a new one."""
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        self.controller, self.stop = SeedController(options=self.options), asyncio.Event()
+        self.task = asyncio.create_task(self.controller.run(self.stop))
 
 
 @pytest.fixture
@@ -116,26 +124,31 @@ async def extension(seed: ControlPlane, api: client.ApiClient, ca_pem: bytes) ->
             "data": {CA_BUNDLE_KEY: base64.b64encode(ca_pem).decode()},
         },
     )
-    controller = SeedController(
-        options=SeedOptions(
-            namespace=namespace,
-            webhook_url=WEBHOOK_URL,
-            ca_secret=(namespace, "webhook-certs"),
-            identity="test-extension",
-            kubeconfig=seed.kubeconfig,
-            leader_elect=False,
-            metrics_port=0,
-            heartbeat_period=1.0,
-            native_preservation=NativePreservationMode.FALSE,
-        )
+    options = SeedOptions(
+        namespace=namespace,
+        webhook_url=WEBHOOK_URL,
+        ca_secret=(namespace, "webhook-certs"),
+        identity="test-extension",
+        kubeconfig=seed.kubeconfig,
+        leader_elect=False,
+        metrics_port=0,
+        heartbeat_period=1.0,
+        native_preservation=NativePreservationMode.FALSE,
     )
+    controller = SeedController(options=options)
     stop = asyncio.Event()
-    task = asyncio.create_task(controller.run(stop))
+    running = Extension(
+        controller=controller,
+        namespace=namespace,
+        stop=stop,
+        task=asyncio.create_task(controller.run(stop)),
+        options=options,
+    )
     try:
-        yield Extension(controller=controller, namespace=namespace, stop=stop, task=task)
+        yield running
     finally:
-        stop.set()
-        assert await asyncio.wait_for(task, 60) == 0
+        running.stop.set()
+        assert await asyncio.wait_for(running.task, 60) == 0
         await core.delete_namespace(namespace)
 
 
@@ -393,3 +406,37 @@ async def test_hibernation_pauses_the_shoots_lifecycle_and_waking_up_resumes_it(
         assert shoot.namespace in supervisor.namespaces()
         await gardener.delete_extension(api, shoot.namespace)
         await eventually_async(lambda: _gone(api, shoot.namespace), limit=30)
+
+
+async def test_a_restart_at_any_point_loses_nothing(
+    seed: ControlPlane, api: client.ApiClient, extension: Extension, tmp_path: Path
+) -> None:
+    async with new_shoot(seed, api, tmp_path) as shoot:
+        await gardener.apply_extension(api, shoot.namespace)
+
+        async def started() -> bool:
+            obj = await _extension(api, shoot.namespace)
+            return bool(obj and (obj.get("status") or {}).get("lastOperation"))
+
+        await eventually_async(started, limit=30, interval=0.01)
+        await extension.crash_and_restart()  # mid-Create
+        await ready(api, shoot.namespace)
+
+        async def served() -> bool:
+            current = await _extension(api, shoot.namespace)
+            condition = current and _condition(current, contract.CONTROL_PLANE_HEALTHY)
+            return bool(condition and condition["status"] == "True")
+
+        await eventually_async(served, limit=30)
+        await eventually_async(lambda: _shoot_webhooks(shoot), limit=20)
+
+        await gardener.delete_extension(api, shoot.namespace)
+
+        async def deleting() -> bool:
+            obj = await _extension(api, shoot.namespace)
+            return bool(obj and obj["metadata"].get("deletionTimestamp"))
+
+        await eventually_async(deleting, limit=10, interval=0.01)
+        await extension.crash_and_restart()  # mid-Delete
+        await eventually_async(lambda: _gone(api, shoot.namespace), limit=30)
+        assert await _shoot_webhooks(shoot) is None
