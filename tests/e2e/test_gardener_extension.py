@@ -10,14 +10,9 @@ readiness as gardenlet's CheckExtensionObject does.
 from __future__ import annotations
 
 import asyncio
-import base64
-import contextlib
-import dataclasses
 import datetime as dt
 import json
-import subprocess
 import time
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,17 +21,28 @@ import pytest
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.certs.rotation import CA_BUNDLE_KEY
-from machine_preservation.controller.clients import MERGE_PATCH, new_api_client
 from machine_preservation.core import extension as contract
 from machine_preservation.core import vocabulary as v
-from machine_preservation.localcluster import gardener, seed_install
-from machine_preservation.localcluster import product as processes
-from machine_preservation.localcluster.controlplane import ControlPlane, free_port
-from machine_preservation.localcluster.grm import GrmRunner
-from machine_preservation.localcluster.mcm_pool import POOL_LABEL, FakeKubelets, create_pool, wait_for_pool
-from machine_preservation.localcluster.mcm_runner import McmRunner
+from machine_preservation.localcluster import gardener
+from machine_preservation.localcluster.controlplane import ControlPlane
+from machine_preservation.localcluster.mcm_pool import POOL_LABEL, create_pool, wait_for_pool
 from machine_preservation.localcluster.toolchain import Toolchain
+from tests.e2e.gardener_harness import (
+    Shoot,
+    annotate_node,
+    annotations_of,
+    condition,
+    installation,
+    machine,
+    new_shoot,
+    node,
+    preserved,
+    preserved_for,
+    read_extension,
+    ready,
+    seed_client,
+    tainted,
+)
 from tests.polling import eventually_async
 
 POOL = "worker1"
@@ -48,243 +54,12 @@ PROVIDER_CONFIG = {
     "kind": "PreservationConfig",
     "workers": [{"name": POOL, "machinePreserveTimeout": "1h"}],
 }
-MCM_SERVICE_ACCOUNT = "machine-controller-manager"
-
-
-@dataclasses.dataclass
-class Shoot:
-    namespace: str
-    plane: ControlPlane
-    grm: GrmRunner
-    mcm: McmRunner
-    api: client.ApiClient  # the shoot's kube-apiserver, as an administrator
-    kubelets: FakeKubelets
-
-
-@dataclasses.dataclass
-class Installation:
-    """The seed chart's webhook and extension processes, running as the chart's ServiceAccounts."""
-
-    namespace: str
-    webhook: subprocess.Popen[bytes]
-    extension: subprocess.Popen[bytes]
-    logs: Path
-
-    def log_tail(self, lines: int = 60) -> str:
-        return "\n".join(
-            f"--- {name} ---\n{processes.log_tail(self.logs / f'{name}.log', lines)}"
-            for name in ("webhook", "extension")
-        )
 
 
 @pytest.fixture
 async def seed(mcm_plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
-    await asyncio.to_thread(gardener.install_seed_crds, mcm_plane.kubeconfig, operator=False)
-    api = await new_api_client(kubeconfig=mcm_plane.kubeconfig)
-    yield api
-    await api.close()
-
-
-@contextlib.asynccontextmanager
-async def installation(
-    plane: ControlPlane, api: client.ApiClient, toolchain: Toolchain, directory: Path
-) -> AsyncIterator[Installation]:
-    namespace = f"extension-machine-preservation-{uuid.uuid4().hex[:5]}"
-    documents = seed_install.render(
-        toolchain.helm, namespace=namespace, values=seed_install.gardenlet_values(), directory=directory
-    )
-    await processes.apply_manifests(api, seed_install.identities(documents))
-    kubeconfigs = {
-        component: await seed_install.service_account_kubeconfig(
-            api,
-            plane,
-            namespace=namespace,
-            name=seed_install.service_account_of(documents, deployment),
-            path=directory / f"{component}.kubeconfig",
-        )
-        for component, deployment in (
-            ("webhook", seed_install.WEBHOOK_DEPLOYMENT),
-            ("extension", seed_install.EXTENSION_DEPLOYMENT),
-        )
-    }
-    logs = directory / "logs"
-    cert_dir = directory / "webhook-certs"
-    cert_dir.mkdir(parents=True)
-    port = free_port()
-    webhook_args = seed_install.replace_args(
-        seed_install.container_args(documents, seed_install.WEBHOOK_DEPLOYMENT),
-        {"--host": "127.0.0.1", "--port": str(port), "--cert-dir": str(cert_dir)},
-        extra=["--self-signed", "--san=127.0.0.1", f"--kubeconfig={kubeconfigs['webhook']}"],
-    )
-    webhook = processes.spawn(webhook_args, log_file=logs / "webhook.log")
-    extension: subprocess.Popen[bytes] | None = None
-    configuration_name = ""
-    try:
-        await processes.wait_webhook_ready(
-            webhook, port=port, cafile=cert_dir / "ca.crt", log_file=logs / "webhook.log"
-        )
-        ca = (cert_dir / "ca.crt").read_bytes()
-        # What the certs manager keeps: the trust bundle in its Secret, the seed webhooks registered with it.
-        extension_args = seed_install.container_args(documents, seed_install.EXTENSION_DEPLOYMENT)
-        ca_secret = next(a.split("=", 1)[1] for a in extension_args if a.startswith("--ca-secret="))
-        await client.CoreV1Api(api).create_namespaced_secret(
-            namespace,
-            {  # type: ignore[arg-type]
-                "metadata": {"name": ca_secret.split("/", 1)[1]},
-                "data": {CA_BUNDLE_KEY: base64.b64encode(ca).decode()},
-            },
-        )
-        url = f"https://127.0.0.1:{port}"
-        configuration = seed_install.served_by(
-            seed_install.seed_webhook_configuration(documents), url=url, ca_bundle=ca
-        )
-        configuration_name = configuration["metadata"]["name"]
-        await processes.apply_manifests(api, [configuration])
-        metrics_port = free_port()
-        extension = processes.spawn(
-            seed_install.replace_args(
-                extension_args,
-                {
-                    "--namespace": namespace,
-                    "--webhook-url": url,
-                    "--metrics-bind-address": "127.0.0.1",
-                    "--metrics-port": str(metrics_port),
-                },
-                extra=[f"--kubeconfig={kubeconfigs['extension']}"],
-            ),
-            log_file=logs / "extension.log",
-        )
-        await processes.wait_controller_ready(extension, metrics_port=metrics_port, log_file=logs / "extension.log")
-        yield Installation(namespace=namespace, webhook=webhook, extension=extension, logs=logs)
-    finally:
-        if extension is not None:
-            await processes.stop_process("extension", extension)
-        await processes.stop_process("webhook", webhook)
-        if configuration_name:
-            with contextlib.suppress(ApiException):
-                await client.AdmissionregistrationV1Api(api).delete_validating_webhook_configuration(configuration_name)
-
-
-@contextlib.asynccontextmanager
-async def new_shoot(
-    plane: ControlPlane,
-    api: client.ApiClient,
-    directory: Path,
-    *,
-    workers: list[dict[str, Any]],
-    provider_config: dict[str, Any] | None = None,
-) -> AsyncIterator[Shoot]:
-    """A shoot as gardenlet prepares it, with its API server, its GRM and its MCM (as Gardener runs MCM: its
-    ServiceAccount in the shoot namespace towards the seed)."""
-    # Short: client certificates carry `system:serviceaccount:<namespace>:machine-controller-manager` (≤ 64).
-    namespace = gardener.shoot_namespace_name("t", uuid.uuid4().hex[:4])
-    shoot_plane = await asyncio.to_thread(
-        gardener.start_shoot_control_plane, plane, directory / "plane", name=namespace.rpartition("--")[2]
-    )
-    grm = GrmRunner(seed=plane, shoot=shoot_plane, namespace=namespace, directory=directory / "grm")
-    mcm = McmRunner(
-        plane=plane,
-        namespace=namespace,
-        directory=directory / "mcm",
-        target=shoot_plane,
-        control_user=f"system:serviceaccount:{namespace}:{MCM_SERVICE_ACCOUNT}",
-    )
-    shoot_api = await new_api_client(kubeconfig=shoot_plane.kubeconfig)
-    kubelets = FakeKubelets(api, namespace, target=shoot_api)
-    try:
-        await gardener.create_shoot_namespace(api, namespace)
-        # gardenlet copies the whole Shoot into the Cluster, the extension's providerConfig included.
-        entry: dict[str, Any] = {"type": gardener.EXTENSION_TYPE}
-        if provider_config is not None:
-            entry["providerConfig"] = provider_config
-        shoot = gardener.shoot_manifest(namespace, workers=workers, extensions=[entry])
-        await gardener.apply_cluster(api, gardener.cluster_manifest(namespace, shoot=shoot))
-        await gardener.publish_generic_token_kubeconfig(api, namespace, shoot_plane)
-        await asyncio.to_thread(grm.start)
-        await asyncio.to_thread(mcm.start)
-        async with kubelets.running():
-            yield Shoot(namespace=namespace, plane=shoot_plane, grm=grm, mcm=mcm, api=shoot_api, kubelets=kubelets)
-    finally:
-        await asyncio.to_thread(mcm.stop)
-        await asyncio.to_thread(grm.stop)
-        await shoot_api.close()
-        await asyncio.to_thread(shoot_plane.stop)
-
-
-async def read_extension(api: client.ApiClient, namespace: str) -> dict[str, Any] | None:
-    try:
-        return await gardener.read_extension(api, namespace)
-    except ApiException as error:
-        if error.status == 404:
-            return None
-        raise
-
-
-async def ready(api: client.ApiClient, namespace: str, *, limit: float = 30.0) -> dict[str, Any]:
-    """Until gardenlet would count the Extension as ready."""
-
-    async def check() -> dict[str, Any] | None:
-        found = await read_extension(api, namespace)
-        return found if found is not None and gardener.extension_ready(found) is None else None
-
-    return await eventually_async(check, limit=limit, interval=0.2)
-
-
-def condition(extension: dict[str, Any] | None, kind: str) -> dict[str, Any]:
-    conditions = ((extension or {}).get("status") or {}).get("conditions") or []
-    return next((c for c in conditions if c.get("type") == kind), {})
-
-
-async def machine(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
-    try:
-        found: dict[str, Any] = await client.CustomObjectsApi(api).get_namespaced_custom_object(
-            v.MACHINE_API_GROUP, v.MACHINE_API_VERSION, namespace, "machines", name
-        )
-    except ApiException as error:
-        if error.status == 404:
-            return None
-        raise
-    return found
-
-
-async def node(shoot: Shoot, name: str) -> dict[str, Any] | None:
-    try:
-        response = await client.CoreV1Api(shoot.api).read_node_without_preload_content(name)
-        body = await response.read()
-    except ApiException:
-        return None
-    return json.loads(body) if response.status == 200 else None
-
-
-def annotations(obj: dict[str, Any] | None) -> dict[str, str]:
-    return dict(((obj or {}).get("metadata") or {}).get("annotations") or {})
-
-
-def tainted(found: dict[str, Any] | None) -> bool:
-    taints = ((found or {}).get("spec") or {}).get("taints") or []
-    return any(t.get("key") == v.PRESERVED_TAINT_KEY for t in taints)
-
-
-async def annotate_node(shoot: Shoot, name: str, value: str) -> None:
-    await client.CoreV1Api(shoot.api).patch_node(
-        name, {"metadata": {"annotations": {v.PRESERVE_ANNOTATION: value}}}, _content_type=MERGE_PATCH
-    )
-
-
-async def preserved(api: client.ApiClient, shoot: Shoot, name: str) -> dict[str, str] | None:
-    """The machine's preservation record once it is Failed, preserved and its node tainted."""
-    found = await machine(api, shoot.namespace, name)
-    record = annotations(found)
-    phase = ((found or {}).get("status") or {}).get("currentStatus", {}).get("phase")
-    if phase == "Failed" and v.PRESERVED_UNTIL_ANNOTATION in record and tainted(await node(shoot, name)):
-        return record
-    return None
-
-
-def preserved_for(record: dict[str, str]) -> dt.timedelta:
-    since = dt.datetime.fromisoformat(record[v.PRESERVED_SINCE_ANNOTATION].replace("Z", "+00:00"))
-    until = dt.datetime.fromisoformat(record[v.PRESERVED_UNTIL_ANNOTATION].replace("Z", "+00:00"))
-    return until - since
+    async with seed_client(mcm_plane) as api:
+        yield api
 
 
 async def test_one_installation_serves_two_shoots(
@@ -381,7 +156,7 @@ async def _scenario(plane: ControlPlane, seed: client.ApiClient, a: Shoot, b: Sh
         await eventually_async(lambda: preserved(seed, a, second), limit=60, interval=0.2)
     except AssertionError:
         found = await machine(seed, a.namespace, second)
-        print("machine:", json.dumps((found or {}).get("status"), indent=1), annotations(found))
+        print("machine:", json.dumps((found or {}).get("status"), indent=1), annotations_of(found))
         print("node:", json.dumps(await node(a, second), indent=1))
         raise
     print(f"shoot a's second machine preserved {time.monotonic() - failed_at:.1f} s after its node failed")
@@ -399,7 +174,7 @@ async def _scenario(plane: ControlPlane, seed: client.ApiClient, a: Shoot, b: Sh
     async def released() -> bool:
         for name in (victims[a.namespace], second):
             found = await machine(seed, a.namespace, name)
-            if found is not None and v.PRESERVED_UNTIL_ANNOTATION in annotations(found):
+            if found is not None and v.PRESERVED_UNTIL_ANNOTATION in annotations_of(found):
                 return False
             if tainted(await node(a, name)):
                 return False
