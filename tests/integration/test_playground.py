@@ -1,5 +1,7 @@
-"""The README's main job: `python -m machine_preservation.playground`, as a newcomer runs it: our webhook and controller
-against the real machine-controller-manager v0.61.3."""
+"""The README's main job: `python -m machine_preservation.playground`, as a newcomer runs it: by default the Gardener
+playground (a seed, two shoots with their own API server, gardener-resource-manager and real machine-controller-manager
+v0.61.3, one installation of the extension); `--standalone`, our webhook and controller beside real MCM without
+Gardener."""
 
 from __future__ import annotations
 
@@ -35,33 +37,44 @@ def _our_processes(directory: Path) -> list[str]:
     return found
 
 
-def test_walkthrough_passes_every_use_case_and_cleans_up(toolchain: Toolchain, tmp_path: Path) -> None:
+def test_gardener_walkthrough_passes_every_step_and_cleans_up(toolchain: Toolchain, tmp_path: Path) -> None:
+    """`make run`: a seed, two shoots, one installation; every step passes and everything goes afterwards."""
     directory = tmp_path / "playground"
     result = subprocess.run(
-        [*CLI, "--dir", str(directory), "--preserve-timeout", "60s"],
-        capture_output=True,
-        text=True,
-        env=_env(toolchain),
-        timeout=600,
+        [*CLI, "--dir", str(directory)], capture_output=True, text=True, env=_env(toolchain), timeout=600
     )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-4000:]
     table = result.stdout.split("#  use case", 1)[1]
-    assert table.count("passed") == 8, table
+    assert table.count("passed") == 6, table
     assert "Every use case behaved as documented." in result.stdout
-    # What users see: the webhook's denial names the allowed values, the CA guard warns.
-    assert 'supported values: "", "now", "when-failed", "false"' in result.stdout
-    assert 'Warning: cluster-autoscaler.kubernetes.io/scale-down-disabled restored to "true"' in result.stdout
-    # MCM's own delete of a kept Failed machine is denied, naming until when it is kept.
-    assert "is Failed and preserved until" in result.stdout
-    assert "machine-controller-manager v0.61.3 running" in result.stdout
+    out = result.stdout
+    # What the operator sees on both shoots once enabled: the Extension as gardenlet judges it, its
+    # ControlPlaneHealthy condition, the ManagedResource's conditions.
+    for shoot in ("a", "b"):
+        assert (
+            f"shoot {shoot}: Extension shoot--dev--{shoot}/machine-preservation: Ready (as gardenlet judges it)" in out
+        )
+    assert out.count("ControlPlaneHealthy: True") >= 2, out
+    assert out.count("ResourcesApplied: True") >= 2, out
+    assert out.count("ResourcesHealthy: True") >= 2, out
+    assert "lastError: none" in out
+    # The shoot's own API server denies a bad value; the seed denies MCM's delete of a kept Failed machine.
+    assert 'supported values: "", "now", "when-failed", "false"' in out
+    assert "is Failed and preserved until" in out
+    # Each shoot's pool setting from its own source.
+    assert "1h0m0s, from the Extension's providerConfig" in out
+    assert "2h0m0s, from the Shoot's worker fields" in out
+    # Disabled: shoot a's Extension and ManagedResource are gone.
+    assert "shoot a: Extension shoot--dev--a/machine-preservation: not found" in out
+    assert "shoot a: ManagedResource shoot--dev--a/extension-machine-preservation-shoot: not found" in out
     assert not directory.exists(), "a successful run leaves nothing behind"
     assert _our_processes(directory) == []
 
 
-def test_interactive_runs_until_ctrl_c_then_tears_down(toolchain: Toolchain, tmp_path: Path) -> None:
-    directory = tmp_path / "interactive"
+def _run_interactive(args: list[str], directory: Path, toolchain: Toolchain) -> tuple[subprocess.Popen[str], str]:
+    """Start the playground with `--interactive`; returns once it says how to try it (its output so far)."""
     process = subprocess.Popen(
-        [*CLI, "--dir", str(directory), "--interactive"],
+        [*CLI, "--dir", str(directory), "--interactive", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -75,21 +88,56 @@ def test_interactive_runs_until_ctrl_c_then_tears_down(toolchain: Toolchain, tmp
         seen.append(line)
         if "Press Ctrl-C" in line or not line:
             break
-    text = "".join(seen)
-    assert "The playground is running" in text, text
-    assert f"export KUBECONFIG={directory / 'cluster' / 'kubeconfig'}" in text
-    assert (directory / "cluster" / "kubeconfig").is_file()
-    running = _our_processes(directory)
-    assert any("machine-controller-manager" in p for p in running), "real MCM runs while interactive"
-    assert any(" controller " in p for p in running), running
-    assert any(" webhook " in p for p in running), running
+    return process, "".join(seen)
 
+
+def _interrupt_and_check_teardown(process: subprocess.Popen[str], directory: Path) -> None:
     process.send_signal(signal.SIGINT)
     rest, _ = process.communicate(timeout=120)
     assert process.returncode == 0, rest
     assert "tearing down" in rest
     assert _our_processes(directory) == []
     assert not directory.exists()
+
+
+def test_gardener_interactive_runs_until_ctrl_c_then_tears_down(toolchain: Toolchain, tmp_path: Path) -> None:
+    directory = tmp_path / "interactive"
+    process, text = _run_interactive([], directory, toolchain)
+    assert "The Gardener playground is running" in text, text
+    for kubeconfig in (
+        directory / "cluster" / "kubeconfig",
+        directory / "shoots" / "a" / "plane" / "kubeconfig",
+        directory / "shoots" / "b" / "plane" / "kubeconfig",
+    ):
+        assert str(kubeconfig) in text
+        assert kubeconfig.is_file()
+    binaries = sorted(Path(p.split()[0]).name for p in _our_processes(directory))
+    # Per shoot: its kube-apiserver, GRM and MCM (two processes); the seed's etcd, kube-apiserver and
+    # kube-controller-manager; and one installation: the webhook and the extension (Python processes).
+    for binary, count in (("machine-controller-manager", 2), ("machine-controller", 2),
+                          ("gardener-resource-manager", 2), ("kube-apiserver", 3)):  # fmt: skip
+        assert binaries.count(binary) == count, binaries
+    commands = [p for p in _our_processes(directory) if " -m machine_preservation.playground" not in p]
+    assert sum(" extension " in p for p in commands) == 1, commands
+    assert sum(" webhook " in p for p in commands) == 1, commands
+    _interrupt_and_check_teardown(process, directory)
+
+
+def test_standalone_playground_starts_seeds_and_tears_down(toolchain: Toolchain, tmp_path: Path) -> None:
+    """`--standalone` (the product without Gardener) in its cheapest form: everything started and the landscape
+    seeded (every machine Running under real MCM), then torn down on Ctrl-C. Its walk-through's steps are the
+    ones `make run --standalone` runs; the step runner they share runs in the Gardener walk-through above."""
+    directory = tmp_path / "standalone"
+    process, text = _run_interactive(["--standalone"], directory, toolchain)
+    assert "machine-controller-manager v0.61.3 running" in text, text
+    assert "pods running: a DaemonSet pod per node" in text, "seeded: every machine Running, workloads on them"
+    assert "The playground is running" in text, text
+    assert f"export KUBECONFIG={directory / 'cluster' / 'kubeconfig'}" in text
+    running = _our_processes(directory)
+    assert any("machine-controller-manager" in p for p in running), "real MCM runs while interactive"
+    assert any(" controller " in p for p in running), running
+    assert any(" webhook " in p for p in running), running
+    _interrupt_and_check_teardown(process, directory)
 
 
 def test_components_run_under_the_charts_rbac_not_as_cluster_admin(toolchain: Toolchain) -> None:

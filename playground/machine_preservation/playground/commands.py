@@ -1,4 +1,9 @@
-"""`python -m machine_preservation.playground`: start everything, seed a landscape, walk through the use cases."""
+"""`python -m machine_preservation.playground`: start everything, seed a landscape, walk through the use cases.
+
+By default the Gardener playground (`playground/gardener.py`: a seed, two shoots, one installation of the
+extension); `--standalone` runs the product as installed without Gardener (one control namespace, the
+`machine-preservation` chart's webhook and controller, `stack.py`, `landscape.py`, `walkthrough.py`).
+"""
 
 from __future__ import annotations
 
@@ -27,9 +32,10 @@ from machine_preservation.core.pool_settings import (
     WORKER_POOL_LABEL,
 )
 from machine_preservation.core.preservation_record import format_timestamp
+from machine_preservation.localcluster.grm import ensure_grm_binary
 from machine_preservation.localcluster.mcm import DEFAULT_MCM_VERSION, ensure_mcm_binaries
 from machine_preservation.localcluster.toolchain import ToolchainError, ensure_toolchain
-from machine_preservation.playground import landscape
+from machine_preservation.playground import gardener, landscape
 from machine_preservation.playground.stack import Stack, start_stack
 from machine_preservation.playground.timeline import Timeline
 from machine_preservation.playground.walkthrough import StepFailed, Walkthrough, summary_table
@@ -146,6 +152,16 @@ Press Ctrl-C to tear everything down.
 
 
 async def _playground(args: argparse.Namespace, stopping: asyncio.Event) -> int:
+    if args.standalone:
+        return await _standalone_playground(args, stopping)
+    toolchain = await asyncio.to_thread(ensure_toolchain)
+    # Built from their Go modules on the first run (minutes), cached afterwards.
+    await asyncio.to_thread(ensure_mcm_binaries, DEFAULT_MCM_VERSION)
+    await asyncio.to_thread(ensure_grm_binary)
+    return await gardener.playground(args, stopping, toolchain)
+
+
+async def _standalone_playground(args: argparse.Namespace, stopping: asyncio.Event) -> int:
     toolchain = await asyncio.to_thread(ensure_toolchain)
     # Built from its Go module on the first run (minutes), cached afterwards.
     mcm_bin = await asyncio.to_thread(ensure_mcm_binaries, DEFAULT_MCM_VERSION)
@@ -225,13 +241,18 @@ def run(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m machine_preservation.playground",
-        description="Run everything locally and walk through the documented use cases.",
+        description="Run everything locally and walk through the documented use cases: by default on a local "
+        "Gardener seed with two shoots and one installation of the extension; --standalone without Gardener.",
     )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--dir", type=Path, default=Path(".local/playground"), help="state directory")
     parser.add_argument(
         "--preserve-timeout", type=go_duration_argument(accept="positive"), default=dt.timedelta(seconds=90),
-        help="machinePreserveTimeout of the Shoot's pools (Go duration, default 90s)",
+        help="standalone: machinePreserveTimeout of the Shoot's pools (Go duration, default 90s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--standalone", action="store_true",
+        help="the product without Gardener (one control namespace, the machine-preservation chart) instead",
     )  # fmt: skip
     parser.add_argument("--interactive", action="store_true", help="keep running for kubectl; Ctrl-C tears down")
     parser.add_argument("--keep", action="store_true", help="keep the state directory (logs) after a successful run")

@@ -70,6 +70,10 @@ class Timeline:
     out: TextIO = sys.stdout
     interval: float = 0.5
     node_filter: Callable[[str], bool] = lambda name: True
+    # Where the Nodes are when not in `api`'s cluster (a Gardener shoot's own API server), and a prefix for the
+    # lines about this timeline's objects (the shoot's name, when there are several).
+    node_api: client.ApiClient | None = None
+    label: str = ""
     _machines: dict[str, View] = field(default_factory=dict)
     _nodes: dict[str, View] = field(default_factory=dict)
 
@@ -88,14 +92,14 @@ class Timeline:
             m.metadata.name: machine_view(m)
             for m in (Machine.model_validate(item) for item in _items(await raw.read()))
         }
-        raw_nodes = await client.CoreV1Api(self.api).list_node_without_preload_content()
+        raw_nodes = await client.CoreV1Api(self.node_api or self.api).list_node_without_preload_content()
         nodes = {
             n.metadata.name: node_view(n)
             for n in (Node.model_validate(item) for item in _items(await raw_nodes.read()))
             if self.node_filter(n.metadata.name)
         }
         for line in diff("machine", self._machines, machines) + diff("node", self._nodes, nodes):
-            self.say(line)
+            self.say(f"[{self.label}] {line}" if self.label else line)
         self._machines, self._nodes = machines, nodes
 
     async def run(self, stopping: asyncio.Event) -> None:

@@ -32,6 +32,7 @@ from machine_preservation.playground.timeline import Timeline
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 # What kubectl shows for a denied delete, and what MCM's delete of a kept machine gets.
 KEPT_DENIAL = "is Failed and preserved until"
+Step = tuple[str, Callable[[], Awaitable[str]]]
 
 
 @dataclass
@@ -73,17 +74,11 @@ class Walkthrough:
     async def kubectl(self, *args: str, kubeconfig: Path | None = None, who: str = "") -> tuple[int, str]:
         """Run kubectl as the SRE (admin) would, or as `who` with `kubeconfig`; echo the command and its
         output into the timeline."""
-        self.timeline.say(("(as " + who + ") " if who else "") + "$ kubectl " + " ".join(args))
-        env = {**os.environ, "KUBECACHEDIR": str(self.stack.directory / "kube-cache")}
-        process = await asyncio.create_subprocess_exec(
-            str(self.stack.toolchain.kubectl), f"--kubeconfig={kubeconfig or self.stack.admin_kubeconfig}", *args,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
+        return await kubectl(
+            self.stack.toolchain.kubectl, *args,
+            kubeconfig=kubeconfig or self.stack.admin_kubeconfig, cache=self.stack.directory / "kube-cache",
+            say=self.timeline.say, who=who,
         )  # fmt: skip
-        output, _ = await process.communicate()
-        text = output.decode(errors="replace").strip()
-        for line in text.splitlines():
-            self.timeline.say(f"  | {line}")
-        return process.returncode or 0, text
 
     async def mcm_deletes(self, name: str) -> tuple[int, str]:
         """Ask the API server, as MCM and without deleting anything, what MCM's delete of the machine gets."""
@@ -94,24 +89,12 @@ class Walkthrough:
 
     async def wait_for(self, description: str, check: Callable[[], Awaitable[bool]], *, limit: float) -> None:
         """Poll `check` (observing the timeline meanwhile) until true; a spinner shows the wait on a TTY."""
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        tick = 0
-        while True:
+
+        async def observe() -> None:
             await self.timeline.observe()
             self.stack.check_processes()
-            if await check():
-                if sys.stdout.isatty():
-                    sys.stdout.write("\r\033[K")
-                return
-            waited = loop.time() - start
-            if waited > limit:
-                raise StepFailed(f"timed out after {waited:.0f}s waiting for: {description}")
-            if sys.stdout.isatty():
-                sys.stdout.write(f"\r{SPINNER[tick % len(SPINNER)]} waiting {waited:4.0f}s: {description}\033[K")
-                sys.stdout.flush()
-            tick += 1
-            await asyncio.sleep(0.25)
+
+        await wait_until(description, check, limit=limit, meanwhile=observe)
 
     async def machine(self, name: str) -> Machine | None:
         custom = client.CustomObjectsApi(self.api)
@@ -454,7 +437,7 @@ class Walkthrough:
             "guard lets MCM's delete through when the replica count needs it"
         )
 
-    def steps(self) -> list[tuple[str, Callable[[], Awaitable[str]]]]:
+    def steps(self) -> list[Step]:
         return [
             ("Preserve a Running node with `now`", self.preserve_running_node),
             ("`when-failed`, then a failure", self.when_failed_then_failure),
@@ -467,20 +450,72 @@ class Walkthrough:
         ]
 
     async def run(self) -> list[StepResult]:
-        results = []
-        loop = asyncio.get_running_loop()
-        for number, (title, step) in enumerate(self.steps(), start=1):
-            self.timeline.say(f"── {number}. {title}")
-            start = loop.time()
-            try:
-                detail = await step()
-            except StepFailed as failure:
-                results.append(StepResult(number, title, False, str(failure), loop.time() - start))
-                self.timeline.say(f"✗ {failure}")
-                break  # later steps build on earlier ones
-            results.append(StepResult(number, title, True, detail, loop.time() - start))
-            self.timeline.say(f"✓ {detail}")
-        return results
+        return await run_steps(self.steps(), say=self.timeline.say)
+
+
+async def kubectl(
+    binary: Path, *args: str, kubeconfig: Path, cache: Path, say: Callable[[str], None], who: str = ""
+) -> tuple[int, str]:
+    """Run kubectl with `kubeconfig` (as `who`, if said); echo the command and its output through `say`."""
+    say(("(as " + who + ") " if who else "") + "$ kubectl " + " ".join(args))
+    env = {**os.environ, "KUBECACHEDIR": str(cache)}
+    process = await asyncio.create_subprocess_exec(
+        str(binary), f"--kubeconfig={kubeconfig}", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
+    )  # fmt: skip
+    output, _ = await process.communicate()
+    text = output.decode(errors="replace").strip()
+    for line in text.splitlines():
+        say(f"  | {line}")
+    return process.returncode or 0, text
+
+
+async def run_steps(steps: list[Step], *, say: Callable[[str], None]) -> list[StepResult]:
+    """Run the steps in order, announcing each and its outcome; stop at the first that fails (later steps build
+    on earlier ones)."""
+    results = []
+    loop = asyncio.get_running_loop()
+    for number, (title, step) in enumerate(steps, start=1):
+        say(f"── {number}. {title}")
+        start = loop.time()
+        try:
+            detail = await step()
+        except StepFailed as failure:
+            results.append(StepResult(number, title, False, str(failure), loop.time() - start))
+            say(f"✗ {failure}")
+            break
+        results.append(StepResult(number, title, True, detail, loop.time() - start))
+        say(f"✓ {detail}")
+    return results
+
+
+async def wait_until(
+    description: str,
+    check: Callable[[], Awaitable[bool]],
+    *,
+    limit: float,
+    meanwhile: Callable[[], Awaitable[None]],
+    interval: float = 0.25,
+) -> None:
+    """Poll `check` (calling `meanwhile` before each look: observe, check the processes) until true, else
+    StepFailed; a spinner shows the wait on a TTY."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    tick = 0
+    while True:
+        await meanwhile()
+        if await check():
+            if sys.stdout.isatty():
+                sys.stdout.write("\r\033[K")
+            return
+        waited = loop.time() - start
+        if waited > limit:
+            raise StepFailed(f"timed out after {waited:.0f}s waiting for: {description}")
+        if sys.stdout.isatty():
+            sys.stdout.write(f"\r{SPINNER[tick % len(SPINNER)]} waiting {waited:4.0f}s: {description}\033[K")
+            sys.stdout.flush()
+        tick += 1
+        await asyncio.sleep(interval)
 
 
 def summary_table(results: list[StepResult], *, total_steps: int) -> str:
