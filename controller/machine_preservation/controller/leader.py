@@ -8,7 +8,9 @@ replica takes over within its retry period instead of waiting for the lease to e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from kubernetes.aio import client
@@ -120,3 +122,38 @@ class LeaderElector:
             return False
         logger.info("%s released the lease %s/%s", self.identity, self.namespace, self.name)
         return True
+
+
+async def run_elected(
+    elector: LeaderElector,
+    *,
+    stop: asyncio.Event,
+    lead: Callable[[asyncio.Event], Awaitable[int]],
+    on_leading: Callable[[bool], None],
+    lost_code: int,
+    stopped_code: int,
+) -> int:
+    """Campaign; once leading, `lead(lost)` until it returns; release the Lease on the way out unless it was lost.
+    `lost_code` when leadership is lost before leading, `stopped_code` when `stop` comes first."""
+    election = asyncio.create_task(elector.run(), name="leader-election")
+    try:
+        waiters = [asyncio.ensure_future(event.wait()) for event in (stop, elector.leading, elector.lost)]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+        if stop.is_set():
+            logger.info("stopping before leading")
+            return stopped_code
+        if elector.lost.is_set():
+            return lost_code
+        on_leading(True)
+        return await lead(elector.lost)
+    finally:
+        on_leading(False)
+        election.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await election
+        if not elector.lost.is_set():
+            await elector.release()

@@ -15,7 +15,6 @@ Lifecycle (controller-runtime's manager, in one event loop):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 import os
@@ -26,14 +25,13 @@ from pathlib import Path
 
 from machine_preservation.controller.caches import Caches
 from machine_preservation.controller.clients import Clients, new_api_client
-from machine_preservation.controller.leader import LeaderElector
+from machine_preservation.controller.leader import LeaderElector, run_elected
 from machine_preservation.controller.metrics import Metrics, Probes, metrics_app, start_metrics_server
 from machine_preservation.controller.runtime import (
     DEFAULT_DRAIN_ATTEMPT_TIMEOUT,
     Outcome,
     RuntimeOptions,
     ShootRuntime,
-    wait_any,
 )
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.mcm_generation import NativePreservationMode
@@ -167,23 +165,14 @@ class Controller:
             renew_deadline=options.renew_deadline,
             retry_period=options.retry_period,
         )
-        election = asyncio.create_task(elector.run(), name="leader-election")
-        try:
-            await wait_any(stop, elector.leading, elector.lost)
-            if stop.is_set():
-                logger.info("stopping before leading")
-                return EXIT_OK
-            if elector.lost.is_set():
-                return EXIT_LOST_LEADERSHIP
-            self.metrics.leader.set(1)
-            return await self._lead(stop=stop, lost=elector.lost)
-        finally:
-            self.metrics.leader.set(0)
-            election.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await election
-            if not elector.lost.is_set():
-                await elector.release()
+        return await run_elected(
+            elector,
+            stop=stop,
+            lead=lambda lost: self._lead(stop=stop, lost=lost),
+            on_leading=lambda leading: self.metrics.leader.set(1 if leading else 0),
+            lost_code=EXIT_LOST_LEADERSHIP,
+            stopped_code=EXIT_OK,
+        )
 
     async def _lead(self, *, stop: asyncio.Event, lost: asyncio.Event) -> int:
         """Run the lifecycle while leading. An informer that ended for good ends the process (crash-only: its

@@ -246,3 +246,14 @@ async def run_worker(queue: WorkQueue[str], reconcile: Reconcile, *, metrics: Me
         # without this yield one worker runs a whole resync's keys (2,000 machines: ~2 s) without
         # letting the watches, the probes or the Lease renewal run.
         await asyncio.sleep(0)
+
+
+async def stop_workers(workers: list[asyncio.Task[None]], *, grace: float) -> None:
+    """After the queues shut down: let in-flight reconciles finish within `grace` seconds (none at all when 0, as
+    after losing the Lease: another leader may already be writing), cancel the rest, wait for all."""
+    pending = set(workers)
+    if workers and grace > 0:
+        _, pending = await asyncio.wait(workers, timeout=grace)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*workers, return_exceptions=True)

@@ -33,7 +33,7 @@ from machine_preservation.controller.events import EventRecorder
 from machine_preservation.controller.handlers import Queues, wire_handlers
 from machine_preservation.controller.metrics import Metrics, preserved_counts
 from machine_preservation.controller.pools import PoolSettingsReader
-from machine_preservation.controller.queue import WorkQueue, run_worker
+from machine_preservation.controller.queue import WorkQueue, run_worker, stop_workers
 from machine_preservation.controller.reconcile import (
     MachineDeploymentReconciler,
     MachineReconciler,
@@ -179,15 +179,11 @@ class ShootRuntime:
         finally:
             for queue in queues.all:
                 queue.shutdown()
-            if workers:
-                grace = 0.0 if lost.is_set() else options.shutdown_grace
-                _, pending = await asyncio.wait(workers, timeout=grace) if grace else (set(), set(workers))
-                for task in pending:
-                    task.cancel()
+            await stop_workers(workers, grace=0.0 if lost.is_set() else options.shutdown_grace)
             waiting.cancel()
             for task in informers:
                 task.cancel()
-            await asyncio.gather(waiting, *informers, *workers, return_exceptions=True)
+            await asyncio.gather(waiting, *informers, return_exceptions=True)
 
     def _supervise(self, task: asyncio.Task[None]) -> None:
         """An informer runs until cancelled; one that ended otherwise leaves its cache stale for good."""

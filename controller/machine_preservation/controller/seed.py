@@ -14,7 +14,6 @@ Lifecycle:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 from dataclasses import dataclass, field
@@ -35,9 +34,9 @@ from machine_preservation.controller.extensions import (
     read_shoot_facts,
 )
 from machine_preservation.controller.informer import Informer, Source
-from machine_preservation.controller.leader import LeaderElector
+from machine_preservation.controller.leader import LeaderElector, run_elected
 from machine_preservation.controller.metrics import Metrics, Probes, metrics_app, start_metrics_server
-from machine_preservation.controller.queue import WorkQueue, run_worker
+from machine_preservation.controller.queue import WorkQueue, run_worker, stop_workers
 from machine_preservation.controller.runtime import DEFAULT_DRAIN_ATTEMPT_TIMEOUT, RuntimeOptions, wait_any
 from machine_preservation.controller.shoots import ShootSupervisor
 from machine_preservation.core import extension as contract
@@ -112,22 +111,14 @@ class SeedController:
                 renew_deadline=options.renew_deadline,
                 retry_period=options.retry_period,
             )
-            election = asyncio.create_task(elector.run(), name="leader-election")
-            try:
-                await wait_any(stop, elector.leading, elector.lost)
-                if stop.is_set():
-                    return EXIT_OK
-                if elector.lost.is_set():
-                    return EXIT_LOST_LEADERSHIP
-                self.metrics.leader.set(1)
-                return await self._lead(seed, stop=stop, lost=elector.lost)
-            finally:
-                self.metrics.leader.set(0)
-                election.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await election
-                if not elector.lost.is_set():
-                    await elector.release()
+            return await run_elected(
+                elector,
+                stop=stop,
+                lead=lambda lost: self._lead(seed, stop=stop, lost=lost),
+                on_leading=lambda leading: self.metrics.leader.set(1 if leading else 0),
+                lost_code=EXIT_LOST_LEADERSHIP,
+                stopped_code=EXIT_OK,
+            )
         finally:
             if runner is not None:
                 await runner.cleanup()
@@ -240,16 +231,12 @@ class SeedController:
             return EXIT_LOST_LEADERSHIP if lost.is_set() else EXIT_OK
         finally:
             queue.shutdown()
-            if workers:
-                grace = 0.0 if lost.is_set() else options.shutdown_grace
-                _, pending = await asyncio.wait(workers, timeout=grace) if grace else (set(), set(workers))
-                for task in pending:
-                    task.cancel()
+            await stop_workers(workers, grace=0.0 if lost.is_set() else options.shutdown_grace)
             await supervisor.stop_all()
             self.leading = self._synced = False
             for task in (waiting, heartbeat, *informers):
                 task.cancel()
-            await asyncio.gather(waiting, heartbeat, *informers, *workers, return_exceptions=True)
+            await asyncio.gather(waiting, heartbeat, *informers, return_exceptions=True)
 
     async def _heartbeat(self, seed: client.ApiClient) -> None:
         """Renew `gardener-extension-heartbeat`: without it gardenlet reads our conditions as Unknown."""
