@@ -177,6 +177,13 @@ async def ready(api: client.ApiClient, namespace: str, *, limit: float = 30.0) -
         ) from timeout
 
 
+async def served(api: client.ApiClient, namespace: str, *, reason: str | None = None) -> bool:
+    """The Extension's ControlPlaneHealthy is True (with `reason`, if given)."""
+    current = await _extension(api, namespace)
+    condition = current and _condition(current, contract.CONTROL_PLANE_HEALTHY)
+    return bool(condition and condition["status"] == "True" and reason in (None, condition.get("reason")))
+
+
 def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
     return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == kind), None)
 
@@ -212,12 +219,8 @@ async def test_enable_serves_the_shoot_and_delete_cleans_up(
             assert webhook["timeoutSeconds"] <= 5
 
         # The lifecycle runs with the shoot-access token GRM wrote: the condition says the shoot is served.
-        async def served() -> bool:
-            current = await _extension(api, shoot.namespace)
-            condition = current and _condition(current, contract.CONTROL_PLANE_HEALTHY)
-            return bool(condition and condition["status"] == "True")
 
-        await eventually_async(served, limit=30)
+        await eventually_async(lambda: served(api, shoot.namespace), limit=30)
         lease = await client.CoordinationV1Api(api).read_namespaced_lease(
             contract.HEARTBEAT_LEASE_NAME, extension.namespace
         )
@@ -368,12 +371,7 @@ async def test_migrate_keeps_the_shoots_objects_and_restore_takes_them_over(
         assert restored["status"]["lastOperation"]["type"] == "Restore"
         assert contract.FINALIZER in restored["metadata"]["finalizers"]
 
-        async def served() -> bool:
-            current = await _extension(api, shoot.namespace)
-            condition = current and _condition(current, contract.CONTROL_PLANE_HEALTHY)
-            return bool(condition and condition["status"] == "True")
-
-        await eventually_async(served, limit=30)
+        await eventually_async(lambda: served(api, shoot.namespace), limit=30)
         await gardener.delete_extension(api, shoot.namespace)
         await eventually_async(lambda: _gone(api, shoot.namespace), limit=30)
 
@@ -387,22 +385,17 @@ async def test_hibernation_pauses_the_shoots_lifecycle_and_waking_up_resumes_it(
         supervisor = extension.controller.supervisor
         assert supervisor is not None
 
-        async def health(status: str, reason: str) -> bool:
-            current = await _extension(api, shoot.namespace)
-            condition = current and _condition(current, contract.CONTROL_PLANE_HEALTHY)
-            return bool(condition and condition["status"] == status and condition["reason"] == reason)
-
-        await eventually_async(lambda: health("True", "ShootServed"), limit=30)
+        await eventually_async(lambda: served(api, shoot.namespace, reason="ShootServed"), limit=30)
         workers = [gardener.worker("worker1")]
         await gardener.update_cluster_shoot(
             api, shoot.namespace, gardener.shoot_manifest(shoot.namespace, workers=workers, hibernated=True)
         )
         await eventually_async(lambda: shoot.namespace not in supervisor.namespaces(), limit=10)
-        await eventually_async(lambda: health("True", "ShootHibernated"), limit=10)
+        await eventually_async(lambda: served(api, shoot.namespace, reason="ShootHibernated"), limit=10)
         await gardener.update_cluster_shoot(
             api, shoot.namespace, gardener.shoot_manifest(shoot.namespace, workers=workers, hibernated=False)
         )
-        await eventually_async(lambda: health("True", "ShootServed"), limit=30)
+        await eventually_async(lambda: served(api, shoot.namespace, reason="ShootServed"), limit=30)
         assert shoot.namespace in supervisor.namespaces()
         await gardener.delete_extension(api, shoot.namespace)
         await eventually_async(lambda: _gone(api, shoot.namespace), limit=30)
@@ -422,12 +415,7 @@ async def test_a_restart_at_any_point_loses_nothing(
         await extension.crash_and_restart()  # mid-Create
         await ready(api, shoot.namespace)
 
-        async def served() -> bool:
-            current = await _extension(api, shoot.namespace)
-            condition = current and _condition(current, contract.CONTROL_PLANE_HEALTHY)
-            return bool(condition and condition["status"] == "True")
-
-        await eventually_async(served, limit=30)
+        await eventually_async(lambda: served(api, shoot.namespace), limit=30)
         await eventually_async(lambda: _shoot_webhooks(shoot), limit=20)
 
         await gardener.delete_extension(api, shoot.namespace)

@@ -532,3 +532,32 @@ def test_tolerant_reading() -> None:
     assert extension.status.last_error is not None
     assert extension.status.last_error.codes == []
     assert decide(Extension.model_validate({}), shoot_failed=False) is not None
+
+
+# --- which updates start work (Gardener's extension predicates) ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "work"),
+    [
+        # gardenlet's triggers
+        (ext(last=("Reconcile", "Succeeded")), ext(annotation="reconcile", last=("Reconcile", "Succeeded")), True),
+        (ext(annotation="wait-for-state"), ext(annotation="restore"), True),
+        (ext(timestamp=STAMP), ext(timestamp="2026-11-26T18:31:00Z"), True),
+        (ext(generation=1), ext(generation=2), True),
+        (ext(), ext(deleting=True), True),
+        # our own writes: the annotation removed, status, finalizers
+        (ext(annotation="reconcile"), ext(), False),
+        (ext(annotation="migrate"), ext(), False),
+        (ext(last=("Create", "Processing")), ext(last=("Create", "Error"), last_error="boom"), False),
+        (ext(finalizers=()), ext(), False),
+        (ext(timestamp=STAMP, annotation="reconcile"), ext(timestamp=STAMP), False),
+    ],
+)
+def test_which_updates_ask_for_work(old: Extension, new: Extension, work: bool) -> None:
+    assert e.asks_for_work(old, new) is work
+
+
+@given(st.sampled_from(["reconcile", "migrate", "restore", "wait-for-state"]))
+def test_removing_the_operation_annotation_never_asks_for_work(operation: str) -> None:
+    assert not e.asks_for_work(ext(annotation=operation), ext())

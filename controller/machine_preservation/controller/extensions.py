@@ -17,6 +17,7 @@ lifecycle runs unless the shoot is hibernated, the provisioned objects follow th
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime as dt
 import hashlib
@@ -51,6 +52,10 @@ class CaBundleMissing(Exception):
     """The certs manager has not written the webhook CA yet."""
 
 
+class ManagedResourceNotDeleted(Exception):
+    """The shoot's gardener-resource-manager has not removed the ManagedResource in time."""
+
+
 class ReleaseIncomplete(Exception):
     """The shoot's preservations did not all end yet; the message says why."""
 
@@ -77,6 +82,9 @@ class ExtensionReconciler:
     clock: Callable[[], dt.datetime]
     # The bounds a providerConfig is judged by, as the garden admission judges it.
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
+    # How long a Delete or Migrate waits for the shoot's GRM to let the ManagedResource go before it reports an
+    # Error (and is retried).
+    managed_resource_deletion_limit: float = 60.0
     # Per namespace, the digest of the objects last made current there: unchanged desired objects are not read
     # again on every reconcile (a restart reads each shoot's once).
     _provisioned: dict[str, str] = field(default_factory=dict)
@@ -107,7 +115,13 @@ class ExtensionReconciler:
                 if problem is not None:
                     await self._patch_status(extension, self._error(extension, action, problem))
                     return None
-        except (ApiException, ShootAccessUnavailable, CaBundleMissing, ReleaseIncomplete) as failure:
+        except (
+            ApiException,
+            ShootAccessUnavailable,
+            CaBundleMissing,
+            ReleaseIncomplete,
+            ManagedResourceNotDeleted,
+        ) as failure:
             cause = f"{failure.status} {failure.reason}" if isinstance(failure, ApiException) else str(failure)
             await self._patch_status(extension, self._error(extension, action, cause))
             raise
@@ -192,6 +206,13 @@ class ExtensionReconciler:
         await self._run_or_pause(namespace, facts)
         await self._report_health(extension, facts)
 
+    async def refresh_health(self, namespace: str) -> dt.timedelta | None:
+        """Report a change of the shoot's state (served, or why not) on its Extension; no operation is started."""
+        extension = self.extensions.get(f"{namespace}/{contract.EXTENSION_TYPE}")
+        if extension is not None and not extension.deleting and not contract.is_migrated(extension):
+            await self._report_health(extension, self.clusters.get(namespace))
+        return None
+
     async def _report_health(self, extension: contract.Extension, facts: ShootFacts | None) -> None:
         """ControlPlaneHealthy: whether the shoot is served (its lifecycle runs with synced caches)."""
         state = self.supervisor.state(extension.metadata.namespace)
@@ -235,17 +256,30 @@ class ExtensionReconciler:
         self._provisioned[namespace] = digest
 
     async def _delete_objects(self, namespace: str) -> None:
+        """Delete the ManagedResource and wait until the shoot's GRM has let it go (it deletes the shoot's objects
+        first, unless they are kept), then the Secrets."""
         self._provisioned.pop(namespace, None)
         custom, core = client.CustomObjectsApi(self.seed), client.CoreV1Api(self.seed)
-        await _absent(
-            custom.delete_namespaced_custom_object(
-                "resources.gardener.cloud",
-                "v1alpha1",
-                namespace,
-                "managedresources",
-                shoot_resources.MANAGED_RESOURCE,
-            )
+        resource = (
+            "resources.gardener.cloud",
+            "v1alpha1",
+            namespace,
+            "managedresources",
+            shoot_resources.MANAGED_RESOURCE,
         )
+        await _absent(custom.delete_namespaced_custom_object(*resource))
+        deadline = asyncio.get_running_loop().time() + self.managed_resource_deletion_limit
+        while True:
+            response = await custom.get_namespaced_custom_object_without_preload_content(*resource)
+            await response.read()
+            if classify(response.status) is ApiError.NOT_FOUND:
+                break
+            if asyncio.get_running_loop().time() > deadline:
+                raise ManagedResourceNotDeleted(
+                    f"ManagedResource {namespace}/{shoot_resources.MANAGED_RESOURCE} is not deleted yet (is the "
+                    "shoot's gardener-resource-manager running?)"
+                )
+            await asyncio.sleep(0.5)
         await _absent(core.delete_namespaced_secret(shoot_resources.MANAGED_RESOURCE_SECRET, namespace))
         await _absent(core.delete_namespaced_secret(shoot_resources.SHOOT_ACCESS_SECRET, namespace))
 

@@ -166,14 +166,17 @@ class SeedController:
             resync_period=options.resync_period,
         )
         queue: WorkQueue[str] = WorkQueue(name="extensions")
-        self.metrics.watch_queue(queue.name, queue.__len__)
+        # A shoot's state changes (served, or why not) only update its condition: they never start an operation.
+        conditions: WorkQueue[str] = WorkQueue(name="extension-conditions")
+        for watched in (queue, conditions):
+            self.metrics.watch_queue(watched.name, watched.__len__)
         supervisor = self.supervisor = ShootSupervisor(
             seed=seed,
             runtime_options=self._runtime_options,
             access_secret=shoot_resources.SHOOT_ACCESS_SECRET,
             metrics=self.metrics,
             recheck_period=options.mcm_recheck_period,
-            notify=lambda namespace: queue.add(namespace),
+            notify=lambda namespace: conditions.add(namespace),
         )
 
         def ca_bundle() -> bytes | None:
@@ -193,7 +196,7 @@ class SeedController:
         def enqueue_extension(old: contract.Extension | None, new: contract.Extension | None) -> None:
             current = new or old
             assert current is not None
-            if old is not None and new is not None and old is not new and not _asks_for_work(old, new):
+            if old is not None and new is not None and old is not new and not contract.asks_for_work(old, new):
                 return  # our own status writes, and metadata nobody asked us to act on
             queue.add(current.metadata.namespace, background=old is not None and old is new)
 
@@ -227,10 +230,17 @@ class SeedController:
                     )
                     for n in range(max(options.extension_workers, 1))
                 ]
+                workers.append(
+                    asyncio.create_task(
+                        run_worker(conditions, reconciler.refresh_health, metrics=self.metrics),
+                        name="extension-conditions-worker",
+                    )
+                )
                 await wait_any(stop, lost)
             return EXIT_LOST_LEADERSHIP if lost.is_set() else EXIT_OK
         finally:
             queue.shutdown()
+            conditions.shutdown()
             await stop_workers(workers, grace=0.0 if lost.is_set() else options.shutdown_grace)
             await supervisor.stop_all()
             self.leading = self._synced = False
@@ -257,17 +267,6 @@ class SeedController:
             except ApiException as error:
                 logger.warning("cannot renew the heartbeat Lease: %s %s", error.status, error.reason)
             await asyncio.sleep(self.options.heartbeat_period)
-
-
-def _asks_for_work(old: contract.Extension, new: contract.Extension) -> bool:
-    """Whether an update of an Extension is one gardenlet drives us with (as Gardener's extension predicates
-    select): a new generation, the operation or timestamp annotation, the deletion; not a status change."""
-    annotations = (contract.OPERATION_ANNOTATION, contract.TIMESTAMP_ANNOTATION)
-    return (
-        old.metadata.generation != new.metadata.generation
-        or any(old.metadata.annotations.get(key) != new.metadata.annotations.get(key) for key in annotations)
-        or old.deleting != new.deleting
-    )
 
 
 async def _set_when_synced(informers: tuple[Informer[Any], ...], synced: asyncio.Event) -> None:

@@ -357,6 +357,20 @@ def shoot_failed(cluster: Mapping[str, Any] | None) -> bool:
     return isinstance(last, Mapping) and last.get("state") == OperationState.FAILED
 
 
+def asks_for_work(old: Extension, new: Extension) -> bool:
+    """Whether an update of an Extension is one gardenlet drives us with (as Gardener's extension predicates
+    select): a new generation, an operation annotation set or changed (not removed: that is our own write), a new
+    timestamp, the deletion; not a status change."""
+    old_annotations, new_annotations = old.metadata.annotations, new.metadata.annotations
+    operation = new_annotations.get(OPERATION_ANNOTATION)
+    return (
+        old.metadata.generation != new.metadata.generation
+        or (operation is not None and operation != old_annotations.get(OPERATION_ANNOTATION))
+        or old_annotations.get(TIMESTAMP_ANNOTATION) != new_annotations.get(TIMESTAMP_ANNOTATION)
+        or old.deleting != new.deleting
+    )
+
+
 # --- metadata patches ----------------------------------------------------------------------------------------
 
 
