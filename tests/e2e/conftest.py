@@ -21,6 +21,7 @@ from kubernetes.aio import client
 
 from machine_preservation.controller.clients import new_api_client
 from machine_preservation.localcluster.controlplane import ControlPlane
+from machine_preservation.localcluster.gardener_landscape import seed_client
 from machine_preservation.localcluster.mcm import DEFAULT_MCM_VERSION
 from machine_preservation.localcluster.mcm_pool import FakeKubelets
 from machine_preservation.localcluster.mcm_runner import McmRunner, McmSettings
@@ -51,6 +52,13 @@ def mcm_plane(
     directory = tmp_path_factory.mktemp(f"mcm-{mcm_version}-plane")
     with mcm_control_plane(directory=directory, bin_dir=toolchain.bin_dir, mcm_version=mcm_version) as plane:
         yield plane
+
+
+@pytest.fixture
+async def seed(mcm_plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
+    """An administrator's client of `mcm_plane` as a Gardener seed (Gardener's seed CRDs installed)."""
+    async with seed_client(mcm_plane) as api:
+        yield api
 
 
 @pytest.fixture

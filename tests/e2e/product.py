@@ -22,7 +22,6 @@ import datetime as dt
 import json
 import re
 import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -32,9 +31,9 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.localcluster import product as mp
 from machine_preservation.localcluster.controlplane import ControlPlane, free_port
-from machine_preservation.localcluster.crds import install_crds
+from machine_preservation.localcluster.gardener_landscape import seed_plane
 from machine_preservation.localcluster.mcm_pool import GROUP, VERSION
-from machine_preservation.localcluster.mcm_runner import MCM_USERNAME, grant_mcm_rbac
+from machine_preservation.localcluster.mcm_runner import MCM_USERNAME
 from machine_preservation.localcluster.toolchain import Toolchain
 
 WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
@@ -57,18 +56,13 @@ AUDIT_POLICY: dict[str, object] = {
 }
 
 
-@contextlib.contextmanager
-def mcm_control_plane(*, directory: Path, bin_dir: Path, mcm_version: str) -> Iterator[ControlPlane]:
+def mcm_control_plane(
+    *, directory: Path, bin_dir: Path, mcm_version: str
+) -> contextlib.AbstractContextManager[ControlPlane]:
     """A started control plane with MCM's own CRDs of `mcm_version` (plus the Shoot and Gardener Cluster CRDs),
-    MCM's RBAC, and the audit log `Product.controller_writes` reads; stopped afterwards."""
-    plane = ControlPlane(directory=directory, bin_dir=bin_dir, audit_policy=AUDIT_POLICY)
-    plane.start()
-    try:
-        install_crds(plane.kubeconfig, mcm_version=mcm_version)
-        grant_mcm_rbac(plane.kubeconfig)
-        yield plane
-    finally:
-        plane.stop()
+    MCM's RBAC, and the audit log `Product.controller_writes` reads; stopped afterwards (the Gardener landscape's
+    seed, audited)."""
+    return seed_plane(directory=directory, bin_dir=bin_dir, mcm_version=mcm_version, audit_policy=AUDIT_POLICY)
 
 
 KINDS = {

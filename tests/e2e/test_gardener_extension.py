@@ -13,7 +13,6 @@ import asyncio
 import datetime as dt
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +24,7 @@ from machine_preservation.core import extension as contract
 from machine_preservation.core import vocabulary as v
 from machine_preservation.localcluster import gardener
 from machine_preservation.localcluster.controlplane import ControlPlane
-from machine_preservation.localcluster.mcm_pool import POOL_LABEL, create_pool, wait_for_pool
-from machine_preservation.localcluster.toolchain import Toolchain
-from tests.e2e.gardener_harness import (
+from machine_preservation.localcluster.gardener_landscape import (
     Shoot,
     annotate_node,
     annotations_of,
@@ -40,9 +37,11 @@ from tests.e2e.gardener_harness import (
     preserved_for,
     read_extension,
     ready,
-    seed_client,
+    served,
     tainted,
 )
+from machine_preservation.localcluster.mcm_pool import POOL_LABEL, create_pool, wait_for_pool
+from machine_preservation.localcluster.toolchain import Toolchain
 from tests.polling import eventually_async
 
 POOL = "worker1"
@@ -54,12 +53,6 @@ PROVIDER_CONFIG = {
     "kind": "PreservationConfig",
     "workers": [{"name": POOL, "machinePreserveTimeout": "1h"}],
 }
-
-
-@pytest.fixture
-async def seed(mcm_plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
-    async with seed_client(mcm_plane) as api:
-        yield api
 
 
 async def test_one_installation_serves_two_shoots(
@@ -98,14 +91,8 @@ async def _scenario(plane: ControlPlane, seed: client.ApiClient, a: Shoot, b: Sh
         await ready(seed, shoot.namespace, limit=30)
     print(f"both Extensions ready {time.monotonic() - started:.1f} s after they were created")
 
-    async def served(shoot: Shoot) -> bool:
-        return (
-            condition(await read_extension(seed, shoot.namespace), contract.CONTROL_PLANE_HEALTHY).get("status")
-            == "True"
-        )
-
     for shoot in (a, b):
-        await eventually_async(lambda s=shoot: served(s), limit=30)  # type: ignore[misc]
+        await eventually_async(lambda s=shoot: served(seed, s.namespace), limit=30)  # type: ignore[misc]
 
     # A pool of two in each shoot and one more in shoot a, nodes in the shoot's own API server.
     for shoot, pool, replicas in ((a, POOL, 2), (b, POOL, 2), (a, SECOND_POOL, 1)):

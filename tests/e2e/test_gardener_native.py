@@ -22,43 +22,34 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes.aio import client
 
-from machine_preservation.core import extension as contract
-from machine_preservation.core import vocabulary as v
 from machine_preservation.localcluster import gardener
 from machine_preservation.localcluster.controlplane import ControlPlane
-from machine_preservation.localcluster.mcm_pool import POOL_LABEL, create_pool, machine_phase, wait_for_pool
-from machine_preservation.localcluster.toolchain import Toolchain
-from tests.e2e.gardener_harness import (
+from machine_preservation.localcluster.gardener_landscape import (
     MCM_IMAGE,
     MCM_SERVICE_ACCOUNT,
-    AuditedWrite,
     Installation,
     Shoot,
     annotate_machine,
     annotate_node,
-    condition,
-    fail_node,
     installation,
     machine,
-    machine_writes,
     new_shoot,
     node,
-    preserve_expiry,
     preserved,
-    read_extension,
+    preserved_until,
     ready,
-    record_of,
-    seed_client,
+    served,
     tainted,
-    upgrade_mcm,
 )
+from machine_preservation.localcluster.mcm_pool import POOL_LABEL, create_pool, machine_phase, wait_for_pool
+from machine_preservation.localcluster.toolchain import Toolchain
+from tests.e2e.gardener_harness import AuditedWrite, fail_node, machine_writes, preserve_expiry, record_of, upgrade_mcm
 from tests.polling import eventually_async
 
 OLD, NEW = "v0.61.3", "v0.62.1"
@@ -68,12 +59,6 @@ pytestmark = pytest.mark.parametrize("mcm_version", [NEW], indirect=True)
 POOL = "worker1"
 RECHECK_PERIOD = "2s"
 NATIVE_MESSAGE = "MCM preserves natively"
-
-
-@pytest.fixture
-async def seed(mcm_plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
-    async with seed_client(mcm_plane) as api:
-        yield api
 
 
 async def test_native_preservation_is_decided_per_shoot_and_follows_an_upgrade(
@@ -125,12 +110,12 @@ async def _scenario(plane: ControlPlane, seed: client.ApiClient, installed: Inst
     for shoot in (a, b):
         await ready(seed, shoot.namespace, limit=30)
 
-    async def served(shoot: Shoot) -> str | None:
-        found = condition(await read_extension(seed, shoot.namespace), contract.CONTROL_PLANE_HEALTHY)
-        return str(found.get("message")) if found.get("status") == "True" else None
+    async def served_message(shoot: Shoot) -> str | None:
+        found = await served(seed, shoot.namespace)
+        return str(found.get("message")) if found else None
 
     messages = {
-        shoot.namespace: await eventually_async(lambda s=shoot: served(s), limit=30)  # type: ignore[misc]
+        shoot.namespace: await eventually_async(lambda s=shoot: served_message(s), limit=30)  # type: ignore[misc]
         for shoot in (a, b)
     }
     assert NATIVE_MESSAGE in messages[a.namespace], messages
@@ -179,7 +164,7 @@ async def _scenario(plane: ControlPlane, seed: client.ApiClient, installed: Inst
 
     # Shoot b: the extension preserves it (its record, its taint), with the Shoot's pool timeout.
     record = await eventually_async(lambda: preserved(seed, b, victims[b.namespace]), limit=60, interval=0.25)
-    ours = dt.datetime.fromisoformat(record[v.PRESERVED_UNTIL_ANNOTATION].replace("Z", "+00:00"))
+    ours = preserved_until(record)
     progress(f"b: {victims[b.namespace]} Failed, preserved by the extension until {ours}")
 
     found_a = await machine(seed, a.namespace, victims[a.namespace])
@@ -241,7 +226,7 @@ async def _scenario(plane: ControlPlane, seed: client.ApiClient, installed: Inst
     assert installed.extension.pid == pid
 
     async def native_b() -> str | None:
-        message = await served(b)
+        message = await served_message(b)
         return message if message is not None and NATIVE_MESSAGE in message else None
 
     await eventually_async(native_b, limit=30)

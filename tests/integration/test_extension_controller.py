@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import dataclasses
 import datetime as dt
-import json
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes.aio import client
-from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.certs.authority import generate_ca
 from machine_preservation.certs.rotation import CA_BUNDLE_KEY
@@ -30,19 +28,18 @@ from machine_preservation.core import shoot_resources
 from machine_preservation.core.mcm_generation import NativePreservationMode
 from machine_preservation.localcluster import gardener
 from machine_preservation.localcluster.controlplane import ControlPlane
-from machine_preservation.localcluster.grm import GrmRunner
+from machine_preservation.localcluster.gardener_landscape import (
+    BareShoot,
+    bare_shoot,
+    read_extension,
+    ready,
+    served,
+    shoot_webhooks,
+)
 from tests.controller.support import aio_client
 from tests.polling import eventually_async
 
 WEBHOOK_URL = "https://127.0.0.1:9"  # nothing listens: the shoots' node webhooks fail open (Ignore)
-
-
-@dataclasses.dataclass
-class Shoot:
-    namespace: str
-    plane: ControlPlane
-    grm: GrmRunner
-    api: client.ApiClient  # the shoot's API server, as admin
 
 
 @pytest.fixture(scope="module")
@@ -51,32 +48,9 @@ def seed(control_plane: ControlPlane) -> ControlPlane:
     return control_plane
 
 
-@contextlib.asynccontextmanager
-async def new_shoot(seed: ControlPlane, api: client.ApiClient, directory: Path) -> AsyncIterator[Shoot]:
-    """A shoot as gardenlet prepares it for extensions: namespace, Cluster, generic token kubeconfig, its API server
-    and its gardener-resource-manager."""
-    # Short: GRM's client certificate names its ServiceAccount in this namespace, within 64 characters.
-    namespace = gardener.shoot_namespace_name("t", uuid.uuid4().hex[:5])
-    plane = await asyncio.to_thread(
-        gardener.start_shoot_control_plane, seed, directory / "plane", name=namespace.rpartition("--")[2]
-    )
-    grm = GrmRunner(seed=seed, shoot=plane, namespace=namespace, directory=directory / "grm")
-    shoot_api = await aio_client(plane.kubeconfig)
-    try:
-        await gardener.create_shoot_namespace(api, namespace)
-        await gardener.apply_cluster(
-            api,
-            gardener.cluster_manifest(
-                namespace, shoot=gardener.shoot_manifest(namespace, workers=[gardener.worker("worker1")])
-            ),
-        )
-        await gardener.publish_generic_token_kubeconfig(api, namespace, plane)
-        await asyncio.to_thread(grm.start)
-        yield Shoot(namespace=namespace, plane=plane, grm=grm, api=shoot_api)
-    finally:
-        await shoot_api.close()
-        await asyncio.to_thread(grm.stop)
-        await asyncio.to_thread(plane.stop)
+def new_shoot(seed: ControlPlane, api: client.ApiClient, directory: Path) -> AbstractAsyncContextManager[BareShoot]:
+    """A shoot as gardenlet prepares it for extensions, without machines."""
+    return bare_shoot(seed, api, directory, workers=[gardener.worker("worker1")])
 
 
 @dataclasses.dataclass
@@ -152,55 +126,6 @@ async def extension(seed: ControlPlane, api: client.ApiClient, ca_pem: bytes) ->
         await core.delete_namespace(namespace)
 
 
-async def _extension(api: client.ApiClient, namespace: str) -> dict[str, Any] | None:
-    try:
-        return await gardener.read_extension(api, namespace)
-    except ApiException as error:
-        if error.status == 404:
-            return None
-        raise
-
-
-async def ready(api: client.ApiClient, namespace: str, *, limit: float = 30.0) -> dict[str, Any]:
-    """Wait as gardenlet does until the Extension is ready; return it."""
-
-    async def check() -> dict[str, Any] | None:
-        obj = await _extension(api, namespace)
-        return obj if obj is not None and gardener.extension_ready(obj) is None else None
-
-    try:
-        return await eventually_async(check, limit=limit, interval=0.2)
-    except AssertionError as timeout:
-        obj = await _extension(api, namespace)
-        raise AssertionError(
-            f"not ready: {obj and gardener.extension_ready(obj)}; {obj and obj.get('status')}"
-        ) from timeout
-
-
-async def served(api: client.ApiClient, namespace: str, *, reason: str | None = None) -> bool:
-    """The Extension's ControlPlaneHealthy is True (with `reason`, if given)."""
-    current = await _extension(api, namespace)
-    condition = current and _condition(current, contract.CONTROL_PLANE_HEALTHY)
-    return bool(condition and condition["status"] == "True" and reason in (None, condition.get("reason")))
-
-
-def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == kind), None)
-
-
-async def _shoot_webhooks(shoot: Shoot) -> dict[str, Any] | None:
-    try:
-        configuration = await client.AdmissionregistrationV1Api(
-            shoot.api
-        ).read_validating_webhook_configuration_without_preload_content(shoot_resources.WEBHOOK_CONFIGURATION)
-    except ApiException:
-        return None
-    if configuration.status != 200:
-        return None
-    document: dict[str, Any] = json.loads(await configuration.read())
-    return document
-
-
 async def test_enable_serves_the_shoot_and_delete_cleans_up(
     seed: ControlPlane, api: client.ApiClient, extension: Extension, ca_pem: bytes, tmp_path: Path
 ) -> None:
@@ -211,7 +136,7 @@ async def test_enable_serves_the_shoot_and_delete_cleans_up(
         assert obj["status"]["lastOperation"]["type"] == "Create"
 
         # The shoot's GRM put the node webhooks into the shoot, pointing at this shoot's path of the one webhook.
-        webhooks = await eventually_async(lambda: _shoot_webhooks(shoot), limit=20)
+        webhooks = await eventually_async(lambda: shoot_webhooks(shoot), limit=20)
         for webhook in webhooks["webhooks"]:
             assert webhook["clientConfig"]["url"].startswith(f"{WEBHOOK_URL}/shoots/{shoot.namespace}/")
             assert base64.b64decode(webhook["clientConfig"]["caBundle"]) == ca_pem
@@ -230,7 +155,7 @@ async def test_enable_serves_the_shoot_and_delete_cleans_up(
         # gardenlet's delete: the finalizer goes once the shoot's objects and the Secrets are gone.
         await gardener.delete_extension(api, shoot.namespace)
         await eventually_async(lambda: _gone(api, shoot.namespace), limit=30)
-        assert await _shoot_webhooks(shoot) is None
+        assert await shoot_webhooks(shoot) is None
         secrets = await client.CoreV1Api(api).list_namespaced_secret(shoot.namespace)
         names = {s.metadata.name for s in secrets.items if s.metadata is not None}
         assert shoot_resources.SHOOT_ACCESS_SECRET not in names
@@ -239,7 +164,7 @@ async def test_enable_serves_the_shoot_and_delete_cleans_up(
 
 
 async def _gone(api: client.ApiClient, namespace: str) -> bool:
-    return await _extension(api, namespace) is None
+    return await read_extension(api, namespace) is None
 
 
 async def test_a_bad_provider_config_is_an_error_naming_the_field_and_the_shoot_stays_served(
@@ -257,7 +182,7 @@ async def test_a_bad_provider_config_is_an_error_naming_the_field_and_the_shoot_
         )
 
         async def errored() -> dict[str, Any] | None:
-            obj = await _extension(api, shoot.namespace)
+            obj = await read_extension(api, shoot.namespace)
             return obj if obj and (obj.get("status") or {}).get("lastError") else None
 
         obj = await eventually_async(errored, limit=30)
@@ -267,7 +192,7 @@ async def test_a_bad_provider_config_is_an_error_naming_the_field_and_the_shoot_
         assert "spec.extensions[0].providerConfig.workers[0].machinePreserveTimeout" in description
         assert gardener.extension_ready(obj) is not None
         # Everything else is provisioned all the same.
-        await eventually_async(lambda: _shoot_webhooks(shoot), limit=20)
+        await eventually_async(lambda: shoot_webhooks(shoot), limit=20)
 
         # Fixed by the shoot owner: the next reconcile succeeds.
         await gardener.apply_extension(api, shoot.namespace, provider_config=None)
@@ -305,8 +230,8 @@ async def test_a_new_ca_reaches_every_shoot(
             _content_type=MERGE_PATCH,
         )
 
-        async def rotated_in(shoot: Shoot) -> bool:
-            webhooks = await _shoot_webhooks(shoot)
+        async def rotated_in(shoot: BareShoot) -> bool:
+            webhooks = await shoot_webhooks(shoot)
             return bool(webhooks) and all(
                 base64.b64decode(w["clientConfig"]["caBundle"]) == rotated
                 for w in webhooks["webhooks"]  # type: ignore[index]
@@ -326,14 +251,14 @@ async def test_migrate_keeps_the_shoots_objects_and_restore_takes_them_over(
     async with new_shoot(seed, api, tmp_path) as shoot:
         await gardener.apply_extension(api, shoot.namespace)
         await ready(api, shoot.namespace)
-        before = await eventually_async(lambda: _shoot_webhooks(shoot), limit=20)
+        before = await eventually_async(lambda: shoot_webhooks(shoot), limit=20)
 
         # The source seed's gardenlet migrates: the shoot's objects stay, ours in the seed go, nothing holds the
         # Extension any more.
         await gardener.request_operation(api, shoot.namespace, "migrate")
 
         async def migrated() -> dict[str, Any] | None:
-            obj = await _extension(api, shoot.namespace)
+            obj = await read_extension(api, shoot.namespace)
             last = ((obj or {}).get("status") or {}).get("lastOperation") or {}
             done = last.get("type") == "Migrate" and last.get("state") == "Succeeded"
             return obj if done and gardener.OPERATION_ANNOTATION not in obj["metadata"].get("annotations", {}) else None  # type: ignore[index]
@@ -348,7 +273,7 @@ async def test_migrate_keeps_the_shoots_objects_and_restore_takes_them_over(
         assert not managed["items"]
         secrets = await client.CoreV1Api(api).list_namespaced_secret(shoot.namespace)
         assert shoot_resources.SHOOT_ACCESS_SECRET not in {s.metadata.name for s in secrets.items if s.metadata}
-        kept = await _shoot_webhooks(shoot)
+        kept = await shoot_webhooks(shoot)
         assert kept is not None
         assert kept["webhooks"] == before["webhooks"]
         await client.CustomObjectsApi(api).delete_namespaced_custom_object(
@@ -363,7 +288,7 @@ async def test_migrate_keeps_the_shoots_objects_and_restore_takes_them_over(
         # The destination seed's gardenlet (the same seed here): the Extension waits for its state, then restores.
         await gardener.apply_extension(api, shoot.namespace, operation="wait-for-state")
         await asyncio.sleep(2)  # a wait-for-state object is left alone
-        waiting = await _extension(api, shoot.namespace)
+        waiting = await read_extension(api, shoot.namespace)
         assert waiting is not None
         assert not (waiting.get("status") or {}).get("lastOperation")
         await gardener.request_operation(api, shoot.namespace, "restore")
@@ -408,7 +333,7 @@ async def test_a_restart_at_any_point_loses_nothing(
         await gardener.apply_extension(api, shoot.namespace)
 
         async def started() -> bool:
-            obj = await _extension(api, shoot.namespace)
+            obj = await read_extension(api, shoot.namespace)
             return bool(obj and (obj.get("status") or {}).get("lastOperation"))
 
         await eventually_async(started, limit=30, interval=0.01)
@@ -416,15 +341,15 @@ async def test_a_restart_at_any_point_loses_nothing(
         await ready(api, shoot.namespace)
 
         await eventually_async(lambda: served(api, shoot.namespace), limit=30)
-        await eventually_async(lambda: _shoot_webhooks(shoot), limit=20)
+        await eventually_async(lambda: shoot_webhooks(shoot), limit=20)
 
         await gardener.delete_extension(api, shoot.namespace)
 
         async def deleting() -> bool:
-            obj = await _extension(api, shoot.namespace)
+            obj = await read_extension(api, shoot.namespace)
             return bool(obj and obj["metadata"].get("deletionTimestamp"))
 
         await eventually_async(deleting, limit=10, interval=0.01)
         await extension.crash_and_restart()  # mid-Delete
         await eventually_async(lambda: _gone(api, shoot.namespace), limit=30)
-        assert await _shoot_webhooks(shoot) is None
+        assert await shoot_webhooks(shoot) is None

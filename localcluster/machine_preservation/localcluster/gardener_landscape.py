@@ -1,4 +1,4 @@
-"""A local Gardener landscape for the playground (and, later, the end-to-end harness): a seed, one installation of
+"""A local Gardener landscape for the playground and the tests of the Gardener extension: a seed, one installation of
 the product per seed, and shoots as gardenlet prepares them (developer tooling, not part of the image).
 
 - `seed_plane`: the seed's control plane (etcd, kube-apiserver, kube-controller-manager) with MCM's CRDs and
@@ -6,11 +6,12 @@ the product per seed, and shoots as gardenlet prepares them (developer tooling, 
 - `installation`: the seed chart rendered with gardenlet's values (`seed_install`), its ServiceAccounts and RBAC
   applied as they are, its webhook and extension processes run with the rendered arguments as those
   ServiceAccounts; the certs manager's part (the CA Secret, the seed's Machine webhook configuration) done here.
-- `new_shoot`: a shoot namespace as gardenlet labels it, its `Cluster` and generic token kubeconfig, the shoot's
-  own kube-apiserver (on the seed's etcd), its real gardener-resource-manager and its real MCM (Machines in the
-  shoot namespace of the seed as the namespace's MCM ServiceAccount, Nodes in the shoot), and fake kubelets.
-- Reads of what a Gardener operator and the walk-through look at: the `Extension`, its conditions, the shoot's
-  ManagedResource, Machines (seed) and Nodes (shoot).
+- `bare_shoot`: a shoot namespace as gardenlet labels it, its `Cluster` and generic token kubeconfig, the shoot's
+  own kube-apiserver (on the seed's etcd) and its real gardener-resource-manager; `new_shoot`: that and its real
+  MCM (Machines in the shoot namespace of the seed as the namespace's MCM ServiceAccount, Nodes in the shoot) and
+  fake kubelets.
+- Reads of what a Gardener operator, the walk-through and the tests look at: the `Extension`, its conditions, the
+  shoot's ManagedResource and node webhooks, Machines (seed) and Nodes (shoot).
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ from kubernetes.aio.client.exceptions import ApiException
 from machine_preservation.certs.rotation import CA_BUNDLE_KEY
 from machine_preservation.controller.clients import MERGE_PATCH, new_api_client
 from machine_preservation.core import vocabulary as v
+from machine_preservation.core.extension import CONTROL_PLANE_HEALTHY
 from machine_preservation.core.mcm_evidence import MCM_DEPLOYMENT
-from machine_preservation.core.shoot_resources import MANAGED_RESOURCE
+from machine_preservation.core.shoot_resources import MANAGED_RESOURCE, WEBHOOK_CONFIGURATION
 from machine_preservation.localcluster import gardener, seed_install
 from machine_preservation.localcluster import product as processes
 from machine_preservation.localcluster.controlplane import ControlPlane, free_port
@@ -215,13 +217,57 @@ async def installation(
 
 
 @dataclasses.dataclass
-class Shoot:
+class BareShoot:
+    """A shoot as gardenlet prepares it for extensions, without machines."""
+
     namespace: str
     plane: ControlPlane
     grm: GrmRunner
-    mcm: McmRunner
     api: client.ApiClient  # the shoot's kube-apiserver, as an administrator
+
+
+@dataclasses.dataclass
+class Shoot(BareShoot):
+    """A shoot with its MCM and fake kubelets."""
+
+    mcm: McmRunner
     kubelets: FakeKubelets
+
+
+@contextlib.asynccontextmanager
+async def bare_shoot(
+    plane: ControlPlane,
+    api: client.ApiClient,
+    directory: Path,
+    *,
+    workers: list[dict[str, Any]],
+    provider_config: dict[str, Any] | None = None,
+    namespace: str | None = None,
+) -> AsyncIterator[BareShoot]:
+    """A shoot as gardenlet prepares it for extensions: namespace, `Cluster`, generic token kubeconfig, its API
+    server and its GRM. `namespace` (default `shoot--t--<5 hex>`) must stay short: GRM's client certificate names
+    its ServiceAccount in it, within 64 characters."""
+    namespace = namespace or gardener.shoot_namespace_name("t", uuid.uuid4().hex[:5])
+    shoot_plane = await asyncio.to_thread(
+        gardener.start_shoot_control_plane, plane, directory / "plane", name=namespace.rpartition("--")[2]
+    )
+    grm = GrmRunner(seed=plane, shoot=shoot_plane, namespace=namespace, directory=directory / "grm")
+    shoot_api = await new_api_client(kubeconfig=shoot_plane.kubeconfig)
+    try:
+        await gardener.create_shoot_namespace(api, namespace)
+        # gardenlet copies the whole Shoot into the Cluster, the extension's providerConfig included.
+        entry: dict[str, Any] = {"type": gardener.EXTENSION_TYPE}
+        if provider_config is not None:
+            entry["providerConfig"] = provider_config
+        shoot = gardener.shoot_manifest(namespace, workers=workers, extensions=[entry])
+        await gardener.apply_cluster(api, gardener.cluster_manifest(namespace, shoot=shoot))
+        await gardener.publish_generic_token_kubeconfig(api, namespace, shoot_plane)
+        await asyncio.to_thread(grm.start)
+        yield BareShoot(namespace=namespace, plane=shoot_plane, grm=grm, api=shoot_api)
+    finally:
+        await asyncio.to_thread(grm.stop)
+        await shoot_api.close()  # type: ignore[no-untyped-call]
+        await asyncio.to_thread(shoot_plane.stop)
 
 
 @contextlib.asynccontextmanager
@@ -237,52 +283,45 @@ async def new_shoot(
     mcm_settings: McmSettings | None = None,
     namespace: str | None = None,
 ) -> AsyncIterator[Shoot]:
-    """A shoot as gardenlet prepares it, with its API server, its GRM and its MCM `mcm_version` (as Gardener runs
-    MCM: its ServiceAccount in the shoot namespace towards the seed; `mcm_settings` its flags). With
-    `mcm_deployment`, MCM's Deployment object in the shoot namespace too, with the image of that version (see
-    `mcm_deployment_manifest`). `namespace` (default `shoot--t--<4 hex>`) must stay at most 14 characters: client
-    certificates carry `system:serviceaccount:<namespace>:machine-controller-manager`, at most 64."""
+    """A `bare_shoot` with its MCM `mcm_version` (as Gardener runs MCM: its ServiceAccount in the shoot namespace
+    towards the seed; `mcm_settings` its flags) and fake kubelets. With `mcm_deployment`, MCM's Deployment object
+    in the shoot namespace too, with the image of that version (see `mcm_deployment_manifest`). `namespace`
+    (default `shoot--t--<4 hex>`) must stay at most 14 characters: client certificates carry
+    `system:serviceaccount:<namespace>:machine-controller-manager`, at most 64."""
     namespace = namespace or gardener.shoot_namespace_name("t", uuid.uuid4().hex[:4])
     if len(f"system:serviceaccount:{namespace}:{MCM_SERVICE_ACCOUNT}") > 64:
         raise ValueError(f"shoot namespace {namespace!r} is too long for MCM's client certificate name")
-    shoot_plane = await asyncio.to_thread(
-        gardener.start_shoot_control_plane, plane, directory / "plane", name=namespace.rpartition("--")[2]
-    )
-    grm = GrmRunner(seed=plane, shoot=shoot_plane, namespace=namespace, directory=directory / "grm")
-    mcm = McmRunner(
-        plane=plane,
-        namespace=namespace,
-        directory=directory / "mcm",
-        target=shoot_plane,
-        control_user=f"system:serviceaccount:{namespace}:{MCM_SERVICE_ACCOUNT}",
-        version=mcm_version,
-        settings=mcm_settings or McmSettings(),
-    )
-    shoot_api = await new_api_client(kubeconfig=shoot_plane.kubeconfig)
-    kubelets = FakeKubelets(api, namespace, target=shoot_api)
-    try:
-        await gardener.create_shoot_namespace(api, namespace)
-        # gardenlet copies the whole Shoot into the Cluster, the extension's providerConfig included.
-        entry: dict[str, Any] = {"type": gardener.EXTENSION_TYPE}
-        if provider_config is not None:
-            entry["providerConfig"] = provider_config
-        shoot = gardener.shoot_manifest(namespace, workers=workers, extensions=[entry])
-        await gardener.apply_cluster(api, gardener.cluster_manifest(namespace, shoot=shoot))
-        await gardener.publish_generic_token_kubeconfig(api, namespace, shoot_plane)
-        if mcm_deployment:
-            await client.AppsV1Api(api).create_namespaced_deployment(
-                namespace,
-                mcm_deployment_manifest(mcm_version),  # type: ignore[arg-type]
-            )
-        await asyncio.to_thread(grm.start)
-        await asyncio.to_thread(mcm.start)
-        async with kubelets.running():
-            yield Shoot(namespace=namespace, plane=shoot_plane, grm=grm, mcm=mcm, api=shoot_api, kubelets=kubelets)
-    finally:
-        await asyncio.to_thread(mcm.stop)
-        await asyncio.to_thread(grm.stop)
-        await shoot_api.close()  # type: ignore[no-untyped-call]
-        await asyncio.to_thread(shoot_plane.stop)
+    async with bare_shoot(
+        plane, api, directory, workers=workers, provider_config=provider_config, namespace=namespace
+    ) as bare:
+        mcm = McmRunner(
+            plane=plane,
+            namespace=namespace,
+            directory=directory / "mcm",
+            target=bare.plane,
+            control_user=f"system:serviceaccount:{namespace}:{MCM_SERVICE_ACCOUNT}",
+            version=mcm_version,
+            settings=mcm_settings or McmSettings(),
+        )
+        kubelets = FakeKubelets(api, namespace, target=bare.api)
+        try:
+            if mcm_deployment:
+                await client.AppsV1Api(api).create_namespaced_deployment(
+                    namespace,
+                    mcm_deployment_manifest(mcm_version),  # type: ignore[arg-type]
+                )
+            await asyncio.to_thread(mcm.start)
+            async with kubelets.running():
+                yield Shoot(
+                    namespace=namespace, plane=bare.plane, grm=bare.grm, api=bare.api, mcm=mcm, kubelets=kubelets
+                )
+        finally:
+            await asyncio.to_thread(mcm.stop)
+
+
+def mcm_image(version: str) -> str:
+    """MCM's image of `version`, as a shoot's MCM Deployment names it."""
+    return f"{MCM_IMAGE}:{version}"
 
 
 def mcm_deployment_manifest(version: str) -> dict[str, Any]:
@@ -298,7 +337,7 @@ def mcm_deployment_manifest(version: str) -> dict[str, Any]:
             "selector": {"matchLabels": labels},
             "template": {
                 "metadata": {"labels": labels},
-                "spec": {"containers": [{"name": MCM_DEPLOYMENT, "image": f"{MCM_IMAGE}:{version}"}]},
+                "spec": {"containers": [{"name": MCM_DEPLOYMENT, "image": mcm_image(version)}]},
             },
         },
     }
@@ -335,13 +374,19 @@ async def read_extension(api: client.ApiClient, namespace: str) -> dict[str, Any
 
 
 async def ready(api: client.ApiClient, namespace: str, *, limit: float = 30.0) -> dict[str, Any]:
-    """Until gardenlet would count the Extension as ready."""
+    """Until gardenlet would count the Extension as ready; return it (TimeoutError with why it is not)."""
 
     async def check() -> dict[str, Any] | None:
         found = await read_extension(api, namespace)
         return found if found is not None and gardener.extension_ready(found) is None else None
 
-    return await eventually(check, limit=limit)
+    try:
+        return await eventually(check, limit=limit)
+    except TimeoutError as timeout:
+        found = await read_extension(api, namespace)
+        raise TimeoutError(
+            f"not ready: {found and gardener.extension_ready(found)}; {found and found.get('status')}"
+        ) from timeout
 
 
 def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
@@ -350,25 +395,31 @@ def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
     return next((c for c in conditions if c.get("type") == kind), {})
 
 
+async def served(api: client.ApiClient, namespace: str, *, reason: str | None = None) -> dict[str, Any] | None:
+    """The Extension's ControlPlaneHealthy condition if it is True (with `reason`, if given), else None."""
+    found = condition(await read_extension(api, namespace), CONTROL_PLANE_HEALTHY)
+    return found if found.get("status") == "True" and reason in (None, found.get("reason")) else None
+
+
 async def managed_resource(
     api: client.ApiClient, namespace: str, name: str = MANAGED_RESOURCE
 ) -> dict[str, Any] | None:
     """The shoot's ManagedResource the extension keeps in its namespace, or None."""
-    try:
-        found: dict[str, Any] = await client.CustomObjectsApi(api).get_namespaced_custom_object(  # type: ignore[assignment]
-            gardener.RESOURCES_GROUP, gardener.RESOURCES_VERSION, namespace, "managedresources", name
-        )
-    except ApiException as error:
-        if error.status == 404:
-            return None
-        raise
-    return found
+    return await _custom_object(
+        api, gardener.RESOURCES_GROUP, gardener.RESOURCES_VERSION, namespace, "managedresources", name
+    )
 
 
 async def machine(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    return await _custom_object(api, v.MACHINE_API_GROUP, v.MACHINE_API_VERSION, namespace, "machines", name)
+
+
+async def _custom_object(
+    api: client.ApiClient, group: str, version: str, namespace: str, plural: str, name: str
+) -> dict[str, Any] | None:
     try:
         found: dict[str, Any] = await client.CustomObjectsApi(api).get_namespaced_custom_object(  # type: ignore[assignment]
-            v.MACHINE_API_GROUP, v.MACHINE_API_VERSION, namespace, "machines", name
+            group, version, namespace, plural, name
         )
     except ApiException as error:
         if error.status == 404:
@@ -377,13 +428,27 @@ async def machine(api: client.ApiClient, namespace: str, name: str) -> dict[str,
     return found
 
 
-async def node(shoot: Shoot, name: str) -> dict[str, Any] | None:
+async def node(shoot: BareShoot, name: str) -> dict[str, Any] | None:
+    return await _raw(client.CoreV1Api(shoot.api).read_node_without_preload_content(name))
+
+
+async def shoot_webhooks(shoot: BareShoot) -> dict[str, Any] | None:
+    """The node ValidatingWebhookConfiguration the extension's ManagedResource puts into the shoot, or None."""
+    admission = client.AdmissionregistrationV1Api(shoot.api)
+    return await _raw(admission.read_validating_webhook_configuration_without_preload_content(WEBHOOK_CONFIGURATION))
+
+
+async def _raw(read: Awaitable[Any]) -> dict[str, Any] | None:
+    """The object a `..._without_preload_content` read returns, or None if it cannot be read."""
     try:
-        response = await client.CoreV1Api(shoot.api).read_node_without_preload_content(name)
+        response = await read
         body = await response.read()
     except ApiException:
         return None
-    return json.loads(body) if response.status == 200 else None
+    if response.status != 200:
+        return None
+    found: dict[str, Any] = json.loads(body)
+    return found
 
 
 def annotations_of(obj: dict[str, Any] | None) -> dict[str, str]:
@@ -395,13 +460,25 @@ def tainted(found: dict[str, Any] | None) -> bool:
     return any(t.get("key") == v.PRESERVED_TAINT_KEY for t in taints)
 
 
-async def annotate_node(shoot: Shoot, name: str, value: str) -> None:
+async def annotate_node(shoot: BareShoot, name: str, value: str) -> None:
     await client.CoreV1Api(shoot.api).patch_node(
         name, {"metadata": {"annotations": {v.PRESERVE_ANNOTATION: value}}}, _content_type=MERGE_PATCH
     )
 
 
-async def preserved(api: client.ApiClient, shoot: Shoot, name: str) -> dict[str, str] | None:
+async def annotate_machine(api: client.ApiClient, shoot: BareShoot, name: str, value: str) -> None:
+    await client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        v.MACHINE_API_GROUP,
+        v.MACHINE_API_VERSION,
+        shoot.namespace,
+        "machines",
+        name,
+        {"metadata": {"annotations": {v.PRESERVE_ANNOTATION: value}}},
+        _content_type=MERGE_PATCH,
+    )
+
+
+async def preserved(api: client.ApiClient, shoot: BareShoot, name: str) -> dict[str, str] | None:
     """The machine's preservation record once it is Failed, preserved and its node tainted."""
     found = await machine(api, shoot.namespace, name)
     record = annotations_of(found)
