@@ -29,8 +29,18 @@ tools: install
 run: tools
 	$(BIN)/python -m machine_preservation.playground
 
+# Two pytest processes at once: the end-to-end suite (it mostly waits on real MCM's timers) beside all other tests.
+# The others print as they go; the end-to-end suite's output follows when both are done. Each starts its own
+# control planes, so they share nothing but the machine.
+TEST_LOGS := .local/test-logs
+
 test: tools lint
-	$(BIN)/pytest
+	@mkdir -p $(TEST_LOGS)
+	@$(BIN)/pytest tests/e2e > $(TEST_LOGS)/e2e.log 2>&1 & e2e=$$!; \
+	$(BIN)/pytest --ignore=tests/e2e; rest=$$?; \
+	wait $$e2e; e2e_status=$$?; \
+	echo "=== the end-to-end suite (tests/e2e), run alongside ==="; cat $(TEST_LOGS)/e2e.log; \
+	test $$rest -eq 0 -a $$e2e_status -eq 0
 
 unit: install
 	$(BIN)/pytest -m 'not integration'
