@@ -200,3 +200,52 @@ def test_serialization_round_trips(objects: list[dict[str, Any]]) -> None:
     assert sr.serialize_objects(list(reversed(objects))) == data or len({sr._sort_key(o) for o in objects}) < len(
         objects
     )
+
+
+# --- ControlPlaneHealthy: how a shoot is served -------------------------------------------------------------------
+
+APPLIED = sr.ObjectsApplied(namespace="shoot--p--a", applied=True, message="All resources are applied.")
+NOT_APPLIED = sr.ObjectsApplied(namespace="shoot--p--a", applied=False, message="Could not apply: forbidden")
+
+
+@pytest.mark.parametrize(
+    ("hibernated", "running", "native", "problem", "objects", "served", "reason", "in_message"),
+    [
+        (True, False, None, "down", None, True, "ShootHibernated", "hibernated"),
+        (False, False, None, "cannot watch nodes: refused", APPLIED, False, "ShootNotServed", "refused"),
+        (False, False, None, "", APPLIED, False, "ShootNotServed", "Starting"),
+        (False, True, False, "", None, False, "ShootObjectsNotApplied", "not there yet"),
+        (False, True, False, "", NOT_APPLIED, False, "ShootObjectsNotApplied", "forbidden"),
+        (False, True, False, "", APPLIED, True, "ShootServed", "Preservation runs."),
+        (False, True, True, "", APPLIED, True, "ShootServed", "natively"),
+    ],
+)
+def test_shoot_health(
+    hibernated: bool,
+    running: bool,
+    native: bool | None,
+    problem: str,
+    objects: sr.ObjectsApplied | None,
+    served: bool,
+    reason: str,
+    in_message: str,
+) -> None:
+    health = sr.shoot_health(hibernated=hibernated, running=running, native=native, problem=problem, objects=objects)
+    assert (health.served, health.reason) == (served, reason)
+    assert in_message in health.message
+
+
+@pytest.mark.parametrize(
+    ("status", "applied", "message"),
+    [
+        ({"conditions": [{"type": "ResourcesApplied", "status": "True", "message": "ok"}]}, True, "ok"),
+        ({"conditions": [{"type": "ResourcesApplied", "status": "False", "message": "boom"}]}, False, "boom"),
+        ({"conditions": [{"type": "ResourcesHealthy", "status": "True"}]}, False, "not reported yet"),
+        ({}, False, "not reported yet"),
+        (None, False, "not reported yet"),
+    ],
+)
+def test_objects_applied_reads_grms_condition(status: Any, applied: bool, message: str) -> None:
+    raw: dict[str, Any] = {"metadata": {"name": sr.MANAGED_RESOURCE, "namespace": "shoot--p--a"}, "status": status}
+    found = sr.objects_applied(raw)
+    assert (found.namespace, found.applied, found.message) == ("shoot--p--a", applied, message)

@@ -76,6 +76,7 @@ class ExtensionReconciler:
     seed: client.ApiClient
     extensions: Informer[contract.Extension]
     clusters: Informer[ShootFacts]
+    managed_resources: Informer[shoot_resources.ObjectsApplied]  # ours, in every shoot namespace
     supervisor: ShootSupervisor
     webhook_url: str
     ca_bundle: Callable[[], bytes | None]  # the CA the shoots' API servers verify the webhook with
@@ -214,17 +215,22 @@ class ExtensionReconciler:
         return None
 
     async def _report_health(self, extension: contract.Extension, facts: ShootFacts | None) -> None:
-        """ControlPlaneHealthy: whether the shoot is served (its lifecycle runs with synced caches)."""
-        state = self.supervisor.state(extension.metadata.namespace)
-        if facts is not None and facts.lifecycle.hibernated:
-            status, reason, message = contract.ConditionStatus.TRUE, "ShootHibernated", "The shoot is hibernated."
-        elif state.running:
-            native = " (MCM preserves natively: the extension observes)" if state.native else ""
-            status, reason, message = contract.ConditionStatus.TRUE, "ShootServed", f"Preservation runs{native}."
-        else:
-            status, reason, message = contract.ConditionStatus.FALSE, "ShootNotServed", state.problem or "Starting."
+        """ControlPlaneHealthy: whether the shoot is served (core.shoot_resources.shoot_health)."""
+        namespace = extension.metadata.namespace
+        state = self.supervisor.state(namespace)
+        health = shoot_resources.shoot_health(
+            hibernated=facts is not None and facts.lifecycle.hibernated,
+            running=state.running,
+            native=state.native,
+            problem=state.problem,
+            objects=self.managed_resources.get(f"{namespace}/{shoot_resources.MANAGED_RESOURCE}"),
+        )
         patch = contract.control_plane_healthy(
-            extension, status=status, reason=reason, message=message, now=self.clock()
+            extension,
+            status=contract.ConditionStatus.TRUE if health.served else contract.ConditionStatus.FALSE,
+            reason=health.reason,
+            message=health.message,
+            now=self.clock(),
         )
         if patch is not None:
             await self._patch_status(extension, patch)

@@ -157,6 +157,16 @@ class SeedController:
             parse=read_shoot_facts,
             resync_period=options.resync_period,
         )
+        managed_resources: Informer[shoot_resources.ObjectsApplied] = Informer(
+            name="managedresources",
+            source=Source(
+                custom.list_cluster_custom_object,
+                ("resources.gardener.cloud", "v1alpha1", "managedresources"),
+                {"field_selector": f"metadata.name={shoot_resources.MANAGED_RESOURCE}"},
+            ),
+            parse=shoot_resources.objects_applied,
+            resync_period=options.resync_period,
+        )
         ca_namespace, ca_name = options.ca_secret
         # Only the trust bundle is kept from the certs manager's Secret (it also holds the CA's key).
         ca_secrets: Informer[bytes | None] = Informer(
@@ -186,6 +196,7 @@ class SeedController:
             seed=seed,
             extensions=extensions,
             clusters=clusters,
+            managed_resources=managed_resources,
             supervisor=supervisor,
             webhook_url=options.webhook_url,
             ca_bundle=ca_bundle,
@@ -212,13 +223,23 @@ class SeedController:
         extensions.add_handler(enqueue_extension)
         clusters.add_handler(enqueue_cluster)
         ca_secrets.add_handler(enqueue_all)
+
+        def report_objects(
+            old: shoot_resources.ObjectsApplied | None, new: shoot_resources.ObjectsApplied | None
+        ) -> None:
+            current = new or old
+            if current is not None and old != new:  # GRM applied (or failed to apply) the shoot's objects
+                conditions.add(current.namespace)
+
+        managed_resources.add_handler(report_objects)
         informers = [
-            asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in (extensions, clusters, ca_secrets)
+            asyncio.create_task(i.run(), name=f"informer-{i.name}")
+            for i in (extensions, clusters, ca_secrets, managed_resources)
         ]
         heartbeat = asyncio.create_task(self._heartbeat(seed), name="heartbeat")
         workers: list[asyncio.Task[None]] = []
         synced = asyncio.Event()
-        waiting = asyncio.create_task(_set_when_synced((extensions, clusters, ca_secrets), synced))
+        waiting = asyncio.create_task(_set_when_synced((extensions, clusters, ca_secrets, managed_resources), synced))
         try:
             await wait_any(stop, lost, synced)
             if synced.is_set() and not (stop.is_set() or lost.is_set()):

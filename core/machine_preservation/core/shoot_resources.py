@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 from machine_preservation.core import vocabulary as v
@@ -46,6 +47,8 @@ TOKEN_KEY: Final = "token"
 MANAGED_RESOURCE: Final = "extension-machine-preservation-shoot"
 MANAGED_RESOURCE_SECRET: Final = f"managedresource-{MANAGED_RESOURCE}"
 MANAGED_RESOURCE_DATA_KEY: Final = "objects.yaml"
+# The condition GRM sets on a ManagedResource once every object is applied in the target cluster.
+RESOURCES_APPLIED: Final = "ResourcesApplied"
 
 # Names of the objects in the shoot.
 SHOOT_OBJECT_NAME: Final = "extensions.gardener.cloud:machine-preservation"
@@ -340,3 +343,56 @@ def managed_resource(namespace: str, objects: Iterable[Mapping[str, Any]]) -> tu
 def keep_objects_patch(keep: bool = True) -> dict[str, Any]:
     """Merge patch of the ManagedResource: keep (migration) or delete (deletion) the shoot's objects with it."""
     return {"spec": {"keepObjects": keep}}
+
+
+# --- how a shoot is served, for the Extension's ControlPlaneHealthy condition ----------------------------------
+
+
+@dataclass(frozen=True)
+class ObjectsApplied:
+    """The ManagedResource's `ResourcesApplied` condition, as the shoot's GRM reports it."""
+
+    namespace: str
+    applied: bool
+    message: str = ""
+
+
+def objects_applied(raw: Mapping[str, Any]) -> ObjectsApplied:
+    """Read a ManagedResource (as the API serves it): is `ResourcesApplied` True, and what GRM says."""
+    metadata = raw.get("metadata") or {}
+    status = raw.get("status") or {}
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    condition = next(
+        (c for c in conditions or [] if isinstance(c, Mapping) and c.get("type") == RESOURCES_APPLIED),
+        None,
+    )
+    applied = condition is not None and condition.get("status") == "True"
+    message = str(condition.get("message") or "") if condition is not None else "not reported yet"
+    return ObjectsApplied(namespace=str(metadata.get("namespace") or ""), applied=applied, message=message)
+
+
+@dataclass(frozen=True)
+class ShootHealth:
+    served: bool
+    reason: str
+    message: str
+
+
+def shoot_health(
+    *, hibernated: bool, running: bool, native: bool | None, problem: str, objects: ObjectsApplied | None
+) -> ShootHealth:
+    """Whether the shoot is served: its lifecycle runs with every cache following the shoot (through the
+    shoot-access token), and its GRM has applied our objects (RBAC, node webhooks, policy)."""
+    if hibernated:
+        return ShootHealth(served=True, reason="ShootHibernated", message="The shoot is hibernated.")
+    if not running:
+        return ShootHealth(served=False, reason="ShootNotServed", message=problem or "Starting.")
+    if objects is None or not objects.applied:
+        detail = objects.message if objects is not None else "the ManagedResource is not there yet"
+        return ShootHealth(
+            served=False,
+            reason="ShootObjectsNotApplied",
+            message=f"The node webhooks and RBAC are not applied in the shoot: {detail}",
+        )
+    observe = " (MCM preserves natively: the extension observes)" if native else ""
+    return ShootHealth(served=True, reason="ShootServed", message=f"Preservation runs{observe}.")
