@@ -175,7 +175,7 @@ async def _scenario(plane: ControlPlane, seed: client.ApiClient, installed: Inst
 
     # MCM v0.61.3 runs on v0.62.1's CRDs; they keep the status fields the extension mirrors its preservations to
     # (the expiry, the counters), which v0.61.3 does not know: each of its status updates drops them and the
-    # extension writes them again. One write of ours per status update of MCM's at most: no fight.
+    # extension writes them again, but only in answer to those updates.
     mcm_user = f"system:serviceaccount:{b.namespace}:{MCM_SERVICE_ACCOUNT}"
 
     def status_writes(user: str) -> list[AuditedWrite]:
@@ -192,7 +192,9 @@ async def _scenario(plane: ControlPlane, seed: client.ApiClient, installed: Inst
         f"b under MCM {OLD} for 5 s: MCM's status updates {len(window[mcm_user])}, "
         f"the extension's status patches {len(window[installed.extension_user])}"
     )
-    assert len(window[installed.extension_user]) <= len(window[mcm_user]) + 1, window
+    # No loop: our writes answer MCM's updates (one of MCM's may drop what we mirror on more than one object, and a
+    # write may already be under way), they do not feed each other; a loop would write dozens of times in 5 s.
+    assert len(window[installed.extension_user]) <= 2 * len(window[mcm_user]) + 2, window
     assert preserve_expiry(await machine(seed, b.namespace, victims[b.namespace])) is not None
 
     # --- MCM of shoot b upgraded to v0.62.1: handed over, without a restart ------------------------------------
