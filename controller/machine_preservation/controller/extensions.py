@@ -102,9 +102,9 @@ class ExtensionReconciler:
             return None
         kind = action.type
         if action.remove_annotation_first:
-            await self._patch(extension, contract.remove_operation_annotation_patch())
-        if action.add_finalizer:
-            await self._patch_if(extension, contract.finalizers_patch(extension, add=True))
+            extension = await self._patch(extension, contract.remove_operation_annotation_patch())
+        if action.add_finalizer and (finalizers := contract.finalizers_patch(extension, add=True)) is not None:
+            extension = await self._patch(extension, finalizers)
         await self._patch_status(extension, contract.processing(kind, self.clock(), action.processing_description))
         try:
             if kind is contract.OperationType.DELETE:
@@ -342,8 +342,9 @@ class ExtensionReconciler:
 
     # --- the Extension object ---------------------------------------------------------------------------
 
-    async def _patch(self, extension: contract.Extension, body: Mapping[str, Any]) -> None:
-        await client.CustomObjectsApi(self.seed).patch_namespaced_custom_object(
+    async def _patch(self, extension: contract.Extension, body: Mapping[str, Any]) -> contract.Extension:
+        """Merge-patch the object; the object as it is now (for a later compare-and-swap on its finalizers)."""
+        patched = await client.CustomObjectsApi(self.seed).patch_namespaced_custom_object(
             contract.API_GROUP,
             EXTENSION_VERSION,
             extension.metadata.namespace,
@@ -352,6 +353,7 @@ class ExtensionReconciler:
             dict(body),
             _content_type=MERGE_PATCH,
         )
+        return contract.Extension.model_validate(patched)
 
     async def _patch_status(self, extension: contract.Extension, status: Mapping[str, Any]) -> None:
         await client.CustomObjectsApi(self.seed).patch_namespaced_custom_object_status(
@@ -363,10 +365,6 @@ class ExtensionReconciler:
             dict(status),
             _content_type=MERGE_PATCH,
         )
-
-    async def _patch_if(self, extension: contract.Extension, body: Mapping[str, Any] | None) -> None:
-        if body is not None:
-            await self._patch(extension, body)
 
     async def _remove_finalizers(self, extension: contract.Extension, *, everyone: bool) -> None:
         """Take our finalizer (or, after a migration, every finalizer) off the object as it is now."""
