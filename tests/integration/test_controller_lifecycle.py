@@ -532,8 +532,13 @@ async def test_a_machine_without_a_node_gets_only_the_expiry(
 
         [message] = await eventually_async(started)
         assert says in message
-        m = await machine(api, namespace, "m")
-        assert is_preserved(m)
+
+        async def preserved() -> Machine | None:
+            found = await machine(api, namespace, "m")
+            return found if is_preserved(found) else None
+
+        # The start's later writes (the mirrored expiry) may still be on their way when its Event is there.
+        m = await eventually_async(preserved)
         assert v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION not in m.metadata.annotations
 
         await annotate_machine(api, namespace, "m", {P: None})

@@ -52,15 +52,20 @@ def cluster_crd(kube_client: sync_client.ApiClient) -> Iterator[None]:
     """Gardener's own `Cluster` CRD (from its Go module), installed for the test where it is not yet; the
     controller watches Clusters only where the CRD exists when it starts."""
     extensions = sync_client.ApiextensionsV1Api(kube_client)
-    try:
-        extensions.read_custom_resource_definition(CLUSTER_CRD)
-        installed_here = False
-    except sync_client.exceptions.ApiException as error:
-        if error.status != 404:
-            raise
-        manifest = yaml.safe_load(gardener_cluster_crd().read_text())
-        apply_crd(extensions, manifest)
-        installed_here = True
+    installed_here = False
+    for _ in range(300):
+        try:
+            found = extensions.read_custom_resource_definition(CLUSTER_CRD)
+        except sync_client.exceptions.ApiException as error:
+            if error.status != 404:
+                raise
+            manifest = yaml.safe_load(gardener_cluster_crd().read_text())
+            apply_crd(extensions, manifest)
+            installed_here = True
+            break
+        if found.metadata is None or found.metadata.deletion_timestamp is None:
+            break
+        time.sleep(0.1)  # a test before deleted the CRD it installed: wait until it is gone, then install it again
     _wait_until_served(kube_client)
     yield
     if installed_here:
