@@ -429,6 +429,21 @@ def _terminate(pid: int, *, is_alive: Callable[[], bool], grace: float = 10.0) -
         os.waitpid(pid, 0)
 
 
+def wait_for_http_ok(
+    process: subprocess.Popen[bytes], *, port: int, path: str, deadline: float, interval: float = 0.1
+) -> str | None:
+    """Poll http://127.0.0.1:`port``path` until it answers 200 (None), the process exits or `deadline` (monotonic)
+    passes (why not, for the caller's error)."""
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return f"exited with code {process.returncode}"
+        with contextlib.suppress(OSError, http.client.HTTPException):
+            if _http_get(LOOPBACK, port, path, context=None)[0] == 200:
+                return None
+        time.sleep(interval)
+    return f"did not answer {path} with 200 in time"
+
+
 def _http_get(host: str, port: int, path: str, *, context: ssl.SSLContext | None) -> tuple[int, bytes]:
     connection: http.client.HTTPConnection
     if context is None:

@@ -14,9 +14,7 @@ tokens for the shoot into the access Secrets (the target cluster). Here it runs 
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import http.client
 import os
 import re
 import subprocess
@@ -35,6 +33,7 @@ from machine_preservation.localcluster.controlplane import (
     _die_with_parent,
     _terminate,
     free_port,
+    wait_for_http_ok,
 )
 from machine_preservation.localcluster.toolchain import ToolchainError, configured_bin_dir, run_build_script
 
@@ -257,16 +256,6 @@ class GrmRunner:
 
     def _wait_ready(self, deadline: float) -> None:
         assert self._process is not None
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise GrmError(f"{GRM_BINARY} exited with code {self._process.returncode}:\n{self.log_tail()}")
-            with contextlib.suppress(OSError, http.client.HTTPException):
-                connection = http.client.HTTPConnection(LOOPBACK, self.ports["health"], timeout=2)
-                try:
-                    connection.request("GET", "/readyz")
-                    if connection.getresponse().status == 200:
-                        return
-                finally:
-                    connection.close()
-            time.sleep(0.1)
-        raise GrmError(f"{GRM_BINARY} not ready in time:\n{self.log_tail()}")
+        problem = wait_for_http_ok(self._process, port=self.ports["health"], path="/readyz", deadline=deadline)
+        if problem is not None:
+            raise GrmError(f"{GRM_BINARY} {problem}:\n{self.log_tail()}")

@@ -12,9 +12,7 @@ Processes bind 127.0.0.1 on free ports, die with the process that started them w
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import http.client
 import os
 import subprocess
 import time
@@ -32,6 +30,7 @@ from machine_preservation.localcluster.controlplane import (
     _die_with_parent,
     _terminate,
     free_port,
+    wait_for_http_ok,
 )
 from machine_preservation.localcluster.mcm import DEFAULT_MCM_VERSION, ensure_mcm_binaries
 
@@ -255,16 +254,6 @@ class McmRunner:
 
     def _wait_healthy(self, binary: str, deadline: float) -> None:
         process = self._processes[binary]
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise McmError(f"{binary} exited with code {process.returncode}:\n{self.log_tail()}")
-            with contextlib.suppress(OSError, http.client.HTTPException):
-                connection = http.client.HTTPConnection(LOOPBACK, self.ports[binary], timeout=2)
-                try:
-                    connection.request("GET", "/healthz")
-                    if connection.getresponse().status == 200:
-                        return
-                finally:
-                    connection.close()
-            time.sleep(0.1)
-        raise McmError(f"{binary} not healthy in time:\n{self.log_tail()}")
+        problem = wait_for_http_ok(process, port=self.ports[binary], path="/healthz", deadline=deadline)
+        if problem is not None:
+            raise McmError(f"{binary} {problem}:\n{self.log_tail()}")
