@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import datetime as dt
 import json
 import logging
@@ -45,7 +44,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -55,26 +53,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Only the standard library at module level: the controller child process imports what the controller needs.
+# Only the standard library (and scale_common, which only uses it) at module level: the controller child process
+# imports what the controller needs.
+from scale_common import (
+    GROUP,
+    PRESERVE,
+    SAMPLE_LABEL,
+    VERSION,
+    MetricsReader,
+    Sample,
+    SampleRecorder,
+    die_with_parent,
+    free_port,
+    gather_limited,
+    log,
+    percentile,
+    proc_cpu_seconds,
+    proc_memory,
+    ready_condition,
+    summary,
+    total,
+    watch_raw,
+    writes,
+)
 
 NAMESPACE = "bench"
-GROUP, VERSION = "machine.sapcloud.io", "v1alpha1"
-SAMPLE_LABEL = "bench.machine-preservation/sample"
-PRESERVE = "node.machine.sapcloud.io/preserve"
-PRESERVED_SINCE = "node.machine.sapcloud.io/preserved-since"
-PRESERVED_UNTIL = "node.machine.sapcloud.io/preserved-until"
-MAX_PRESERVE_SECONDS = 720 * 3600  # the controller's default --max-preserve-timeout
-CA_ANNOTATION = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
-TAINT_KEY, TAINT_EFFECT = "node.machine.sapcloud.io/preserved", "NoSchedule"
-DRAINED = "Preserved node drained successfully."
-WRITE_VERBS = ("create", "update", "patch", "delete")
 SCRIPT = Path(__file__).resolve()
 TARGETS = {"failed_p99_s": 2.0, "expiry_lag_s": 2.0, "steady_writes": 0, "rss_mb": 250.0}
-
-
-def log(message: str) -> None:
-    load = "/".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"[{time.strftime('%H:%M:%S')} load {load}] {message}", flush=True)
 
 
 def rfc3339(moment: dt.datetime) -> str:
@@ -82,56 +87,6 @@ def rfc3339(moment: dt.datetime) -> str:
     from machine_preservation.core.preservation_record import format_timestamp
 
     return format_timestamp(moment)
-
-
-def parse_time(text: str) -> float:
-    return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest rank (for fewer than 100 samples p99 is the maximum)."""
-    ordered = sorted(values)
-    return ordered[max(math.ceil(q / 100 * len(ordered)) - 1, 0)]
-
-
-def summary(values: list[float]) -> str:
-    if not values:
-        return "no samples"
-    return (
-        f"n={len(values)} p50={percentile(values, 50):.3f}s p90={percentile(values, 90):.3f}s "
-        f"p99={percentile(values, 99):.3f}s max={max(values):.3f}s min={min(values):.3f}s"
-    )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def proc_memory(pid: int) -> dict[str, float]:
-    """VmHWM / VmRSS of a process in MB (MiB, as /proc reports kB)."""
-    result: dict[str, float] = {}
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("VmHWM", "VmRSS"):
-                result[key] = int(value.split()[0]) / 1024
-    return result
-
-
-def proc_cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (from /proc/PID/stat)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return math.nan
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # --- the controller as a child process -------------------------------------------------------------------------
@@ -171,119 +126,9 @@ def spawn(command: list[str], log_file: Path) -> subprocess.Popen[bytes]:
 
 
 @dataclass
-class Sample:
-    index: int
-    machine: str
-    node: str
-    failed_at: float = 0.0  # wall clock, just before the phase patch is sent
-    machine_preserved_at: float | None = None
-    node_preserved_at: float | None = None
-    expiry: float | None = None  # the record's expiry (preserved-until, capped)
-    machine_stopped_at: float | None = None
-    node_stopped_at: float | None = None
-
-    @property
-    def preserved_at(self) -> float | None:
-        if self.machine_preserved_at is None or self.node_preserved_at is None:
-            return None
-        return max(self.machine_preserved_at, self.node_preserved_at)
-
-    @property
-    def stopped_at(self) -> float | None:
-        if self.machine_stopped_at is None or self.node_stopped_at is None:
-            return None
-        return max(self.machine_stopped_at, self.node_stopped_at)
-
-
-@dataclass
 class Results:
     figures: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-
-
-class MetricsReader:
-    def __init__(self, port: int) -> None:
-        import aiohttp
-
-        self.base = f"http://127.0.0.1:{port}"
-        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
-
-    async def close(self) -> None:
-        await self.session.close()
-
-    async def ready(self) -> bool:
-        try:
-            async with self.session.get(f"{self.base}/readyz") as response:
-                return response.status == 200
-        except Exception:  # connection refused (aiohttp.ClientError, OSError) while the process starts
-            return False
-
-    async def healthz_seconds(self) -> float:
-        """How long /healthz takes to answer: the controller's event-loop stalls show up here."""
-        started = time.monotonic()
-        async with self.session.get(f"{self.base}/healthz") as response:
-            await response.read()
-        return time.monotonic() - started
-
-    async def scrape(self) -> dict[str, float]:
-        """Flattened samples: 'name{k=v,...}' -> value (labels sorted)."""
-        from prometheus_client.parser import text_string_to_metric_families
-
-        async with self.session.get(f"{self.base}/metrics") as response:
-            text = await response.text()
-        flat: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-                flat[f"{sample.name}{{{labels}}}"] = sample.value
-        return flat
-
-
-def total(flat: dict[str, float], name: str, **labels: str) -> float:
-    wanted = [f"{k}={v}" for k, v in labels.items()]
-    result = 0.0
-    for key, value in flat.items():
-        metric, _, rest = key.partition("{")
-        if metric == name and all(w in rest.rstrip("}").split(",") for w in wanted):
-            result += value
-    return result
-
-
-def writes(flat: dict[str, float]) -> tuple[float, dict[str, float]]:
-    """Controller write requests in total and by 'cluster verb resource code'."""
-    by: dict[str, float] = {}
-    for key, value in flat.items():
-        metric, _, rest = key.partition("{")
-        if metric != "machine_preservation_api_requests_total":
-            continue
-        labels = dict(part.split("=", 1) for part in rest.rstrip("}").split(",") if part)
-        if labels.get("verb") in WRITE_VERBS:
-            name = f"{labels['cluster']} {labels['verb']} {labels['resource']} {labels['code']}"
-            by[name] = by.get(name, 0.0) + value
-    return sum(by.values()), by
-
-
-async def gather_limited(limit: int, jobs: list[Callable[[], Awaitable[None]]]) -> None:
-    semaphore = asyncio.Semaphore(limit)
-
-    async def run(job: Callable[[], Awaitable[None]]) -> None:
-        async with semaphore:
-            await job()
-
-    await asyncio.gather(*(run(job) for job in jobs))
-
-
-def ready_condition(status: str) -> dict[str, Any]:
-    now = rfc3339(dt.datetime.now(dt.UTC))
-    ready = status == "True"
-    return {
-        "type": "Ready",
-        "status": status,
-        "reason": "KubeletReady" if ready else "NodeStatusUnknown",
-        "message": "" if ready else "Kubelet stopped posting node status.",
-        "lastHeartbeatTime": now,
-        "lastTransitionTime": now,
-    }
 
 
 async def create_objects(api: Any, args: argparse.Namespace, samples: dict[str, Sample]) -> None:
@@ -352,101 +197,24 @@ async def create_objects(api: Any, args: argparse.Namespace, samples: dict[str, 
                 GROUP, VERSION, NAMESPACE, "machines", machine, status, _content_type="application/merge-patch+json"
             )
             if sample:
-                samples[machine] = Sample(index=i, machine=machine, node=node)
+                samples[machine] = Sample(index=i, machine=machine, node=node, namespace=NAMESPACE)
 
         return create
 
     await gather_limited(args.concurrency, [job(i) for i in range(args.machines)])
 
 
-def node_preserved(raw: dict[str, Any]) -> bool:
-    metadata, spec, status = raw.get("metadata") or {}, raw.get("spec") or {}, raw.get("status") or {}
-    tainted = any(t.get("key") == TAINT_KEY and t.get("effect") == TAINT_EFFECT for t in spec.get("taints") or [])
-    condition = next((c for c in status.get("conditions") or [] if c.get("type") == "Preserved"), None)
-    return bool(
-        tainted
-        and (metadata.get("annotations") or {}).get(CA_ANNOTATION) == "true"
-        and condition is not None
-        and condition.get("status") == "True"
-        and (condition.get("message") or "").startswith(DRAINED)
-    )
-
-
-def node_stopped(raw: dict[str, Any]) -> bool:
-    metadata, spec, status = raw.get("metadata") or {}, raw.get("spec") or {}, raw.get("status") or {}
-    tainted = any(t.get("key") == TAINT_KEY for t in spec.get("taints") or [])
-    condition = next((c for c in status.get("conditions") or [] if c.get("type") == "Preserved"), None)
-    return bool(
-        not tainted
-        and CA_ANNOTATION not in (metadata.get("annotations") or {})
-        and condition is not None
-        and condition.get("status") == "False"
-    )
-
-
 async def watch_samples(api: Any, samples: dict[str, Sample], stop: asyncio.Event) -> None:
     """Record, on this process's clock, when each sample reaches 'preserved' and 'stopped'."""
-    from kubernetes.aio import client, watch
-
-    class RawWatch(watch.Watch):
-        def get_return_type(self, func: object) -> None:
-            return None
+    from kubernetes.aio import client
 
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    by_node = {s.node: s for s in samples.values()}
-
-    def on_node(kind: str, raw: dict[str, Any], now: float) -> None:
-        sample = by_node.get((raw.get("metadata") or {}).get("name", ""))
-        if sample is None or not sample.failed_at or kind == "DELETED":
-            return
-        if sample.node_preserved_at is None and node_preserved(raw):
-            sample.node_preserved_at = now
-        elif sample.node_preserved_at is not None and sample.node_stopped_at is None and node_stopped(raw):
-            sample.node_stopped_at = now
-
-    def on_machine(kind: str, raw: dict[str, Any], now: float) -> None:
-        metadata = raw.get("metadata") or {}
-        sample = samples.get(metadata.get("name", ""))
-        if sample is None or not sample.failed_at:
-            return
-        annotations = metadata.get("annotations") or {}
-        since, until = annotations.get(PRESERVED_SINCE), annotations.get(PRESERVED_UNTIL)
-        if sample.machine_preserved_at is None:
-            if since and until and kind != "DELETED":
-                sample.machine_preserved_at = now
-                sample.expiry = min(parse_time(until), parse_time(since) + MAX_PRESERVE_SECONDS)
-        elif sample.machine_stopped_at is None and (
-            kind == "DELETED" or metadata.get("deletionTimestamp") or not until
-        ):
-            sample.machine_stopped_at = now
-
-    async def loop(
-        list_function: Callable[..., Any],
-        call_args: tuple[Any, ...],
-        handle: Callable[[str, dict[str, Any], float], None],
-    ) -> None:
-        while not stop.is_set():
-            stream = RawWatch()  # type: ignore[no-untyped-call]
-            try:
-                async for event in stream.stream(  # type: ignore[no-untyped-call]
-                    list_function,
-                    *call_args,
-                    label_selector=f"{SAMPLE_LABEL}=true",
-                    timeout_seconds=3600,
-                    _request_timeout=3700,
-                ):
-                    handle(event["type"], event["raw_object"], time.time())
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                log(f"sample watch restarted after {error!r}")
-                await asyncio.sleep(0.5)
-            finally:
-                await stream.close()  # type: ignore[no-untyped-call]
-
+    recorder = SampleRecorder(list(samples.values()))
     await asyncio.gather(
-        loop(core.list_node, (), on_node),
-        loop(custom.list_namespaced_custom_object, (GROUP, VERSION, NAMESPACE, "machines"), on_machine),
+        watch_raw(core.list_node, (), recorder.on_node, stop),
+        watch_raw(
+            custom.list_namespaced_custom_object, (GROUP, VERSION, NAMESPACE, "machines"), recorder.on_machine, stop
+        ),
     )
 
 
