@@ -5,14 +5,20 @@ object it is."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from kubernetes.aio import client
 
 from machine_preservation.controller.caches import Caches
 from machine_preservation.controller.handlers import Queues, is_resync, wire_handlers
 from machine_preservation.controller.informer import Informer, Source
+from machine_preservation.controller.node_pods import NodePods
 from machine_preservation.controller.queue import WorkQueue
+from machine_preservation.controller.reader import PodsNotListed
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, Pod
 from tests.controller.faketimer import FakeTimer
@@ -63,14 +69,20 @@ def test_a_periodic_resync_hands_the_same_object_and_goes_to_the_background_lane
     assert is_resync(same, same)
 
 
+@dataclass
+class Wired:
+    caches: Caches
+    queues: Queues
+    pods: Informer[Pod]  # the watch of NODE's pods; filled by the test
+
+
 @pytest.fixture
-def wired() -> tuple[Caches, Queues]:
+async def wired() -> AsyncIterator[Wired]:
     caches = Caches(
         machines=_informer("machines", Machine.model_validate),
         machine_sets=_informer("machinesets", MachineSet.model_validate),
         machine_deployments=_informer("machinedeployments", MachineDeployment.model_validate),
         nodes=_informer("nodes", Node.model_validate),
-        pods=_informer("pods", Pod.model_validate),
     )
     timer = FakeTimer()
     queues = Queues(
@@ -78,14 +90,21 @@ def wired() -> tuple[Caches, Queues]:
         machine_sets=WorkQueue(name="s", timer=timer),
         machine_deployments=WorkQueue(name="d", timer=timer),
     )
-    wire_handlers(caches=caches, queues=queues)
-    preserved_taint = {"key": v.PRESERVED_TAINT_KEY, "effect": v.PRESERVED_TAINT_EFFECT}
-    caches.nodes._replace(
-        {NODE: Node.model_validate({"metadata": {"name": NODE}, "spec": {"taints": [preserved_taint]}})}
-    )
-    machine = {"metadata": {"name": "m", "namespace": "ns", "resourceVersion": "3", "labels": {"node": NODE}}}
-    caches.machines._replace({"ns/m": Machine.model_validate(machine)})
-    return caches, queues
+    # Nothing listens there: the node's pod watch never lists, the test fills its cache.
+    configuration = client.Configuration(host="http://127.0.0.1:9")
+    async with client.ApiClient(configuration) as nowhere:
+        node_pods = NodePods(target=nowhere, list_limit=0.01)
+        wire_handlers(caches=caches, node_pods=node_pods, queues=queues)
+        preserved_taint = {"key": v.PRESERVED_TAINT_KEY, "effect": v.PRESERVED_TAINT_EFFECT}
+        caches.nodes._replace(
+            {NODE: Node.model_validate({"metadata": {"name": NODE}, "spec": {"taints": [preserved_taint]}})}
+        )
+        machine = {"metadata": {"name": "m", "namespace": "ns", "resourceVersion": "3", "labels": {"node": NODE}}}
+        caches.machines._replace({"ns/m": Machine.model_validate(machine)})
+        with contextlib.suppress(PodsNotListed):
+            await node_pods.hold("ns/m", NODE)
+        yield Wired(caches=caches, queues=queues, pods=node_pods._watches[NODE].informer)
+        await node_pods.stop()
 
 
 async def taken(queue: WorkQueue[str]) -> list[str]:
@@ -99,21 +118,22 @@ async def taken(queue: WorkQueue[str]) -> list[str]:
     return keys
 
 
-async def test_a_re_listed_unchanged_pod_queues_its_machine_behind_changes(wired: tuple[Caches, Queues]) -> None:
-    caches, queues = wired
-    caches.pods._replace({"ns/p": Pod.model_validate(_pod())})
+async def test_a_re_listed_unchanged_pod_queues_its_machine_behind_changes(wired: Wired) -> None:
+    queues = wired.queues
+    await taken(queues.machines)
+    wired.pods._replace({"ns/p": Pod.model_validate(_pod())})
     assert await taken(queues.machines) == ["ns/m"], "a new pod on a preserved node: its machine looks again"
 
-    caches.pods._replace({"ns/p": Pod.model_validate(_pod())})  # a re-list (after a watch expired), unchanged
+    wired.pods._replace({"ns/p": Pod.model_validate(_pod())})  # a re-list (after a watch expired), unchanged
     queues.machines.add("ns/changed")
     assert await taken(queues.machines) == ["ns/changed", "ns/m"]
 
 
-async def test_a_changed_pod_queues_its_machine_in_front(wired: tuple[Caches, Queues]) -> None:
-    caches, queues = wired
-    caches.pods._replace({"ns/p": Pod.model_validate(_pod())})
+async def test_a_changed_pod_queues_its_machine_in_front(wired: Wired) -> None:
+    queues = wired.queues
+    wired.pods._replace({"ns/p": Pod.model_validate(_pod())})
     await taken(queues.machines)
     queues.machines.add("ns/resynced", background=True)
 
-    caches.pods._replace({"ns/p": Pod.model_validate(_pod(deleting=True))})
+    wired.pods._replace({"ns/p": Pod.model_validate(_pod(deleting=True))})
     assert await taken(queues.machines) == ["ns/m", "ns/resynced"]

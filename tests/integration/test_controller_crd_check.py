@@ -21,6 +21,7 @@ from machine_preservation.controller.crd_check import (
     AUTO_MAX_PATH,
     EXPIRY_PATH,
     MACHINE_CRD,
+    ControlFactsCache,
     CrdFacts,
     check_machine_crd,
     inspect_crds,
@@ -172,6 +173,20 @@ def status_writes(metrics: Metrics) -> float:
 
 async def test_the_installed_crds_keep_the_preservation_fields(api: client.ApiClient) -> None:
     assert await inspect_crds(api) == CrdFacts(machine_keeps_expiry=True, machine_set_keeps_auto_max=True)
+
+
+async def test_the_seeds_crds_are_read_once_per_period_for_every_shoot(api: client.ApiClient) -> None:
+    now = [0.0]
+    cache = ControlFactsCache(api, max_age=60.0, clock=lambda: now[0])
+    together = await asyncio.gather(*(cache.get() for _ in range(20)))  # 20 shoots starting at once
+    assert all(facts is together[0] for facts in together), "one read, shared by all"
+    assert together[0].crds == CrdFacts(machine_keeps_expiry=True, machine_set_keeps_auto_max=True)
+    now[0] = 59.0
+    assert await cache.get() is together[0], "still fresh"
+    now[0] = 60.0
+    again = await cache.get()
+    assert again is not together[0], "read again once the period is over"
+    assert again == together[0]
 
 
 async def test_a_crd_like_v061s_really_prunes_the_expiry_and_is_accepted(

@@ -16,6 +16,7 @@ from machine_preservation.controller.caches import Caches, new_caches
 from machine_preservation.controller.drain import Drainer
 from machine_preservation.controller.events import EventRecorder
 from machine_preservation.controller.metrics import Metrics
+from machine_preservation.controller.node_pods import NodePods
 from machine_preservation.controller.reconcile import MachineReconciler
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.config import PreservationConfig
@@ -27,7 +28,7 @@ from tests.polling import eventually_async
 @contextlib.asynccontextmanager
 async def synced_caches(api: client.ApiClient, namespace: str) -> AsyncIterator[Caches]:
     caches = new_caches(control=api, target=api, namespace=namespace, resync_period=600)
-    tasks = [asyncio.create_task(informer.run()) for informer in caches.all]
+    tasks = [asyncio.create_task(informer.run()) for informer in caches.owned]
     try:
         await asyncio.wait_for(asyncio.gather(*(i.wait_synced() for i in caches.all)), 30)
         yield caches
@@ -55,11 +56,13 @@ async def test_a_drain_waits_for_a_free_slot_as_a_requeue(
         annotations={v.PRESERVE_ANNOTATION: "now"},
     )
     recorder = EventRecorder(control=api, target=api, machine_namespace=namespace, instance="test")
+    node_pods = NodePods(target=api)
     async with synced_caches(api, namespace) as caches:
         reconciler = MachineReconciler(
             caches=caches,
             writer=Writer(control=api, target=api, namespace=namespace, recorder=recorder),
-            drainer=Drainer(target=api, pods=caches.pods),
+            drainer=Drainer(target=api, pods=node_pods),
+            node_pods=node_pods,
             config=PreservationConfig(),
             metrics=Metrics(),
             max_concurrent_drains=1,
@@ -96,3 +99,12 @@ async def test_a_drain_waits_for_a_free_slot_as_a_requeue(
 
         await eventually_async(drained)
         assert drains("succeeded") >= 1
+        assert node_pods.nodes == [node], "the failed machine's node is the only one whose pods are watched"
+
+        await client.CustomObjectsApi(api).delete_namespaced_custom_object(
+            v.MACHINE_API_GROUP, v.MACHINE_API_VERSION, namespace, "machines", "m"
+        )
+        await eventually_async(lambda: caches.machines.get(key) is None)
+        assert await reconciler.reconcile(key) is None
+        assert node_pods.nodes == [], "the machine is gone: its node's pods are no longer watched"
+    await node_pods.stop()

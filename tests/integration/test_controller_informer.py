@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.backoff import Backoff
 from machine_preservation.controller.informer import Informer, Source
 from machine_preservation.core.models import Machine
 from machine_preservation.localcluster.controlplane import ControlPlane
+from machine_preservation.localcluster.crds import crd_manifests
 from tests.controller.support import GROUP, VERSION, aio_client, create_machine
 from tests.controller.tcpproxy import TcpProxy
 from tests.polling import eventually_async
@@ -218,3 +220,56 @@ async def test_an_object_that_does_not_parse_is_skipped_not_fatal(api: client.Ap
     assert informer.stats.unparsable >= 2
     assert informer.stats.errors == 0
     assert ("deleted", "good") in events
+
+
+async def test_survives_its_crd_being_removed_and_follows_it_once_it_is_back(api: client.ApiClient) -> None:
+    """MCM's CRDs may be replaced (an upgrade): the informer keeps its cache and retries, never ends."""
+    group = "informer-crd.machine-preservation.test"
+    crd = next(m for m in crd_manifests() if m["metadata"]["name"] == f"machines.{GROUP}")
+    crd = {**crd, "metadata": {"name": f"machines.{group}"}, "spec": {**crd["spec"], "group": group}}
+    extensions = client.ApiextensionsV1Api(api)
+
+    async def install() -> None:
+        await extensions.create_custom_resource_definition(crd)  # type: ignore[arg-type]
+        await eventually_async(lambda: _served(api, group))
+
+    await install()
+    informer = Informer(
+        name="machines",
+        source=Source(client.CustomObjectsApi(api).list_cluster_custom_object, (group, VERSION, "machines")),
+        parse=Machine.model_validate,
+        backoff=Backoff(base=0.1, cap=0.5),
+    )
+    try:
+        async with running(informer) as task:
+            await asyncio.wait_for(informer.wait_synced(), 30)
+            await extensions.delete_custom_resource_definition(crd["metadata"]["name"])
+            await eventually_async(lambda: informer.failing is not None, limit=60)
+            assert not task.done(), "still running: a removed CRD is a failure to retry, not the end"
+
+            await eventually_async(_gone(extensions, crd["metadata"]["name"]), limit=60)
+            await install()
+            await eventually_async(lambda: informer.failing is None and informer.stats.lists >= 2, limit=60)
+            assert not task.done()
+    finally:
+        with contextlib.suppress(Exception):
+            await extensions.delete_custom_resource_definition(crd["metadata"]["name"])
+
+
+async def _served(api: client.ApiClient, group: str) -> bool:
+    try:
+        await client.CustomObjectsApi(api).list_cluster_custom_object(group, VERSION, "machines")
+    except ApiException:
+        return False
+    return True
+
+
+def _gone(extensions: client.ApiextensionsV1Api, name: str) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        try:
+            await extensions.read_custom_resource_definition(name)
+        except ApiException as error:
+            return error.status == 404
+        return False
+
+    return check

@@ -13,6 +13,7 @@ from kubernetes.aio import client
 
 from machine_preservation.controller.caches import Caches, new_caches
 from machine_preservation.controller.handlers import Queues, wire_handlers
+from machine_preservation.controller.node_pods import NodePods
 from machine_preservation.controller.queue import WorkQueue
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.preservation_record import start_record
@@ -30,8 +31,9 @@ async def wired(api: client.ApiClient, namespace: str, *, resync_period: float) 
     queues = Queues(
         machines=WorkQueue(name="m"), machine_sets=WorkQueue(name="s"), machine_deployments=WorkQueue(name="d")
     )
-    wire_handlers(caches=caches, queues=queues)
-    tasks = [asyncio.create_task(informer.run()) for informer in caches.all]
+    node_pods = NodePods(target=api)
+    wire_handlers(caches=caches, node_pods=node_pods, queues=queues)
+    tasks = [asyncio.create_task(informer.run()) for informer in caches.owned]
     try:
         await asyncio.wait_for(asyncio.gather(*(i.wait_synced() for i in caches.all)), 30)
         yield caches, queues
@@ -39,6 +41,7 @@ async def wired(api: client.ApiClient, namespace: str, *, resync_period: float) 
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await node_pods.stop()
 
 
 async def drain(queue: WorkQueue[str]) -> list[str]:

@@ -6,20 +6,20 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from kubernetes.aio import client
 
-from machine_preservation.controller.informer import Informer, Source
+from machine_preservation.controller.informer import Handler, Indexer, Informer, Source
 from machine_preservation.controller.reader import (
     DEPLOYMENT_INDEX,
     MACHINE_NODE_INDEX,
     MACHINE_SET_INDEX,
-    POD_NODE_INDEX,
     owner_name,
 )
+from machine_preservation.controller.views import ShootViews
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, Pod
+from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node
 from machine_preservation.core.pool_settings import (
     CLUSTER_API_GROUP,
     CLUSTER_API_VERSION,
@@ -36,15 +36,48 @@ from machine_preservation.core.priority import (
 T = TypeVar("T")
 
 
+class Cache(Protocol[T]):
+    """What the runtime reads a cache through: an `Informer`, or a shoot's `views.ScopedView` of a seed-wide one."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def synced(self) -> bool: ...
+
+    @property
+    def failing(self) -> str | None: ...
+
+    @property
+    def generation(self) -> int: ...
+
+    async def wait_synced(self) -> None: ...
+
+    def get(self, key: str) -> T | None: ...
+
+    def values(self) -> list[T]: ...
+
+    def __len__(self) -> int: ...
+
+    def by_index(self, index: str, value: str) -> list[T]: ...
+
+    def add_indexer(self, index: str, indexer: Indexer[T]) -> None: ...
+
+    def add_handler(self, handler: Handler[T]) -> None: ...
+
+
 @dataclass
 class Caches:
-    machines: Informer[Machine]
-    machine_sets: Informer[MachineSet]
-    machine_deployments: Informer[MachineDeployment]
+    machines: Cache[Machine]
+    machine_sets: Cache[MachineSet]
+    machine_deployments: Cache[MachineDeployment]
     nodes: Informer[Node]
-    pods: Informer[Pod]
     # Gardener's Cluster resource of the control namespace (None: not a Gardener seed, no such CRD).
-    clusters: Informer[ClusterView] | None = None
+    clusters: Cache[ClusterView] | None = None
+    # The informers the runtime runs; the others are views of the seed's, which the seed runs for every shoot.
+    owned: tuple[Informer[Any], ...] = ()
+    # Detaches the views from the seed's informers once the runtime stops.
+    close: Callable[[], None] = lambda: None
     # MachineSet name -> summary, valid for the machines cache's generation; see priority_ceiling.
     _priorities: dict[str, UnpreservedPriorities] = field(default_factory=dict)
     _priorities_generation: int = -1
@@ -53,16 +86,14 @@ class Caches:
         self.machines.add_indexer(MACHINE_NODE_INDEX, lambda m: [m.node_name])
         self.machines.add_indexer(MACHINE_SET_INDEX, owner_name("MachineSet"))
         self.machine_sets.add_indexer(DEPLOYMENT_INDEX, owner_name("MachineDeployment"))
-        self.pods.add_indexer(POD_NODE_INDEX, lambda pod: [pod.node_name])
 
     @property
-    def all(self) -> tuple[Informer[Any], ...]:
-        informers: tuple[Informer[Any], ...] = (
+    def all(self) -> tuple[Cache[Any], ...]:
+        informers: tuple[Cache[Any], ...] = (
             self.machines,
             self.machine_sets,
             self.machine_deployments,
             self.nodes,
-            self.pods,
         )
         return (*informers, self.clusters) if self.clusters is not None else informers
 
@@ -107,24 +138,21 @@ def new_caches(
     with_cluster: bool = False,
 ) -> Caches:
     """The informers the controller reconciles from: MCM's objects in `namespace` of the control cluster (and
-    Gardener's `Cluster` resource named after it, `with_cluster`), Nodes and Pods of the target cluster."""
-    custom_objects, core = client.CustomObjectsApi(control), client.CoreV1Api(target)
+    Gardener's `Cluster` resource named after it, `with_cluster`) and the Nodes of the target cluster. Pods are
+    watched only on the nodes of failed machines (`node_pods`)."""
+    custom_objects = client.CustomObjectsApi(control)
     group, version = v.MACHINE_API_GROUP, v.MACHINE_API_VERSION
 
     def control_informer(plural: str, parse: Callable[[Mapping[str, Any]], T]) -> Informer[T]:
         source = Source(custom_objects.list_namespaced_custom_object, (group, version, namespace, plural))
         return Informer(name=plural, source=source, parse=parse, resync_period=resync_period)
 
-    def target_informer(name: str, *, source: Source, parse: Callable[[Mapping[str, Any]], T]) -> Informer[T]:
-        return Informer(name=name, source=source, parse=parse, resync_period=resync_period)
-
-    return Caches(
-        machines=control_informer("machines", Machine.model_validate),
-        machine_sets=control_informer("machinesets", MachineSet.model_validate),
-        machine_deployments=control_informer("machinedeployments", MachineDeployment.model_validate),
-        nodes=target_informer("nodes", source=Source(core.list_node), parse=Node.model_validate),
-        pods=target_informer("pods", source=Source(core.list_pod_for_all_namespaces), parse=Pod.model_validate),
-        clusters=Informer(
+    machines = control_informer("machines", Machine.model_validate)
+    machine_sets = control_informer("machinesets", MachineSet.model_validate)
+    machine_deployments = control_informer("machinedeployments", MachineDeployment.model_validate)
+    nodes = _nodes(target, resync_period=resync_period)
+    clusters = (
+        Informer(
             name="clusters",
             source=Source(
                 custom_objects.list_cluster_custom_object,
@@ -135,5 +163,32 @@ def new_caches(
             resync_period=resync_period,
         )
         if with_cluster
-        else None,
+        else None
     )
+    return Caches(
+        machines=machines,
+        machine_sets=machine_sets,
+        machine_deployments=machine_deployments,
+        nodes=nodes,
+        clusters=clusters,
+        owned=(machines, machine_sets, machine_deployments, nodes, *([clusters] if clusters is not None else [])),
+    )
+
+
+def shoot_caches(*, views: ShootViews, target: client.ApiClient, resync_period: float) -> Caches:
+    """A shoot's caches in the seed: its views of the seed-wide informers, and its own Nodes informer."""
+    nodes = _nodes(target, resync_period=resync_period)
+    return Caches(
+        machines=views.machines,
+        machine_sets=views.machine_sets,
+        machine_deployments=views.machine_deployments,
+        nodes=nodes,
+        clusters=views.clusters,
+        owned=(nodes,),
+        close=views.close,
+    )
+
+
+def _nodes(target: client.ApiClient, *, resync_period: float) -> Informer[Node]:
+    source = Source(client.CoreV1Api(target).list_node)
+    return Informer(name="nodes", source=source, parse=Node.model_validate, resync_period=resync_period)

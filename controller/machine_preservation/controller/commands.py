@@ -153,6 +153,7 @@ def seed_options_from(args: argparse.Namespace) -> SeedOptions:
         max_drain_attempt=args.drain_attempt_timeout,
         workers=args.workers,
         extension_workers=args.extension_workers,
+        max_reconciles=args.max_concurrent_reconciles,
         leader_elect=args.leader_elect,
         metrics_host=args.metrics_bind_address,
         metrics_port=args.metrics_port,
@@ -250,6 +251,13 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
     extension.add_argument("--workers", type=int, default=4, help="concurrent Machine reconciles per shoot")
     extension.add_argument(
         "--extension-workers", type=int, default=10, help="concurrent Extension reconciles over all shoots"
+    )
+    extension.add_argument(
+        "--max-concurrent-reconciles",
+        type=int,
+        default=20,
+        help="Machine, MachineSet and MachineDeployment reconciles at once over all shoots, taken in turn; a "
+        "drain waiting for pods to leave does not count (default 20)",
     )
     extension.add_argument(
         "--mcm-recheck-period",

@@ -11,10 +11,12 @@ through it).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes.aio import client
@@ -22,8 +24,11 @@ from kubernetes.aio import client
 from machine_preservation.controller.api_errors import ApiError, classify
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.mcm_evidence import AUTO_MAX_PATH, EXPIRY_PATH, MACHINE_CRD, MACHINE_SET_CRD, keeps
+from machine_preservation.core.pool_settings import CLUSTER_API_GROUP, CLUSTER_PLURAL
 
 logger = logging.getLogger(__name__)
+
+CLUSTER_CRD = f"{CLUSTER_PLURAL}.{CLUSTER_API_GROUP}"
 
 
 class CrdCheckFailed(RuntimeError):
@@ -81,3 +86,52 @@ async def inspect_crds(api_client: client.ApiClient) -> CrdFacts:
         keeps_auto_max,
     )
     return CrdFacts(machine_keeps_expiry=keeps_expiry, machine_set_keeps_auto_max=keeps_auto_max)
+
+
+async def has_crd(api_client: client.ApiClient, name: str) -> bool:
+    """Whether the CRD is installed; said in the log either way, since what depends on it is then left out."""
+    status, body = await _read_crd(client.ApiextensionsV1Api(api_client), name)
+    if status == 200:
+        logger.info("CRD %s is installed", name)
+        return True
+    if classify(status) is ApiError.NOT_FOUND:
+        logger.info("CRD %s is not installed", name)
+    else:
+        logger.warning(
+            "cannot read CRD %s (HTTP %d %s): treated as not installed",
+            name,
+            status,
+            body[:200].decode(errors="replace"),
+        )
+    return False
+
+
+@dataclass(frozen=True)
+class ControlFacts:
+    """What the control cluster's CRDs say; the same for every namespace in it."""
+
+    crds: CrdFacts
+    has_cluster: bool  # Gardener's Cluster CRD is installed (a seed)
+
+
+async def inspect_control(api_client: client.ApiClient) -> ControlFacts:
+    return ControlFacts(crds=await inspect_crds(api_client), has_cluster=await has_crd(api_client, CLUSTER_CRD))
+
+
+@dataclass
+class ControlFactsCache:
+    """`inspect_control`, read at most once per `max_age` for all the shoots of a seed: the CRDs are the seed's,
+    so 200 shoots starting together, or inspecting MCM every minute, read them once."""
+
+    api_client: client.ApiClient
+    max_age: float = 60.0
+    clock: Callable[[], float] = time.monotonic
+    _facts: ControlFacts | None = None
+    _read_at: float = 0.0
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def get(self) -> ControlFacts:
+        async with self._lock:  # one read at a time; the others wait for it and share it
+            if self._facts is None or self.clock() - self._read_at >= self.max_age:
+                self._facts, self._read_at = await inspect_control(self.api_client), self.clock()
+            return self._facts

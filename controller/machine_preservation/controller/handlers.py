@@ -13,6 +13,7 @@ from typing import Protocol, TypeVar
 
 from machine_preservation.controller.caches import Caches
 from machine_preservation.controller.informer import Handler
+from machine_preservation.controller.node_pods import NodePods
 from machine_preservation.controller.queue import WorkQueue
 from machine_preservation.controller.reader import DEPLOYMENT_INDEX, MACHINE_NODE_INDEX, key_of, owner_name
 from machine_preservation.core import vocabulary as v
@@ -164,12 +165,12 @@ def _enqueue(mapping: KeyMapping[T], *, caches: Caches, queues: Queues) -> Handl
     return handle
 
 
-def wire_handlers(*, caches: Caches, queues: Queues) -> None:
+def wire_handlers(*, caches: Caches, node_pods: NodePods, queues: Queues) -> None:
     """Queue the keys every cache change affects."""
     caches.machines.add_handler(_enqueue(machine_keys, caches=caches, queues=queues))
     if caches.clusters is not None:
         caches.clusters.add_handler(_enqueue(cluster_keys, caches=caches, queues=queues))
     caches.nodes.add_handler(_enqueue(node_keys, caches=caches, queues=queues))
-    caches.pods.add_handler(_enqueue(pod_keys, caches=caches, queues=queues))
+    node_pods.add_handler(_enqueue(pod_keys, caches=caches, queues=queues))
     caches.machine_sets.add_handler(_enqueue(machine_set_keys, caches=caches, queues=queues))
     caches.machine_deployments.add_handler(_enqueue(machine_deployment_keys, caches=caches, queues=queues))

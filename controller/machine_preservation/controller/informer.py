@@ -110,6 +110,9 @@ class Informer(Generic[T]):
         for key, obj in self._store.items():
             self._index(index, key, obj)
 
+    def has_indexer(self, index: str) -> bool:
+        return index in self._indexers
+
     def add_handler(self, handler: Handler[T]) -> None:
         self._handlers.append(handler)
 
@@ -219,6 +222,10 @@ class Informer(Generic[T]):
                 _request_timeout=timeout + 30,
             )
             async for event in events:
+                if not isinstance(event, Mapping):
+                    # Not a watch event: e.g. "404 page not found" as plain text while the resource's CRD is
+                    # being removed. A failed watch like any other: retried with backoff, the cache kept.
+                    raise ValueError(f"the watch answered {str(event)[:200]!r}")
                 self._apply(event["type"], event["raw_object"])
         finally:
             await stream.close()

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from machine_preservation.controller.caches import Caches
 from machine_preservation.controller.clients import Clients, new_api_client
+from machine_preservation.controller.crd_check import inspect_control
 from machine_preservation.controller.leader import LeaderElector, run_elected
 from machine_preservation.controller.metrics import Metrics, Probes, metrics_app, start_metrics_server
 from machine_preservation.controller.runtime import (
@@ -141,7 +142,7 @@ class Controller:
                 target=target,
                 metrics=self.metrics,
             )
-            await self.runtime.prepare()
+            await self.runtime.prepare(await inspect_control(control))
             app = metrics_app(metrics=self.metrics, probes=Probes(ready=self.ready))
             runner = await start_metrics_server(app=app, host=options.metrics_host, port=options.metrics_port)
             self.metrics_port = runner.addresses[0][1] if runner.addresses else options.metrics_port

@@ -85,6 +85,11 @@ class Metrics:
             ["cluster", "verb", "resource"],
             registry=r,
         )
+        self.reconcile_slots = Gauge(
+            "machine_preservation_reconcile_slots_in_use",
+            "Reconciles running now, over all shoots (the cap is --max-concurrent-reconciles).",
+            registry=r,
+        )
         self.leader = Gauge("machine_preservation_leader", "1 while this process leads.", registry=r)
 
     def watch_preserved(self, counts: Callable[[], Mapping[tuple[str, str], int]]) -> None:

@@ -38,6 +38,8 @@ from machine_preservation.controller.api_errors import ApiError, classify
 from machine_preservation.controller.apply import ObjectGone, StepFailed
 from machine_preservation.controller.backoff import Backoff
 from machine_preservation.controller.metrics import Metrics
+from machine_preservation.controller.reader import PodsNotListed
+from machine_preservation.controller.slots import ReconcileSlots
 
 logger = logging.getLogger(__name__)
 
@@ -210,42 +212,59 @@ class WorkQueue(Generic[K]):
 Reconcile = Callable[[str], Awaitable[dt.timedelta | None]]
 
 
-async def run_worker(queue: WorkQueue[str], reconcile: Reconcile, *, metrics: Metrics) -> None:
-    """Reconcile keys from the queue until it shuts down. A key whose reconcile failed comes back after its
-    backoff; one that succeeded has its backoff reset and comes back when the reconcile asked for; one whose
-    plan found its object gone is done with."""
+async def run_worker(
+    queue: WorkQueue[str], reconcile: Reconcile, *, metrics: Metrics, slots: ReconcileSlots | None = None
+) -> None:
+    """Reconcile keys from the queue until it shuts down, each in one of the process's `slots`. A key whose
+    reconcile failed comes back after its backoff; one that succeeded has its backoff reset and comes back when
+    the reconcile asked for; one whose plan found its object gone is done with."""
     loop = asyncio.get_running_loop()
+    slots = slots or ReconcileSlots()
     while (key := await queue.get()) is not None:
-        started = loop.time()
-        result = "success"
         try:
-            requeue = await reconcile(key)
-        except ObjectGone as gone:
-            queue.forget(key)  # what the plan writes is gone: its deletion is an event of its own
-            logger.info("%s %s: %s; nothing more to do", queue.name, key, gone)
-        except StepFailed as failed:
-            result = "conflict" if failed.conflict else "error"
-            delay = queue.add_rate_limited(key)
-            logger.info("%s %s: %s; retry in %.1fs", queue.name, key, failed, delay)
-        except ApiException as error:
-            result = "conflict" if classify(error.status) is ApiError.CONFLICT else "error"
-            delay = queue.add_rate_limited(key)
-            logger.info("%s %s: %s %s; retry in %.1fs", queue.name, key, error.status, error.reason, delay)
-        except Exception:
-            result = "error"
-            delay = queue.add_rate_limited(key)
-            logger.exception("%s %s: reconcile failed; retry in %.1fs", queue.name, key, delay)
-        else:
-            queue.forget(key)
-            if requeue is not None:
-                queue.add_after(key, requeue.total_seconds())
+            async with slots.held():
+                await _reconcile_one(queue, reconcile, key, metrics=metrics, loop=loop)
         finally:
             queue.done(key)
-            metrics.reconcile_duration.labels(controller=queue.name, result=result).observe(loop.time() - started)
         # A reconcile that plans nothing never suspends, and neither does `get` while keys are ready:
         # without this yield one worker runs a whole resync's keys (2,000 machines: ~2 s) without
         # letting the watches, the probes or the Lease renewal run.
         await asyncio.sleep(0)
+
+
+async def _reconcile_one(
+    queue: WorkQueue[str], reconcile: Reconcile, key: str, *, metrics: Metrics, loop: asyncio.AbstractEventLoop
+) -> None:
+    """One key's reconcile and what its outcome means for the key: the worker's policy in one table."""
+    started = loop.time()
+    result = "success"
+    try:
+        requeue = await reconcile(key)
+    except ObjectGone as gone:
+        queue.forget(key)  # what the plan writes is gone: its deletion is an event of its own
+        logger.info("%s %s: %s; nothing more to do", queue.name, key, gone)
+    except StepFailed as failed:
+        result = "conflict" if failed.conflict else "error"
+        delay = queue.add_rate_limited(key)
+        logger.info("%s %s: %s; retry in %.1fs", queue.name, key, failed, delay)
+    except PodsNotListed as waiting:
+        result = "error"
+        delay = queue.add_rate_limited(key)
+        logger.info("%s %s: %s; retry in %.1fs", queue.name, key, waiting, delay)
+    except ApiException as error:
+        result = "conflict" if classify(error.status) is ApiError.CONFLICT else "error"
+        delay = queue.add_rate_limited(key)
+        logger.info("%s %s: %s %s; retry in %.1fs", queue.name, key, error.status, error.reason, delay)
+    except Exception:
+        result = "error"
+        delay = queue.add_rate_limited(key)
+        logger.exception("%s %s: reconcile failed; retry in %.1fs", queue.name, key, delay)
+    else:
+        queue.forget(key)
+        if requeue is not None:
+            queue.add_after(key, requeue.total_seconds())
+    finally:
+        metrics.reconcile_duration.labels(controller=queue.name, result=result).observe(loop.time() - started)
 
 
 async def stop_workers(workers: list[asyncio.Task[None]], *, grace: float) -> None:

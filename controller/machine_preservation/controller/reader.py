@@ -8,7 +8,7 @@ import datetime as dt
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
-from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node
+from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, Pod
 from machine_preservation.core.pool_settings import ClusterView
 
 T_co = TypeVar("T_co", covariant=True)
@@ -25,6 +25,26 @@ class Store(Protocol[T_co]):
     def get(self, key: str) -> T_co | None: ...
 
     def by_index(self, index: str, value: str) -> Sequence[T_co]: ...
+
+
+class NodePodReader(Store[Pod], Protocol):
+    """The pods of the nodes being held (`node_pods.NodePods`): `by_index(POD_NODE_INDEX, node)`."""
+
+    async def hold(self, owner: str, node: str) -> None:
+        """Watch the node's pods for `owner` and return once they are listed (else raise PodsNotListed)."""
+        ...
+
+    def release(self, owner: str) -> None:
+        """`owner` no longer needs its node's pods."""
+        ...
+
+
+class PodsNotListed(Exception):
+    """A node's pods could not be listed in time (its cluster's API server is unreachable or slow)."""
+
+    def __init__(self, node: str, cause: str | None) -> None:
+        super().__init__(f"the pods on node {node} are not listed yet ({cause or 'waiting for the list'})")
+        self.node = node
 
 
 class CacheReader(Protocol):

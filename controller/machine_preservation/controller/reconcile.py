@@ -21,7 +21,14 @@ from machine_preservation.controller.apply import (
 )
 from machine_preservation.controller.drain import Drainer, DrainResult
 from machine_preservation.controller.metrics import Metrics
-from machine_preservation.controller.reader import DEPLOYMENT_INDEX, MACHINE_SET_INDEX, CacheReader, owner_name
+from machine_preservation.controller.reader import (
+    DEPLOYMENT_INDEX,
+    MACHINE_SET_INDEX,
+    CacheReader,
+    NodePodReader,
+    owner_name,
+)
+from machine_preservation.controller.slots import ReconcileSlots
 from machine_preservation.core import plan as p
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.auto_preservation import is_being_replaced, plan_machine_deployment, plan_machine_set
@@ -49,6 +56,8 @@ class MachineReconciler:
     caches: CacheReader
     writer: Writer
     drainer: Drainer
+    # The pods of failed machines' nodes, the only ones a drain or its condition reads; the drainer's too.
+    node_pods: NodePodReader
     config: PreservationConfig
     metrics: Metrics
     # MCM preserves machines itself: hand our preservations over and only observe (core.native).
@@ -64,6 +73,8 @@ class MachineReconciler:
     # asks to be requeued after drain_deferral.
     max_concurrent_drains: int = 2
     drain_deferral: dt.timedelta = dt.timedelta(seconds=5)
+    # The process's reconcile slots: a drain gives its slot back while it waits for pods to leave.
+    slots: ReconcileSlots = field(default_factory=ReconcileSlots)
     clock: Clock = system_clock
     _draining: set[str] = field(default_factory=set)  # node names
 
@@ -73,13 +84,18 @@ class MachineReconciler:
         must wait for a free slot."""
         machine = self.caches.machines.get(key)
         if machine is None:
+            self.node_pods.release(key)
             return None
         now = self.clock()
         node = self.caches.nodes.get(machine.node_name) if machine.node_name else None
+        failed = machine.phase == v.MachinePhase.FAILED
+        if failed and node is not None and not (self.native or self.released):
+            await self.node_pods.hold(key, node.metadata.name)
+        else:
+            self.node_pods.release(key)
         if self.native:
             plan = plan_native(machine=machine, node=node, config=self.config)
         else:
-            failed = machine.phase == v.MachinePhase.FAILED
             plan = plan_machine(
                 MachineContext(
                     machine=machine,
@@ -137,7 +153,10 @@ class MachineReconciler:
         name = node.metadata.name
         self._draining.add(name)
         try:
-            result = await self.drainer.drain(node=node, time_limit=timeout.total_seconds(), max_evict_retries=retries)
+            async with self.slots.lent():
+                result = await self.drainer.drain(
+                    node=node, time_limit=timeout.total_seconds(), max_evict_retries=retries
+                )
         finally:
             self._draining.discard(name)
         self.metrics.drains.labels(outcome="succeeded" if result.drained else "failed").inc()

@@ -26,12 +26,13 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.api_errors import ApiError, classify
 from machine_preservation.controller.apply import Writer
-from machine_preservation.controller.caches import Caches, new_caches
-from machine_preservation.controller.crd_check import inspect_crds
+from machine_preservation.controller.caches import Caches, new_caches, shoot_caches
+from machine_preservation.controller.crd_check import ControlFacts, CrdFacts
 from machine_preservation.controller.drain import Drainer
 from machine_preservation.controller.events import EventRecorder
 from machine_preservation.controller.handlers import Queues, wire_handlers
 from machine_preservation.controller.metrics import Metrics, preserved_counts
+from machine_preservation.controller.node_pods import NodePods
 from machine_preservation.controller.pools import PoolSettingsReader
 from machine_preservation.controller.queue import WorkQueue, run_worker, stop_workers
 from machine_preservation.controller.reconcile import (
@@ -39,6 +40,8 @@ from machine_preservation.controller.reconcile import (
     MachineReconciler,
     MachineSetReconciler,
 )
+from machine_preservation.controller.slots import ReconcileSlots
+from machine_preservation.controller.views import ShootViews
 from machine_preservation.core import conditions
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.clock import system_clock
@@ -51,12 +54,11 @@ from machine_preservation.core.mcm_generation import (
     decide_native_preservation,
 )
 from machine_preservation.core.models import Machine
-from machine_preservation.core.pool_settings import CLUSTER_API_GROUP, CLUSTER_PLURAL, PoolDefaults
+from machine_preservation.core.pool_settings import PoolDefaults
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_DRAIN_ATTEMPT_TIMEOUT = dt.timedelta(minutes=2)
-CLUSTER_CRD = f"{CLUSTER_PLURAL}.{CLUSTER_API_GROUP}"
 
 
 class Outcome(enum.Enum):
@@ -89,6 +91,10 @@ class ShootRuntime:
     native: bool = False  # MCM preserves natively (decided by `prepare`)
     preservation: PreservationConfig = field(default_factory=PreservationConfig)  # options' + what the CRDs keep
     informer_failed: asyncio.Event = field(default_factory=asyncio.Event)
+    # Reconciles at once, shared with the other shoots of the process (none: no cap).
+    slots: ReconcileSlots = field(default_factory=ReconcileSlots)
+    # In the seed: the shoot's views of the seed-wide caches of MCM's objects and Clusters (None: its own).
+    views: ShootViews | None = None
 
     def synced(self) -> bool:
         return self.caches is not None and self.caches.synced()
@@ -119,10 +125,11 @@ class ShootRuntime:
 
         return sum(1 for machine in self.caches.machines.values() if preserved(machine))
 
-    async def prepare(self) -> None:
-        """Decide native preservation and what MCM's CRDs keep; build the caches (not started yet)."""
-        decision, keeps_expiry = await inspect_mcm(
-            self.control, namespace=self.options.namespace, mode=self.options.native_preservation
+    async def prepare(self, facts: ControlFacts) -> None:
+        """Decide native preservation and what MCM's CRDs keep (`facts`: the control cluster's CRDs); build the
+        caches (not started yet)."""
+        decision = await inspect_mcm(
+            self.control, namespace=self.options.namespace, mode=self.options.native_preservation, crds=facts.crds
         )
         self.native = decision.native
         logger.info(
@@ -132,14 +139,19 @@ class ShootRuntime:
             decision.because,
             "; the controller hands over and only observes" if decision.native else "",
         )
-        self.preservation = dataclasses.replace(self.options.preservation, mirror_status=keeps_expiry)
-        self.caches = new_caches(
-            control=self.control,
-            target=self.target,
-            namespace=self.options.namespace,
-            resync_period=self.options.resync_period,
-            with_cluster=await has_crd(self.control, CLUSTER_CRD),
+        self.preservation = dataclasses.replace(
+            self.options.preservation, mirror_status=facts.crds.machine_keeps_expiry
         )
+        if self.views is not None:
+            self.caches = shoot_caches(views=self.views, target=self.target, resync_period=self.options.resync_period)
+        else:
+            self.caches = new_caches(
+                control=self.control,
+                target=self.target,
+                namespace=self.options.namespace,
+                resync_period=self.options.resync_period,
+                with_cluster=facts.has_cluster,
+            )
 
     async def run(self, *, stop: asyncio.Event, lost: asyncio.Event) -> Outcome:
         assert self.caches is not None, "prepare() first"
@@ -151,9 +163,10 @@ class ShootRuntime:
         )
         for queue in queues.all:
             self.metrics.watch_queue(queue.name, queue.__len__)
+        node_pods = NodePods(target=self.target, resync_period=options.resync_period)
         # Handlers first: the initial lists enqueue every object; workers start once all caches synced.
-        wire_handlers(caches=caches, queues=queues)
-        informers = [asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in caches.all]
+        wire_handlers(caches=caches, node_pods=node_pods, queues=queues)
+        informers = [asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in caches.owned]
         for task in informers:
             task.add_done_callback(self._supervise)
         workers: list[asyncio.Task[None]] = []
@@ -164,14 +177,13 @@ class ShootRuntime:
             await wait_any(stop, lost, synced, failed)
             if synced.is_set() and not (stop.is_set() or lost.is_set() or failed.is_set()):
                 logger.info(
-                    "%s: caches synced: %d machines, %d machinesets, %d nodes, %d pods",
+                    "%s: caches synced: %d machines, %d machinesets, %d nodes",
                     options.namespace,
                     len(caches.machines),
                     len(caches.machine_sets),
                     len(caches.nodes),
-                    len(caches.pods),
                 )
-                workers = self._start_workers(queues)
+                workers = self._start_workers(queues, node_pods)
                 await wait_any(stop, lost, failed)
             if failed.is_set():
                 return Outcome.INFORMER_FAILED
@@ -184,6 +196,8 @@ class ShootRuntime:
             for task in informers:
                 task.cancel()
             await asyncio.gather(waiting, *informers, return_exceptions=True)
+            await node_pods.stop()
+            caches.close()
 
     def _supervise(self, task: asyncio.Task[None]) -> None:
         """An informer runs until cancelled; one that ended otherwise leaves its cache stale for good."""
@@ -195,7 +209,7 @@ class ShootRuntime:
         )
         self.informer_failed.set()
 
-    def _start_workers(self, queues: Queues) -> list[asyncio.Task[None]]:
+    def _start_workers(self, queues: Queues, node_pods: NodePods) -> list[asyncio.Task[None]]:
         assert self.caches is not None
         options, caches = self.options, self.caches
         recorder = EventRecorder(
@@ -205,13 +219,15 @@ class ShootRuntime:
         machines = MachineReconciler(
             caches=caches,
             writer=writer,
-            drainer=Drainer(target=self.target, pods=caches.pods),
+            drainer=Drainer(target=self.target, pods=node_pods),
+            node_pods=node_pods,
             config=self.preservation,
             metrics=self.metrics,
             native=self.native,
             released=options.releasing,
             max_drain_attempt=options.max_drain_attempt,
             max_concurrent_drains=max(options.workers // 2, 1),
+            slots=self.slots,
         )
         pools = PoolSettingsReader(
             caches=caches,
@@ -233,42 +249,24 @@ class ShootRuntime:
             if self.preservation.mirror_status:  # the counters are all a MachineDeployment plan writes
                 workers.append((queues.machine_deployments, deployments.reconcile, 1))
         return [
-            asyncio.create_task(run_worker(queue, reconcile, metrics=self.metrics), name=f"{queue.name}-worker-{n}")
+            asyncio.create_task(
+                run_worker(queue, reconcile, metrics=self.metrics, slots=self.slots), name=f"{queue.name}-worker-{n}"
+            )
             for queue, reconcile, count in workers
             for n in range(count)
         ]
 
 
 async def inspect_mcm(
-    control: client.ApiClient, *, namespace: str, mode: NativePreservationMode
-) -> tuple[NativeDecision, bool]:
-    """Whether MCM preserves natively in `namespace`, and whether its Machine CRD keeps the expiry field."""
-    facts = await inspect_crds(control)
+    control: client.ApiClient, *, namespace: str, mode: NativePreservationMode, crds: CrdFacts
+) -> NativeDecision:
+    """Whether MCM preserves natively in `namespace`: its Deployment's image, else what its CRDs keep."""
     evidence = ClusterEvidence(
         mcm_image=await read_mcm_image(control, namespace=namespace),
-        machine_crd_has_expiry=facts.machine_keeps_expiry,
-        machine_set_crd_has_auto_max=facts.machine_set_keeps_auto_max,
+        machine_crd_has_expiry=crds.machine_keeps_expiry,
+        machine_set_crd_has_auto_max=crds.machine_set_keeps_auto_max,
     )
-    return decide_native_preservation(mode=mode, evidence=evidence), facts.machine_keeps_expiry
-
-
-async def has_crd(api_client: client.ApiClient, name: str) -> bool:
-    """Whether the CRD is installed; said in the log either way, since what depends on it is then left out."""
-    response = await client.ApiextensionsV1Api(api_client).read_custom_resource_definition_without_preload_content(name)
-    body = await response.read()
-    if response.status == 200:
-        logger.info("CRD %s is installed", name)
-        return True
-    if classify(response.status) is ApiError.NOT_FOUND:
-        logger.info("CRD %s is not installed", name)
-    else:
-        logger.warning(
-            "cannot read CRD %s (HTTP %d %s): treated as not installed",
-            name,
-            response.status,
-            body[:200].decode(errors="replace"),
-        )
-    return False
+    return decide_native_preservation(mode=mode, evidence=evidence)
 
 
 async def read_mcm_image(api_client: client.ApiClient, *, namespace: str) -> str | None:

@@ -39,6 +39,8 @@ from machine_preservation.controller.metrics import Metrics, Probes, metrics_app
 from machine_preservation.controller.queue import WorkQueue, run_worker, stop_workers
 from machine_preservation.controller.runtime import DEFAULT_DRAIN_ATTEMPT_TIMEOUT, RuntimeOptions, wait_any
 from machine_preservation.controller.shoots import ShootSupervisor
+from machine_preservation.controller.slots import ReconcileSlots
+from machine_preservation.controller.views import new_seed_informers
 from machine_preservation.core import extension as contract
 from machine_preservation.core import shoot_resources
 from machine_preservation.core.admission.settings import AdmissionSettings
@@ -65,6 +67,7 @@ class SeedOptions:
     native_preservation: NativePreservationMode = NativePreservationMode.AUTO
     workers: int = 4  # Machine reconciles per shoot
     extension_workers: int = 10  # Extension reconciles at once, over all shoots
+    max_reconciles: int = 20  # Machine/MachineSet/MachineDeployment reconciles at once, over all shoots
     leader_elect: bool = True
     lease_duration: int = 15
     renew_deadline: float = 10.0
@@ -180,13 +183,19 @@ class SeedController:
         conditions: WorkQueue[str] = WorkQueue(name="extension-conditions")
         for watched in (queue, conditions):
             self.metrics.watch_queue(watched.name, watched.__len__)
+        slots = ReconcileSlots(limit=options.max_reconciles)
+        self.metrics.reconcile_slots.set_function(lambda: float(slots.in_use))
+        # MCM's objects and the Clusters of every shoot, watched once; each shoot's runtime reads its part.
+        seed_informers = new_seed_informers(seed, resync_period=options.resync_period)
         supervisor = self.supervisor = ShootSupervisor(
             seed=seed,
+            informers=seed_informers,
             runtime_options=self._runtime_options,
             access_secret=shoot_resources.SHOOT_ACCESS_SECRET,
             metrics=self.metrics,
             recheck_period=options.mcm_recheck_period,
             notify=lambda namespace: conditions.add(namespace),
+            slots=slots,
         )
 
         def ca_bundle() -> bytes | None:
@@ -232,10 +241,8 @@ class SeedController:
                 conditions.add(current.namespace)
 
         managed_resources.add_handler(report_objects)
-        informers = [
-            asyncio.create_task(i.run(), name=f"informer-{i.name}")
-            for i in (extensions, clusters, ca_secrets, managed_resources)
-        ]
+        running: tuple[Informer[Any], ...] = (extensions, clusters, ca_secrets, managed_resources, *seed_informers.all)
+        informers = [asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in running]
         heartbeat = asyncio.create_task(self._heartbeat(seed), name="heartbeat")
         workers: list[asyncio.Task[None]] = []
         synced = asyncio.Event()

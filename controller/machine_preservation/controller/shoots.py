@@ -19,9 +19,12 @@ from dataclasses import dataclass, field
 from kubernetes.aio import client
 
 from machine_preservation.controller.backoff import Backoff
+from machine_preservation.controller.crd_check import ControlFactsCache
 from machine_preservation.controller.metrics import Metrics
 from machine_preservation.controller.runtime import Outcome, RuntimeOptions, ShootRuntime, inspect_mcm, wait_any
 from machine_preservation.controller.shoot_access import ShootAccessUnavailable, new_shoot_client
+from machine_preservation.controller.slots import ReconcileSlots
+from machine_preservation.controller.views import SeedInformers
 
 logger = logging.getLogger(__name__)
 
@@ -52,13 +55,21 @@ class ShootSupervisor:
     runtime_options: Callable[[str], RuntimeOptions]  # per control namespace
     access_secret: str
     metrics: Metrics
+    informers: SeedInformers  # MCM's objects and the Clusters of every shoot, watched once for the seed
     recheck_period: float = 60.0
     health_period: float = 2.0  # how often a shoot's state is looked at for changes
     # Told the namespace whenever a shoot's state changes (synced, failed), to report it on the Extension.
     notify: Callable[[str], None] = lambda namespace: None
     # Retries of a shoot that cannot be started: 1 s doubling to 5 min.
     backoff: Backoff = field(default_factory=lambda: Backoff(base=1.0, cap=300.0))
+    # Reconciles at once over all shoots (fair: first come, first served; drains not counted).
+    slots: ReconcileSlots = field(default_factory=ReconcileSlots)
     _shoots: dict[str, _Shoot] = field(default_factory=dict)
+    # The seed's CRDs, read once per recheck period for every shoot.
+    control_facts: ControlFactsCache = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.control_facts = ControlFactsCache(self.seed, max_age=self.recheck_period)
 
     def namespaces(self) -> list[str]:
         return sorted(self._shoots)
@@ -111,11 +122,11 @@ class ShootSupervisor:
             )
         except ShootAccessUnavailable as error:
             return f"cannot reach the shoot to end its preservations: {error}"
-        runtime = ShootRuntime(options=options, control=self.seed, target=target, metrics=Metrics())
+        runtime = self._runtime(options, target)
         stop = asyncio.Event()
         task: asyncio.Task[Outcome] | None = None
         try:
-            await runtime.prepare()
+            await runtime.prepare(await self.control_facts.get())
             task = asyncio.create_task(runtime.run(stop=stop, lost=asyncio.Event()), name=f"release-{namespace}")
             loop = asyncio.get_running_loop()
             deadline = loop.time() + limit
@@ -172,9 +183,8 @@ class ShootSupervisor:
             trace_configs=[self.metrics.trace_config(cluster="shoot")],
         )
         try:
-            # Each runtime reports into a registry of its own: the process's /metrics shows the seed-wide figures.
-            runtime = ShootRuntime(options=options, control=self.seed, target=target, metrics=Metrics())
-            await runtime.prepare()
+            runtime = self._runtime(options, target)
+            await runtime.prepare(await self.control_facts.get())
             shoot.runtime, shoot.native = runtime, runtime.native
             shoot.problem = "waiting for the caches to sync (is the shoot's API server reachable?)"
             stop = asyncio.Event()
@@ -193,6 +203,17 @@ class ShootSupervisor:
         finally:
             await target.close()  # type: ignore[no-untyped-call]
 
+    def _runtime(self, options: RuntimeOptions, target: client.ApiClient) -> ShootRuntime:
+        # Each runtime reports into a registry of its own: the process's /metrics shows the seed-wide figures.
+        return ShootRuntime(
+            options=options,
+            control=self.seed,
+            target=target,
+            metrics=Metrics(),
+            slots=self.slots,
+            views=self.informers.views(options.namespace),
+        )
+
     async def _announce_changes(self, shoot: _Shoot) -> None:
         """Tell when the shoot's state changes (synced; its API server lost or back), for its Extension."""
         last = self.state(shoot.namespace)
@@ -207,8 +228,11 @@ class ShootSupervisor:
         while True:
             await asyncio.sleep(self.recheck_period)
             try:
-                decision, _ = await inspect_mcm(
-                    self.seed, namespace=options.namespace, mode=options.native_preservation
+                decision = await inspect_mcm(
+                    self.seed,
+                    namespace=options.namespace,
+                    mode=options.native_preservation,
+                    crds=(await self.control_facts.get()).crds,
                 )
             except Exception as error:  # a failed look is not a verdict: try again next period
                 logger.warning("%s: cannot inspect MCM (%s)", shoot.namespace, error)
