@@ -111,8 +111,32 @@ def test_an_expiry_beyond_the_cap_counts_until_the_cap_only() -> None:
 def test_the_gauge_is_read_at_scrape_time() -> None:
     metrics = Metrics()
     current: list[Machine] = []
-    metrics.watch_preserved(lambda: preserved_counts(current, now=NOW, config=CONFIG, native=False))
+    metrics.watch_preserved("shoot--a", lambda: preserved_counts(current, now=NOW, config=CONFIG, native=False))
     assert b"machine_preservation_preserved_machines{" not in generate_latest(metrics.registry)
     current.append(machine("a", phase="Failed", expiry=NOW + dt.timedelta(hours=1), value="now"))
     scraped = generate_latest(metrics.registry).decode()
-    assert 'machine_preservation_preserved_machines{phase="Failed",reason="manual"} 1.0' in scraped
+    assert 'machine_preservation_preserved_machines{namespace="shoot--a",phase="Failed",reason="manual"} 1.0' in scraped
+
+
+def test_the_shoots_of_a_seed_report_into_one_registry_and_leave_it_when_they_stop() -> None:
+    metrics = Metrics()
+    old_a = metrics.watch_preserved("shoot--a", lambda: {("manual", "Failed"): 1})
+    metrics.watch_preserved("shoot--b", lambda: {("auto", "Failed"): 2})
+    forget_a = metrics.watch_queue("machines", lambda: 3, scope="shoot--a")
+    metrics.watch_queue("machines", lambda: 4, scope="shoot--b")
+    metrics.watch_queue("extensions", lambda: 1)
+    scraped = generate_latest(metrics.registry).decode()
+    assert 'machine_preservation_preserved_machines{namespace="shoot--a",phase="Failed",reason="manual"} 1.0' in scraped
+    assert 'machine_preservation_preserved_machines{namespace="shoot--b",phase="Failed",reason="auto"} 2.0' in scraped
+    assert 'machine_preservation_queue_depth{queue="machines"} 7.0' in scraped, "summed over the shoots"
+    assert 'machine_preservation_queue_depth{queue="extensions"} 1.0' in scraped
+
+    metrics.watch_preserved("shoot--a", lambda: {("manual", "Running"): 5})  # shoot a's runtime restarted
+    old_a()  # the old runtime's clean-up runs after the new one started
+    forget_a()
+    scraped = generate_latest(metrics.registry).decode()
+    assert (
+        'machine_preservation_preserved_machines{namespace="shoot--a",phase="Running",reason="manual"} 5.0' in scraped
+    )
+    assert 'namespace="shoot--a",phase="Failed"' not in scraped
+    assert 'machine_preservation_queue_depth{queue="machines"} 4.0' in scraped

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
@@ -74,7 +75,7 @@ async def test_one_installation_serves_two_shoots(
         ) as b,
     ):
         try:
-            await _scenario(mcm_plane, seed, a, b)
+            await _scenario(mcm_plane, seed, a, b, metrics_port=installed.metrics_port)
         except BaseException:
             print(installed.log_tail())
             for shoot in (a, b):
@@ -82,7 +83,7 @@ async def test_one_installation_serves_two_shoots(
             raise
 
 
-async def _scenario(plane: ControlPlane, seed: client.ApiClient, a: Shoot, b: Shoot) -> None:
+async def _scenario(plane: ControlPlane, seed: client.ApiClient, a: Shoot, b: Shoot, *, metrics_port: int) -> None:
     # Enable: gardenlet creates the Extensions; both are ready within 30 s, the shoots served.
     started = time.monotonic()
     await gardener.apply_extension(seed, a.namespace, provider_config=PROVIDER_CONFIG)
@@ -130,6 +131,10 @@ async def _scenario(plane: ControlPlane, seed: client.ApiClient, a: Shoot, b: Sh
         )
     assert preserved_for(records[a.namespace]) == dt.timedelta(hours=1)  # providerConfig
     assert preserved_for(records[b.namespace]) == dt.timedelta(hours=2)  # the Shoot's worker fields
+    # An operator sees each shoot's preserved machines on the extension's /metrics.
+    scraped = await eventually_async(lambda: _preserved_gauges(metrics_port), limit=30)
+    for shoot in (a, b):
+        assert f'namespace="{shoot.namespace}",phase="Failed",reason="manual"}} 1.0' in scraped
 
     # Shoot b's API server goes away: shoot a is served on time all the same, b's Extension says so.
     await asyncio.to_thread(b.mcm.stop)
@@ -176,3 +181,11 @@ async def _scenario(plane: ControlPlane, seed: client.ApiClient, a: Shoot, b: Sh
     await eventually_async(replaced, limit=90, interval=0.5)
     webhooks = await client.AdmissionregistrationV1Api(a.api).list_validating_webhook_configuration()
     assert not [w for w in webhooks.items if w.metadata and w.metadata.name == "machine-preservation"]
+
+
+async def _preserved_gauges(port: int) -> str:
+    """The extension's preserved-machine gauges, once every shoot's runtime reports one."""
+    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as response:
+        text = await response.text()
+    lines = [line for line in text.splitlines() if line.startswith("machine_preservation_preserved_machines{")]
+    return "\n".join(lines) if len(lines) >= 2 else ""

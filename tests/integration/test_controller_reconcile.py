@@ -246,7 +246,8 @@ async def test_metrics_and_probes(control_plane: ControlPlane, api: client.ApiCl
                     text = await response.text()
                 # The objects show the preservation before the reconcile that wrote it records its duration.
                 expected = (
-                    'machine_preservation_preserved_machines{phase="Running",reason="manual"} 1.0',
+                    "machine_preservation_preserved_machines"
+                    f'{{namespace="{namespace}",phase="Running",reason="manual"}} 1.0',
                     'machine_preservation_reconcile_duration_seconds_count{controller="machines",result="success"}',
                 )
                 return text if all(line in text for line in expected) else ""

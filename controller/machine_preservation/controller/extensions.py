@@ -23,7 +23,7 @@ import datetime as dt
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -290,46 +290,33 @@ class ExtensionReconciler:
         await _absent(core.delete_namespaced_secret(shoot_resources.SHOOT_ACCESS_SECRET, namespace))
 
     async def _ensure_secret(self, desired: Mapping[str, Any], *, keep_data: bool) -> None:
-        """Create the Secret, or bring its labels, annotations (and data unless `keep_data`: the token GRM
-        writes) to what is desired; no write when nothing differs."""
+        """The Secret as desired: its labels, annotations and data (unless `keep_data`: the token GRM writes)."""
         core = client.CoreV1Api(self.seed)
-        metadata = desired["metadata"]
-        response = await core.read_namespaced_secret_without_preload_content(metadata["name"], metadata["namespace"])
-        body = await response.read()
-        if classify(response.status) is ApiError.NOT_FOUND:
+        await _ensure(
+            desired,
+            read=core.read_namespaced_secret_without_preload_content,
             # The client sends a plain JSON body as it is.
-            await core.create_namespaced_secret(metadata["namespace"], dict(desired))  # type: ignore[arg-type]
-            return
-        if response.status != 200:
-            raise ApiException(status=response.status, reason=response.reason, body=body.decode(errors="replace"))
-        current = json.loads(body)
-        patch = _metadata_patch(current, desired)
-        if not keep_data and (current.get("data") or {}) != (desired.get("data") or {}):
-            patch["data"] = desired.get("data") or {}
-        if patch:
-            await core.patch_namespaced_secret(
-                metadata["name"], metadata["namespace"], patch, _content_type=MERGE_PATCH
-            )
+            create=lambda namespace, body: core.create_namespaced_secret(namespace, body),  # type: ignore[arg-type]
+            patch=lambda name, namespace, body: core.patch_namespaced_secret(
+                name, namespace, body, _content_type=MERGE_PATCH
+            ),
+            fields=() if keep_data else ("data",),
+        )
 
     async def _ensure_custom(self, group: str, version: str, plural: str, desired: Mapping[str, Any]) -> None:
+        """The custom object as desired: its labels, annotations and spec."""
         custom = client.CustomObjectsApi(self.seed)
-        metadata = desired["metadata"]
-        name, namespace = metadata["name"], metadata["namespace"]
-        response = await custom.get_namespaced_custom_object_without_preload_content(
-            group, version, namespace, plural, name
+        await _ensure(
+            desired,
+            read=lambda name, namespace: custom.get_namespaced_custom_object_without_preload_content(
+                group, version, namespace, plural, name
+            ),
+            create=lambda namespace, body: custom.create_namespaced_custom_object(
+                group, version, namespace, plural, body
+            ),
+            patch=lambda name, namespace, body: self._patch_object(group, version, plural, namespace, name, body),
+            fields=("spec",),
         )
-        body = await response.read()
-        if classify(response.status) is ApiError.NOT_FOUND:
-            await custom.create_namespaced_custom_object(group, version, namespace, plural, dict(desired))
-            return
-        if response.status != 200:
-            raise ApiException(status=response.status, reason=response.reason, body=body.decode(errors="replace"))
-        current = json.loads(body)
-        patch = _metadata_patch(current, desired)
-        if current.get("spec") != desired.get("spec"):
-            patch["spec"] = desired.get("spec")
-        if patch:
-            await self._patch_object(group, version, plural, namespace, name, patch)
 
     async def _patch_object(
         self, group: str, version: str, plural: str, namespace: str, name: str, body: Mapping[str, Any]
@@ -385,6 +372,34 @@ class ExtensionReconciler:
         patch = contract.finalizers_patch(current, remove=not everyone, clear=everyone)
         if patch is not None:
             await _absent(self._patch(current, patch))
+
+
+async def _ensure(
+    desired: Mapping[str, Any],
+    *,
+    read: Callable[[str, str], Awaitable[Any]],
+    create: Callable[[str, dict[str, Any]], Awaitable[Any]],
+    patch: Callable[[str, str, dict[str, Any]], Awaitable[Any]],
+    fields: tuple[str, ...],
+) -> None:
+    """Create the object (`read`: a raw response for name, namespace), or merge-patch its labels, annotations and
+    `fields` to what is desired; no write when nothing differs."""
+    metadata = desired["metadata"]
+    name, namespace = metadata["name"], metadata["namespace"]
+    response = await read(name, namespace)
+    body = await response.read()
+    if classify(response.status) is ApiError.NOT_FOUND:
+        await create(namespace, dict(desired))
+        return
+    if response.status != 200:
+        raise ApiException(status=response.status, reason=response.reason, body=body.decode(errors="replace"))
+    current = json.loads(body)
+    changes = _metadata_patch(current, desired)
+    for key in fields:
+        if (current.get(key) or {}) != (desired.get(key) or {}):
+            changes[key] = desired.get(key) or {}
+    if changes:
+        await patch(name, namespace, changes)
 
 
 def _metadata_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import re
 import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
 import aiohttp
@@ -54,12 +55,28 @@ def request_verb_and_resource(method: str, path: str, query: str) -> tuple[str, 
     return verb, resource
 
 
+PreservedCounts = Callable[[], Mapping[tuple[str, str], int]]
+Unwatch = Callable[[], None]
+K = TypeVar("K")
+
+
+def _forget(registered: dict[K, Any], key: K, value: object) -> None:
+    if registered.get(key) is value:
+        del registered[key]
+
+
 @dataclass
 class Metrics:
+    """The process's metrics. In the seed every shoot's runtime reports into the same one: counters and
+    histograms add up over shoots, queue depths are summed, preserved machines are labelled with the namespace."""
+
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    _preserved: dict[str, PreservedCounts] = field(default_factory=dict)  # namespace -> its counts
+    _queues: dict[tuple[str, str], Callable[[], int]] = field(default_factory=dict)  # (queue, scope) -> depth
 
     def __post_init__(self) -> None:
         r = self.registry
+        r.register(_PreservedCollector(self._preserved))
         self.drains = Counter(
             "machine_preservation_drains_total", "Drains of preserved nodes, by outcome.", ["outcome"], registry=r
         )
@@ -92,12 +109,20 @@ class Metrics:
         )
         self.leader = Gauge("machine_preservation_leader", "1 while this process leads.", registry=r)
 
-    def watch_preserved(self, counts: Callable[[], Mapping[tuple[str, str], int]]) -> None:
-        """Report preserved machines by (reason, phase), computed from the cache at scrape time."""
-        self.registry.register(_PreservedCollector(counts))
+    def watch_preserved(self, namespace: str, counts: PreservedCounts) -> Unwatch:
+        """Report the namespace's preserved machines by (reason, phase), computed from its cache at scrape time,
+        until the returned function is called (its runtime stopped; a newer runtime's counts stay)."""
+        self._preserved[namespace] = counts
+        return lambda: _forget(self._preserved, namespace, counts)
 
-    def watch_queue(self, name: str, depth: Callable[[], int]) -> None:
-        self.queue_depth.labels(queue=name).set_function(lambda: float(depth()))
+    def watch_queue(self, name: str, depth: Callable[[], int], *, scope: str = "") -> Unwatch:
+        """Report the keys waiting in queue `name`, summed over every scope (shoot namespace) that has one."""
+        self._queues[name, scope] = depth
+        queues = self._queues
+        self.queue_depth.labels(queue=name).set_function(
+            lambda: float(sum(depth() for (queue, _), depth in list(queues.items()) if queue == name))
+        )
+        return lambda: _forget(self._queues, (name, scope), depth)
 
     def trace_config(self, *, cluster: str) -> aiohttp.TraceConfig:
         """An aiohttp TraceConfig counting every API request of one client."""
@@ -148,17 +173,18 @@ def preserved_counts(
 
 
 class _PreservedCollector(Collector):
-    def __init__(self, counts: Callable[[], Mapping[tuple[str, str], int]]) -> None:
-        self._counts = counts
+    def __init__(self, by_namespace: Mapping[str, PreservedCounts]) -> None:
+        self._by_namespace = by_namespace
 
     def collect(self) -> Iterable[Metric]:
         family = GaugeMetricFamily(
             "machine_preservation_preserved_machines",
-            "Machines currently preserved, by reason (manual or auto) and phase.",
-            labels=["reason", "phase"],
+            "Machines currently preserved, by namespace (the shoot's, in a seed), reason (manual or auto) and phase.",
+            labels=["namespace", "reason", "phase"],
         )
-        for (reason, phase), count in sorted(self._counts().items()):
-            family.add_metric([reason, phase], count)
+        for namespace, counts in sorted(self._by_namespace.items()):
+            for (reason, phase), count in sorted(counts().items()):
+                family.add_metric([namespace, reason, phase], count)
         yield family
 
 

@@ -31,7 +31,7 @@ from machine_preservation.controller.crd_check import ControlFacts, CrdFacts
 from machine_preservation.controller.drain import Drainer
 from machine_preservation.controller.events import EventRecorder
 from machine_preservation.controller.handlers import Queues, wire_handlers
-from machine_preservation.controller.metrics import Metrics, preserved_counts
+from machine_preservation.controller.metrics import Metrics, Unwatch, preserved_counts
 from machine_preservation.controller.node_pods import NodePods
 from machine_preservation.controller.pools import PoolSettingsReader
 from machine_preservation.controller.queue import WorkQueue, run_worker, stop_workers
@@ -161,8 +161,7 @@ class ShootRuntime:
             machine_sets=WorkQueue(name="machinesets"),
             machine_deployments=WorkQueue(name="machinedeployments"),
         )
-        for queue in queues.all:
-            self.metrics.watch_queue(queue.name, queue.__len__)
+        unwatch = [self.metrics.watch_queue(q.name, q.__len__, scope=options.namespace) for q in queues.all]
         node_pods = NodePods(target=self.target, resync_period=options.resync_period)
         # Handlers first: the initial lists enqueue every object; workers start once all caches synced.
         wire_handlers(caches=caches, node_pods=node_pods, queues=queues)
@@ -184,6 +183,7 @@ class ShootRuntime:
                     len(caches.nodes),
                 )
                 workers = self._start_workers(queues, node_pods)
+                unwatch.append(self._watch_preserved())
                 await wait_any(stop, lost, failed)
             if failed.is_set():
                 return Outcome.INFORMER_FAILED
@@ -198,6 +198,8 @@ class ShootRuntime:
             await asyncio.gather(waiting, *informers, return_exceptions=True)
             await node_pods.stop()
             caches.close()
+            for forget in unwatch:
+                forget()
 
     def _supervise(self, task: asyncio.Task[None]) -> None:
         """An informer runs until cancelled; one that ended otherwise leaves its cache stale for good."""
@@ -208,6 +210,14 @@ class ShootRuntime:
             "%s: %s ended (%r): its cache no longer follows the cluster", self.options.namespace, task.get_name(), error
         )
         self.informer_failed.set()
+
+    def _watch_preserved(self) -> Unwatch:
+        assert self.caches is not None
+        caches, config, native = self.caches, self.preservation, self.native
+        return self.metrics.watch_preserved(
+            self.options.namespace,
+            lambda: preserved_counts(caches.machines.values(), now=system_clock(), config=config, native=native),
+        )
 
     def _start_workers(self, queues: Queues, node_pods: NodePods) -> list[asyncio.Task[None]]:
         assert self.caches is not None
@@ -239,10 +249,6 @@ class ShootRuntime:
             caches=caches, writer=writer, config=self.preservation, pool_limit=pools.auto_preserve_max
         )
         deployments = MachineDeploymentReconciler(caches=caches, writer=writer)
-        config, native = self.preservation, self.native
-        self.metrics.watch_preserved(
-            lambda: preserved_counts(caches.machines.values(), now=system_clock(), config=config, native=native)
-        )
         workers = [(queues.machines, machines.reconcile, max(options.workers, 1))]
         if not self.native and not options.releasing:  # MCM runs auto-preservation and its counters itself
             workers.append((queues.machine_sets, machine_sets.reconcile, 1))

@@ -204,12 +204,11 @@ class ShootSupervisor:
             await target.close()  # type: ignore[no-untyped-call]
 
     def _runtime(self, options: RuntimeOptions, target: client.ApiClient) -> ShootRuntime:
-        # Each runtime reports into a registry of its own: the process's /metrics shows the seed-wide figures.
         return ShootRuntime(
             options=options,
             control=self.seed,
             target=target,
-            metrics=Metrics(),
+            metrics=self.metrics,
             slots=self.slots,
             views=self.informers.views(options.namespace),
         )
