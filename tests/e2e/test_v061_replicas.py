@@ -29,14 +29,14 @@ from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.models import Machine
-from machine_preservation.core.pool_settings import (
+from machine_preservation.core.gardener import (
     CLUSTER_API_GROUP,
     CLUSTER_API_VERSION,
     CLUSTER_PLURAL,
     WORKER_POOL_LABEL,
     ZONE_LABEL,
 )
+from machine_preservation.core.models import Machine
 from machine_preservation.core.preservation_record import PreservationRecord
 from machine_preservation.localcluster.mcm import DEFAULT_MCM_VERSION
 from machine_preservation.localcluster.mcm_pool import (

@@ -26,7 +26,7 @@ from machine_preservation.core.admission.deletion import (
     machine_set_to_read,
 )
 from machine_preservation.core.admission.settings import AdmissionSettings
-from machine_preservation.core.admission.shoot_lifecycle import ShootLifecycle, shoot_lifecycle
+from machine_preservation.core.gardener import ShootLifecycle, shoot_lifecycle
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
 from machine_preservation.core.preservation_record import PreservationRecord
 

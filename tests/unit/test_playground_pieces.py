@@ -8,16 +8,9 @@ import pytest
 
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.shoot import validate_shoot
+from machine_preservation.core.gardener import WORKER_POOL_LABEL, ZONE_LABEL, read_cluster
 from machine_preservation.core.models import MachineDeployment
-from machine_preservation.core.pool_settings import (
-    WORKER_POOL_LABEL,
-    ZONE_LABEL,
-    PoolDefaults,
-    PoolSettings,
-    SettingOrigin,
-    read_cluster,
-    resolve_pool_settings,
-)
+from machine_preservation.core.pool_settings import PoolDefaults, PoolSettings, SettingOrigin, resolve_pool_settings
 from machine_preservation.playground import landscape
 from machine_preservation.playground.commands import build_parser
 from machine_preservation.playground.timeline import diff

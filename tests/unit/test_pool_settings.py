@@ -11,23 +11,25 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from machine_preservation.core.admission.zones import distribute_over_zones
-from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
-from machine_preservation.core.pool_settings import (
+from machine_preservation.core.gardener import (
     WORKER_POOL_LABEL,
     ZONE_LABEL,
     ClusterView,
+    distribute_over_zones,
+    read_cluster,
+    zone_share,
+)
+from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
+from machine_preservation.core.pool_settings import (
     PoolDefaults,
     Setting,
     SettingOrigin,
     carries_max,
     pool_name,
-    read_cluster,
     resolve_auto_preserve_max,
     resolve_pool_settings,
     resolve_preserve_timeout,
     zone_of,
-    zone_share,
 )
 from machine_preservation.core.provider_config import API_VERSION, EXTENSION_TYPE, KIND
 

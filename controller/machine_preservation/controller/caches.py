@@ -19,14 +19,14 @@ from machine_preservation.controller.reader import (
 )
 from machine_preservation.controller.views import ShootViews
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node
-from machine_preservation.core.pool_settings import (
+from machine_preservation.core.gardener import (
     CLUSTER_API_GROUP,
     CLUSTER_API_VERSION,
     CLUSTER_PLURAL,
     ClusterView,
     read_cluster,
 )
+from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node
 from machine_preservation.core.priority import (
     UnpreservedPriorities,
     unpreserved_priorities,

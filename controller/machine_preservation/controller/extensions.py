@@ -33,14 +33,14 @@ from kubernetes.aio.client.exceptions import ApiException
 from machine_preservation.controller.api_errors import ApiError, classify
 from machine_preservation.controller.clients import MERGE_PATCH
 from machine_preservation.controller.informer import Informer
-from machine_preservation.controller.shoot_access import GENERIC_KUBECONFIG_ANNOTATION, ShootAccessUnavailable
+from machine_preservation.controller.shoot_access import ShootAccessUnavailable
 from machine_preservation.controller.shoots import ShootSupervisor
 from machine_preservation.core import extension as contract
 from machine_preservation.core import shoot_resources
 from machine_preservation.core.admission.field_errors import aggregate
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.shoot import provider_config_errors
-from machine_preservation.core.admission.shoot_lifecycle import ShootLifecycle, shoot_lifecycle
+from machine_preservation.core.gardener import ShootFacts
 from machine_preservation.core.webhook_configurations import shoot_path
 
 logger = logging.getLogger(__name__)
@@ -58,17 +58,6 @@ class ManagedResourceNotDeleted(Exception):
 
 class ReleaseIncomplete(Exception):
     """The shoot's preservations did not all end yet; the message says why."""
-
-
-@dataclass(frozen=True)
-class ShootFacts:
-    """What the extension takes from a shoot's `Cluster`."""
-
-    namespace: str  # the Cluster's name
-    lifecycle: ShootLifecycle
-    failed: bool  # the shoot's last operation failed: Gardener's extensions leave it alone
-    kubeconfig_secret: str  # the generic token kubeconfig Secret's name
-    shoot: Mapping[str, Any] | None = None  # the Shoot as the Cluster carries it (its pools judge a providerConfig)
 
 
 @dataclass
@@ -421,21 +410,6 @@ async def _absent(call: Any) -> None:
     except ApiException as error:
         if classify(error.status) is not ApiError.NOT_FOUND:
             raise
-
-
-def read_shoot_facts(raw: Mapping[str, Any]) -> ShootFacts:
-    """A `Cluster` as the extension reads it."""
-    metadata = raw.get("metadata") or {}
-    annotations = metadata.get("annotations") or {}
-    spec = raw.get("spec")
-    shoot = spec.get("shoot") if isinstance(spec, Mapping) else None
-    return ShootFacts(
-        namespace=str(metadata.get("name") or ""),
-        lifecycle=shoot_lifecycle(raw),
-        failed=contract.shoot_failed(raw),
-        kubeconfig_secret=str(annotations.get(GENERIC_KUBECONFIG_ANNOTATION) or ""),
-        shoot=shoot if isinstance(shoot, Mapping) else None,
-    )
 
 
 def decode_ca_bundle(secret: Mapping[str, Any], key: str) -> bytes | None:

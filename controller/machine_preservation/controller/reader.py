@@ -8,8 +8,8 @@ import datetime as dt
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
+from machine_preservation.core.gardener import ClusterView
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, Pod
-from machine_preservation.core.pool_settings import ClusterView
 
 T_co = TypeVar("T_co", covariant=True)
 

@@ -26,13 +26,7 @@ from kubernetes.aio.client.exceptions import ApiException
 from machine_preservation.certs.rotation import CA_BUNDLE_KEY
 from machine_preservation.controller.api_errors import ApiError, classify
 from machine_preservation.controller.clients import MERGE_PATCH, new_api_client
-from machine_preservation.controller.extensions import (
-    EXTENSION_VERSION,
-    ExtensionReconciler,
-    ShootFacts,
-    decode_ca_bundle,
-    read_shoot_facts,
-)
+from machine_preservation.controller.extensions import EXTENSION_VERSION, ExtensionReconciler, decode_ca_bundle
 from machine_preservation.controller.informer import Informer, Source
 from machine_preservation.controller.leader import LeaderElector, run_elected
 from machine_preservation.controller.metrics import Metrics, Probes, metrics_app, start_metrics_server
@@ -44,9 +38,15 @@ from machine_preservation.controller.views import new_seed_informers
 from machine_preservation.core import extension as contract
 from machine_preservation.core import shoot_resources
 from machine_preservation.core.admission.settings import AdmissionSettings
-from machine_preservation.core.admission.shoot_lifecycle import CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL
 from machine_preservation.core.clock import system_clock
 from machine_preservation.core.config import PreservationConfig
+from machine_preservation.core.gardener import (
+    CLUSTER_API_GROUP,
+    CLUSTER_API_VERSION,
+    CLUSTER_PLURAL,
+    ShootFacts,
+    read_shoot_facts,
+)
 from machine_preservation.core.mcm_generation import NativePreservationMode
 
 logger = logging.getLogger(__name__)

@@ -25,7 +25,6 @@ from kubernetes.aio import client
 
 from machine_preservation.controller.api_errors import ApiError, classify
 
-GENERIC_KUBECONFIG_ANNOTATION: Final = "generic-token-kubeconfig.secret.gardener.cloud/name"
 IN_NAMESPACE_API_SERVER_HOST: Final = "kube-apiserver"
 TOKEN_MAX_AGE_SECONDS: Final = 300.0
 

@@ -25,14 +25,14 @@ from kubernetes.aio import client
 
 from machine_preservation.controller.informer import Handler, Indexer, Informer, Source
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
-from machine_preservation.core.pool_settings import (
+from machine_preservation.core.gardener import (
     CLUSTER_API_GROUP,
     CLUSTER_API_VERSION,
     CLUSTER_PLURAL,
     ClusterView,
     read_cluster,
 )
+from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
 
 T = TypeVar("T")
 

@@ -48,25 +48,20 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-from machine_preservation.core.admission.zones import distribute_over_zones
 from machine_preservation.core.durations import InvalidDuration, format_go_duration, parse_go_duration_nanoseconds
-from machine_preservation.core.models import KubeModel, Machine, MachineDeployment, MachineSet, ObjectMeta
+from machine_preservation.core.gardener import (
+    DEPRECATED_ZONE_LABEL,
+    WORKER_POOL_LABEL,
+    ZONE_LABEL,
+    ClusterView,
+    ShootWorker,
+    zone_share,
+)
+from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
 from machine_preservation.core.provider_config import (
-    InvalidPreservationConfig,
-    PreservationConfig,
     WorkerPreservation,
-    parse_preservation_config,
-    preservation_extension,
 )
 
-WORKER_POOL_LABEL: Final = "worker.gardener.cloud/pool"
-ZONE_LABEL: Final = "topology.kubernetes.io/zone"
-DEPRECATED_ZONE_LABEL: Final = "failure-domain.beta.kubernetes.io/zone"
-CLUSTER_API_GROUP: Final = "extensions.gardener.cloud"
-CLUSTER_API_VERSION: Final = "v1alpha1"
-CLUSTER_PLURAL: Final = "clusters"
 _INT32_MAX: Final = 2**31 - 1
 _MAX_KEY: Final = "autoPreserveFailedMachineMax"
 _TIMEOUT_KEY: Final = "machinePreserveTimeout"
@@ -112,120 +107,6 @@ class PoolSettings:
 
 
 # --- The bits of Gardener's Cluster resource and Shoot that are read --------------------------------------
-
-
-def _strings(value: Any) -> list[str] | None:
-    return value if isinstance(value, list) and all(isinstance(item, str) for item in value) else None
-
-
-class ShootWorker(KubeModel):
-    """A worker pool of the Shoot. Lenient: a malformed part is kept as None (or dropped), never an error; the
-    setting values stay raw so that a bad one is reported by name, not lost."""
-
-    name: str = ""
-    zones: list[str] | None = Field(default_factory=list)  # None: present but not a list of strings
-    machine_controller_manager: dict[str, Any] | None = None
-    # An earlier iteration of the API had the max at the worker level.
-    auto_preserve_failed_machine_max: Any = None
-
-    @field_validator("name", mode="before")
-    @classmethod
-    def _name(cls, value: Any) -> Any:
-        return value if isinstance(value, str) else ""
-
-    @field_validator("zones", mode="before")
-    @classmethod
-    def _zones(cls, value: Any) -> Any:
-        return [] if value is None else _strings(value)
-
-    @field_validator("machine_controller_manager", mode="before")
-    @classmethod
-    def _settings(cls, value: Any) -> Any:
-        return value if isinstance(value, dict) else None
-
-
-class ShootProvider(KubeModel):
-    workers: list[ShootWorker] = Field(default_factory=list)
-
-    @field_validator("workers", mode="before")
-    @classmethod
-    def _workers(cls, value: Any) -> Any:
-        return [worker for worker in value if isinstance(worker, dict)] if isinstance(value, list) else []
-
-
-class ShootSpec(KubeModel):
-    provider: ShootProvider = Field(default_factory=ShootProvider)
-
-    @field_validator("provider", mode="before")
-    @classmethod
-    def _provider(cls, value: Any) -> Any:
-        return value if isinstance(value, dict) else {}
-
-
-class Shoot(KubeModel):
-    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
-    spec: ShootSpec = Field(default_factory=ShootSpec)
-
-    @field_validator("spec", mode="before")
-    @classmethod
-    def _spec(cls, value: Any) -> Any:
-        return value if isinstance(value, dict) else {}
-
-    def worker(self, pool: str) -> ShootWorker | None:
-        return next((worker for worker in self.spec.provider.workers if worker.name == pool), None)
-
-
-class ClusterView(BaseModel):
-    """What the controller takes from a `Cluster`: its name and Shoot, or why there is no usable Shoot; and the
-    Shoot's extension providerConfig, or why it is ignored."""
-
-    model_config = ConfigDict(frozen=True)
-
-    name: str = ""
-    shoot: Shoot | None = None
-    problem: str | None = None  # set when the Cluster exists but its Shoot cannot be read
-    provider_config: PreservationConfig | None = None
-    provider_config_path: str = ""  # e.g. spec.extensions[0].providerConfig
-    provider_config_problem: str | None = None  # set when the providerConfig does not decode
-
-
-def read_cluster(raw: Any) -> ClusterView:
-    """Read a `Cluster` object as the API serves it; never raises. `spec.cloudProfile` and `spec.seed` are not
-    needed for the pool settings and are not read."""
-    if not isinstance(raw, Mapping):
-        return ClusterView(problem="the Cluster is not a JSON object")
-    metadata = raw.get("metadata")
-    name = metadata.get("name") if isinstance(metadata, Mapping) else None
-    name = name if isinstance(name, str) else ""
-    spec = raw.get("spec")
-    shoot: Any = spec.get("shoot") if isinstance(spec, Mapping) else None
-    if shoot is None:
-        return ClusterView(name=name, problem=f"Cluster {name} has no spec.shoot")
-    if isinstance(shoot, (str, bytes)):  # raw JSON as a string, as some clients write a RawExtension
-        try:
-            shoot = json.loads(shoot)
-        except (ValueError, RecursionError):
-            return ClusterView(name=name, problem=f"Cluster {name}: spec.shoot is not valid JSON")
-    if not isinstance(shoot, Mapping):
-        return ClusterView(name=name, problem=f"Cluster {name}: spec.shoot is not a JSON object")
-    try:
-        model = Shoot.model_validate(dict(shoot))
-    except (ValidationError, RecursionError) as error:
-        return ClusterView(name=name, problem=f"Cluster {name}: spec.shoot cannot be read ({_first_line(error)})")
-    extension = preservation_extension(shoot)
-    if extension is None or extension.provider_config is None:
-        return ClusterView(name=name, shoot=model)
-    path = str(extension.path)
-    try:
-        config = parse_preservation_config(extension.provider_config, path=extension.path)
-    except InvalidPreservationConfig as error:
-        problem = f"Shoot {model.metadata.name} {path} is ignored, it does not decode: {error}"
-        return ClusterView(name=name, shoot=model, provider_config_path=path, provider_config_problem=problem)
-    return ClusterView(name=name, shoot=model, provider_config=config, provider_config_path=path)
-
-
-def _first_line(error: Exception) -> str:
-    return str(error).splitlines()[0][:200] if str(error) else type(error).__name__
 
 
 # --- Reading one source ------------------------------------------------------------------------------------
@@ -350,14 +231,6 @@ def zone_of(
         named = ", ".join(zones[index] for index in sorted(found))
         return ZoneMatch(None, f"the labels name several of the pool's zones ({named})")
     return ZoneMatch(None, "no zone label names one of the pool's zones")
-
-
-def zone_share(*, total: int, zone_count: int, index: int | None) -> int:
-    """This zone's part of the pool's `total`, as Gardener spreads it; the smallest part when `index` is None."""
-    if zone_count <= 1:
-        return total
-    shares = distribute_over_zones(total=total, zone_count=zone_count)
-    return shares[index] if index is not None else min(shares)
 
 
 # --- Resolution --------------------------------------------------------------------------------------------

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.admission.zones import distribute_over_zones
 from machine_preservation.core.durations import format_go_duration
-from machine_preservation.core.pool_settings import (
+from machine_preservation.core.gardener import (
     CLUSTER_API_GROUP,
     CLUSTER_API_VERSION,
     WORKER_POOL_LABEL,
     ZONE_LABEL,
+    distribute_over_zones,
 )
 from machine_preservation.localcluster import mcm_pool
 

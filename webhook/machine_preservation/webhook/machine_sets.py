@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from machine_preservation.core import extension as gardener_extension
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.deletion import EXTENSION_NAME, MachineSetView, ShootExtension
-from machine_preservation.core.admission.shoot_lifecycle import CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL
+from machine_preservation.core.gardener import CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
 
 # The Machine webhook's timeoutSeconds is 10; leave room to answer.

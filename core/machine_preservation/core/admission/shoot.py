@@ -36,7 +36,6 @@ from machine_preservation.core.admission.field_errors import (
 )
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.verdict import Verdict, allow, deny
-from machine_preservation.core.admission.zones import distribute_over_zones
 from machine_preservation.core.durations import (
     NOT_A_DURATION_STRING,
     InvalidDuration,
@@ -44,6 +43,7 @@ from machine_preservation.core.durations import (
     parse_go_duration_nanoseconds,
     timedelta_nanoseconds,
 )
+from machine_preservation.core.gardener import distribute_over_zones
 from machine_preservation.core.provider_config import (
     InvalidPreservationConfig,
     PreservationExtension,

@@ -1,0 +1,246 @@
+"""Gardener's objects as the product reads them, in one place: the seed's `Cluster` and the Shoot it carries
+(worker pools, zones, the extension's providerConfig), what the Shoot is going through (hibernation, deletion,
+migration), and how Gardener spreads a pool's value over its zones.
+
+Gardener keeps a cluster-scoped `Cluster` resource (extensions.gardener.cloud/v1alpha1) per Shoot in the seed,
+named after the Shoot's control namespace, with the whole Shoot as raw JSON in `spec.shoot`. Every reader here is
+lenient: a part that is not what Gardener writes counts as absent (or is reported by name), never an error.
+
+- Lifecycle, with Gardener's own meaning: hibernation is `spec.hibernation.enabled` true (Gardener then scales
+  every worker pool to zero and marks the machines for forced deletion); deletion is a `metadata.deletionTimestamp`;
+  migration of the control plane to another seed is `status.lastOperation.type` `Migrate`. A missing Cluster (not
+  a Gardener seed, or not a Shoot namespace) means none of these.
+- Zones: Gardener's `DistributeOverZones`: every zone gets `total // zones`, and the first `total % zones` zones
+  get one more (the remainder goes to the first zones, whatever its doc comment says).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from machine_preservation.core import extension as contract
+from machine_preservation.core.models import KubeModel, ObjectMeta
+from machine_preservation.core.provider_config import (
+    InvalidPreservationConfig,
+    PreservationConfig,
+    parse_preservation_config,
+    preservation_extension,
+)
+
+CLUSTER_API_GROUP: Final = "extensions.gardener.cloud"
+CLUSTER_API_VERSION: Final = "v1alpha1"
+CLUSTER_PLURAL: Final = "clusters"
+MIGRATE_OPERATION: Final = "Migrate"
+WORKER_POOL_LABEL: Final = "worker.gardener.cloud/pool"
+ZONE_LABEL: Final = "topology.kubernetes.io/zone"
+DEPRECATED_ZONE_LABEL: Final = "failure-domain.beta.kubernetes.io/zone"
+GENERIC_KUBECONFIG_ANNOTATION: Final = "generic-token-kubeconfig.secret.gardener.cloud/name"
+
+
+# --- The Cluster and its Shoot ---------------------------------------------------------------------------
+
+
+def _strings(value: Any) -> list[str] | None:
+    return value if isinstance(value, list) and all(isinstance(item, str) for item in value) else None
+
+
+class ShootWorker(KubeModel):
+    """A worker pool of the Shoot. Lenient: a malformed part is kept as None (or dropped), never an error; the
+    setting values stay raw so that a bad one is reported by name, not lost."""
+
+    name: str = ""
+    zones: list[str] | None = Field(default_factory=list)  # None: present but not a list of strings
+    machine_controller_manager: dict[str, Any] | None = None
+    # An earlier iteration of the API had the max at the worker level.
+    auto_preserve_failed_machine_max: Any = None
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name(cls, value: Any) -> Any:
+        return value if isinstance(value, str) else ""
+
+    @field_validator("zones", mode="before")
+    @classmethod
+    def _zones(cls, value: Any) -> Any:
+        return [] if value is None else _strings(value)
+
+    @field_validator("machine_controller_manager", mode="before")
+    @classmethod
+    def _settings(cls, value: Any) -> Any:
+        return value if isinstance(value, dict) else None
+
+
+class ShootProvider(KubeModel):
+    workers: list[ShootWorker] = Field(default_factory=list)
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, value: Any) -> Any:
+        return [worker for worker in value if isinstance(worker, dict)] if isinstance(value, list) else []
+
+
+class ShootSpec(KubeModel):
+    provider: ShootProvider = Field(default_factory=ShootProvider)
+
+    @field_validator("provider", mode="before")
+    @classmethod
+    def _provider(cls, value: Any) -> Any:
+        return value if isinstance(value, dict) else {}
+
+
+class Shoot(KubeModel):
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: ShootSpec = Field(default_factory=ShootSpec)
+
+    @field_validator("spec", mode="before")
+    @classmethod
+    def _spec(cls, value: Any) -> Any:
+        return value if isinstance(value, dict) else {}
+
+    def worker(self, pool: str) -> ShootWorker | None:
+        return next((worker for worker in self.spec.provider.workers if worker.name == pool), None)
+
+
+class ClusterView(BaseModel):
+    """What the controller takes from a `Cluster`: its name and Shoot, or why there is no usable Shoot; and the
+    Shoot's extension providerConfig, or why it is ignored."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str = ""
+    shoot: Shoot | None = None
+    problem: str | None = None  # set when the Cluster exists but its Shoot cannot be read
+    provider_config: PreservationConfig | None = None
+    provider_config_path: str = ""  # e.g. spec.extensions[0].providerConfig
+    provider_config_problem: str | None = None  # set when the providerConfig does not decode
+
+
+def read_cluster(raw: Any) -> ClusterView:
+    """Read a `Cluster` object as the API serves it; never raises. `spec.cloudProfile` and `spec.seed` are not
+    needed for the pool settings and are not read."""
+    if not isinstance(raw, Mapping):
+        return ClusterView(problem="the Cluster is not a JSON object")
+    metadata = raw.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    name = name if isinstance(name, str) else ""
+    spec = raw.get("spec")
+    shoot: Any = spec.get("shoot") if isinstance(spec, Mapping) else None
+    if shoot is None:
+        return ClusterView(name=name, problem=f"Cluster {name} has no spec.shoot")
+    if isinstance(shoot, (str, bytes)):  # raw JSON as a string, as some clients write a RawExtension
+        try:
+            shoot = json.loads(shoot)
+        except (ValueError, RecursionError):
+            return ClusterView(name=name, problem=f"Cluster {name}: spec.shoot is not valid JSON")
+    if not isinstance(shoot, Mapping):
+        return ClusterView(name=name, problem=f"Cluster {name}: spec.shoot is not a JSON object")
+    try:
+        model = Shoot.model_validate(dict(shoot))
+    except (ValidationError, RecursionError) as error:
+        return ClusterView(name=name, problem=f"Cluster {name}: spec.shoot cannot be read ({_first_line(error)})")
+    extension = preservation_extension(shoot)
+    if extension is None or extension.provider_config is None:
+        return ClusterView(name=name, shoot=model)
+    path = str(extension.path)
+    try:
+        config = parse_preservation_config(extension.provider_config, path=extension.path)
+    except InvalidPreservationConfig as error:
+        problem = f"Shoot {model.metadata.name} {path} is ignored, it does not decode: {error}"
+        return ClusterView(name=name, shoot=model, provider_config_path=path, provider_config_problem=problem)
+    return ClusterView(name=name, shoot=model, provider_config=config, provider_config_path=path)
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+
+
+# --- What the Shoot is going through ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShootLifecycle:
+    """What the Shoot is going through, as its Cluster resource shows."""
+
+    name: str = ""
+    hibernated: bool = False
+    deleted: bool = False
+    migrated: bool = False
+
+    def going_away(self) -> str:
+        """Why every machine of the Shoot may go, for people; "" when none applies."""
+        shoot = f'Shoot "{self.name}"' if self.name else "the Shoot"
+        if self.deleted:
+            return f"{shoot} is being deleted"
+        if self.hibernated:
+            return f"{shoot} is being hibernated"
+        if self.migrated:
+            return f"{shoot} is being migrated to another seed"
+        return ""
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def shoot_lifecycle(cluster: Mapping[str, Any]) -> ShootLifecycle:
+    """Read a Cluster object (as the API serves it)."""
+    shoot = _mapping(_mapping(cluster.get("spec")).get("shoot"))
+    metadata = _mapping(shoot.get("metadata"))
+    hibernation = _mapping(_mapping(shoot.get("spec")).get("hibernation"))
+    last_operation = _mapping(_mapping(shoot.get("status")).get("lastOperation"))
+    name = metadata.get("name")
+    return ShootLifecycle(
+        name=name if isinstance(name, str) else "",
+        hibernated=hibernation.get("enabled") is True,
+        deleted=bool(metadata.get("deletionTimestamp")),
+        migrated=last_operation.get("type") == MIGRATE_OPERATION,
+    )
+
+
+@dataclass(frozen=True)
+class ShootFacts:
+    """What the extension takes from a shoot's `Cluster`."""
+
+    namespace: str  # the Cluster's name
+    lifecycle: ShootLifecycle
+    failed: bool  # the shoot's last operation failed: Gardener's extensions leave it alone
+    kubeconfig_secret: str  # the generic token kubeconfig Secret's name
+    shoot: Mapping[str, Any] | None = None  # the Shoot as the Cluster carries it (its pools judge a providerConfig)
+
+
+def read_shoot_facts(raw: Mapping[str, Any]) -> ShootFacts:
+    """A `Cluster` as the extension reads it."""
+    metadata = raw.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    spec = raw.get("spec")
+    shoot = spec.get("shoot") if isinstance(spec, Mapping) else None
+    return ShootFacts(
+        namespace=str(metadata.get("name") or ""),
+        lifecycle=shoot_lifecycle(raw),
+        failed=contract.shoot_failed(raw),
+        kubeconfig_secret=str(annotations.get(GENERIC_KUBECONFIG_ANNOTATION) or ""),
+        shoot=shoot if isinstance(shoot, Mapping) else None,
+    )
+
+
+# --- Zones ------------------------------------------------------------------------------------------------
+
+
+def distribute_over_zones(*, total: int, zone_count: int) -> tuple[int, ...]:
+    if zone_count <= 0:
+        return ()
+    share, remainder = divmod(total, zone_count)
+    return tuple(share + (1 if index < remainder else 0) for index in range(zone_count))
+
+
+def zone_share(*, total: int, zone_count: int, index: int | None) -> int:
+    """This zone's part of the pool's `total`, as Gardener spreads it; the smallest part when `index` is None."""
+    if zone_count <= 1:
+        return total
+    shares = distribute_over_zones(total=total, zone_count=zone_count)
+    return shares[index] if index is not None else min(shares)
