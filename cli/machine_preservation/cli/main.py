@@ -9,6 +9,7 @@ image's entry point knows nothing of them.
 from __future__ import annotations
 
 import argparse
+import asyncio.sslproto
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -20,6 +21,12 @@ from machine_preservation.webhook import commands as webhook_commands
 Handler = Callable[[argparse.Namespace], int]
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+# asyncio gives every TLS connection a 256 KiB read buffer (`SSLProtocol.max_size`), ~290 KiB with OpenSSL's
+# own state. The extension holds a few connections per shoot (its Nodes watch, requests) and the webhook one per
+# API server connection kept alive: with 200 shoots that alone is hundreds of MiB. A TLS record is at most 16 KiB,
+# so 32 KiB still takes two records per read; measured ~66 KiB per connection (BENCHMARKS.md).
+TLS_READ_BUFFER = 32 * 1024
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,8 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def limit_tls_read_buffers(size: int = TLS_READ_BUFFER) -> None:
+    """Every TLS connection the process opens or accepts from now on reads into a buffer of `size` bytes."""
+    asyncio.sslproto.SSLProtocol.max_size = size
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    limit_tls_read_buffers()
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handler: Handler = args.handler
     sys.exit(handler(args))
