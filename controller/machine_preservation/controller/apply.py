@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes.aio import client
@@ -25,6 +25,7 @@ from kubernetes.aio.client.exceptions import ApiException
 from machine_preservation.controller.api_errors import ApiError, classify
 from machine_preservation.controller.clients import JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH
 from machine_preservation.controller.events import EventRecorder, Regarding
+from machine_preservation.controller.slots import ReconcileSlots
 from machine_preservation.core import plan as p
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node
@@ -84,6 +85,9 @@ class Writer:
     target: client.ApiClient
     namespace: str
     recorder: EventRecorder
+    # The process's reconcile slots: a write to the shoot gives its slot back while it waits for the shoot's API
+    # server, so a slow shoot does not hold the slots the other shoots' reconciles need.
+    slots: ReconcileSlots = field(default_factory=ReconcileSlots)
 
     # --- machines ----------------------------------------------------------------------------------
 
@@ -309,7 +313,11 @@ async def execute(*, writer: Writer, writes: Sequence[tuple[Target, Step]], now:
         if isinstance(step, p.DrainNode):
             return step
         try:
-            await _execute_one(writer=writer, target=target, step=step, now=now)
+            if in_the_target_cluster(step):
+                async with writer.slots.lent():
+                    await _execute_one(writer=writer, target=target, step=step, now=now)
+            else:
+                await _execute_one(writer=writer, target=target, step=step, now=now)
         except ApiException as error:
             if classify(error.status) is ApiError.NOT_FOUND and not isinstance(step, p.RecordEvent):
                 raise ObjectGone(f"{type(step).__name__}: {error.reason}") from error
@@ -336,6 +344,13 @@ async def execute_machine_set_plan(
     if plan.status is not None:
         writes.append((machine_set, plan.status))
     await execute(writer=writer, writes=writes, now=now)
+
+
+def in_the_target_cluster(step: Step) -> bool:
+    """Whether the step writes to the target cluster (a shoot's API server) rather than the control cluster."""
+    if isinstance(step, p.RecordEvent):
+        return step.kind == "Node"
+    return isinstance(step, (p.PatchNodeAnnotations, p.SetPreservedTaint, p.SetPreservedCondition))
 
 
 async def _execute_one(*, writer: Writer, target: Target, step: Step, now: dt.datetime) -> None:

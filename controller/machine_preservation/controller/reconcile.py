@@ -90,7 +90,8 @@ class MachineReconciler:
         node = self.caches.nodes.get(machine.node_name) if machine.node_name else None
         failed = machine.phase == v.MachinePhase.FAILED
         if failed and node is not None and not (self.native or self.released):
-            await self.node_pods.hold(key, node.metadata.name)
+            async with self.slots.lent():  # a first list waits for the shoot's API server
+                await self.node_pods.hold(key, node.metadata.name)
         else:
             self.node_pods.release(key)
         if self.native:

@@ -225,7 +225,9 @@ class ShootRuntime:
         recorder = EventRecorder(
             control=self.control, target=self.target, machine_namespace=options.namespace, instance=options.identity
         )
-        writer = Writer(control=self.control, target=self.target, namespace=options.namespace, recorder=recorder)
+        writer = Writer(
+            control=self.control, target=self.target, namespace=options.namespace, recorder=recorder, slots=self.slots
+        )
         machines = MachineReconciler(
             caches=caches,
             writer=writer,

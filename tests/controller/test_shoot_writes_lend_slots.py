@@ -1,0 +1,86 @@
+"""A write to a shoot's API server does not hold the process's reconcile slot: with one slot, a reconcile whose
+node write waits on a shoot API server that does not answer leaves the slot to another shoot's reconcile; a
+write to the seed keeps it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+from collections.abc import AsyncIterator
+
+import pytest
+from kubernetes.aio import client
+
+from machine_preservation.controller.apply import Snapshot, Writer, execute, in_the_target_cluster
+from machine_preservation.controller.events import EventRecorder
+from machine_preservation.controller.slots import ReconcileSlots
+from machine_preservation.core import plan as p
+from machine_preservation.core.models import Machine, Node
+
+NOW = dt.datetime(2026, 11, 26, tzinfo=dt.UTC)
+
+
+@contextlib.asynccontextmanager
+async def silent_api_server() -> AsyncIterator[client.ApiClient]:
+    """An endpoint on 127.0.0.1 that accepts connections and never answers: a shoot API server that hangs."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def accept(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{port}")) as api:
+            yield api
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+
+
+@pytest.mark.parametrize(
+    ("step", "shoot"),
+    [
+        (p.PatchNodeAnnotations(set={"a": "b"}), True),
+        (p.SetPreservedTaint(present=True), True),
+        (p.SetPreservedCondition(status="True", reason="r", message="m", last_transition_time=NOW), True),
+        (p.RecordEvent(kind="Node", name="n", type="Normal", reason="R", message="m"), True),
+        (p.RecordEvent(kind="Machine", name="m", type="Normal", reason="R", message="m"), False),
+        (p.PatchMachineAnnotations(set={"a": "b"}), False),
+        (p.SetPreserveExpiry(expiry=None), False),
+        (p.DeleteMachine(), False),
+    ],
+)
+def test_which_steps_write_to_the_shoot(step: p.MachineStep, shoot: bool) -> None:
+    assert in_the_target_cluster(step) is shoot
+
+
+async def test_a_hanging_shoot_write_leaves_the_slot_to_other_reconciles() -> None:
+    slots = ReconcileSlots(limit=1)
+    async with silent_api_server() as shoot:
+        recorder = EventRecorder(control=shoot, target=shoot, machine_namespace="ns", instance="test")
+        writer = Writer(control=shoot, target=shoot, namespace="ns", recorder=recorder, slots=slots)
+        snap = Snapshot(
+            machine=Machine.model_validate({"metadata": {"name": "m", "namespace": "ns", "resourceVersion": "1"}}),
+            node=Node.model_validate({"metadata": {"name": "n", "resourceVersion": "1"}}),
+        )
+
+        async def slow_reconcile() -> None:
+            async with slots.held():
+                await execute(writer=writer, writes=[(snap, p.PatchNodeAnnotations(set={"a": "b"}))], now=NOW)
+
+        hanging = asyncio.create_task(slow_reconcile())
+        await asyncio.sleep(0.2)
+        assert not hanging.done(), "the shoot's API server does not answer"
+
+        async def other_reconcile() -> None:
+            async with slots.held():
+                pass
+
+        await asyncio.wait_for(other_reconcile(), 2)  # would wait forever if the node write held the slot
+        hanging.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await hanging
+    assert slots.in_use == 0
