@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,8 @@ import aiohttp
 from aiohttp import web
 
 from local_webhook import announced_port, webhook_command, write_certificates
+from machine_preservation.core.webhook_configurations import shoot_path
+from scale_common import die_with_parent
 
 ENDPOINT = "/validate-preserve-annotation"
 SERVER_CPU, CLIENT_CPU = 0, 1  # the target is stated for one CPU core
@@ -156,8 +159,9 @@ def review_body() -> bytes:
 # --- servers ---------------------------------------------------------------------------------------------------
 
 
-def serve_baseline(cert_dir: Path) -> None:
-    """The floor: parse the review, answer allowed with the uid. Same TLS setup, same body limit."""
+def serve_baseline(cert_dir: Path, *, shoot_routes: bool = False) -> None:
+    """The floor: parse the review, answer allowed with the uid. Same TLS setup, same body limit.
+    `shoot_routes`: also at `/shoots/{namespace}<ENDPOINT>`, as the webhook serves each shoot's node requests."""
 
     async def handle(request: web.Request) -> web.Response:
         body = json.loads(await request.read())
@@ -170,6 +174,8 @@ def serve_baseline(cert_dir: Path) -> None:
         context.load_cert_chain(cert_dir / "tls.crt", cert_dir / "tls.key")
         app = web.Application(client_max_size=3 * 1024 * 1024)
         app.router.add_post(ENDPOINT, handle)
+        if shoot_routes:
+            app.router.add_post(shoot_path("{namespace}", ENDPOINT), handle)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context).start()
@@ -184,19 +190,25 @@ def serve_baseline(cert_dir: Path) -> None:
     asyncio.run(main())
 
 
-def _pin_to_server_cpu() -> None:
-    os.sched_setaffinity(0, {SERVER_CPU})
+def _server_setup(pin: bool) -> Callable[[], None]:
+    def setup() -> None:
+        die_with_parent()  # a benchmark killed midway leaves no server behind
+        if pin:
+            os.sched_setaffinity(0, {SERVER_CPU})
+
+    return setup
 
 
-def start_server(kind: str, cert_dir: Path, *, pin: bool) -> tuple[subprocess.Popen[str], int]:
+def start_server(
+    kind: str, cert_dir: Path, *, pin: bool, flags: Sequence[str] = ()
+) -> tuple[subprocess.Popen[str], int]:
+    """The server of `kind` with `flags` (the webhook command's, or `serve-baseline`'s); its stderr is a pipe."""
     if kind == "webhook":
         # Nothing is logged per request; INFO only adds the startup line that reports the port.
-        command = webhook_command(cert_dir)
+        command = webhook_command(cert_dir, *flags)
     else:
-        command = [sys.executable, __file__, "serve-baseline", "--cert-dir", str(cert_dir)]
-    process = subprocess.Popen(
-        command, stderr=subprocess.PIPE, text=True, preexec_fn=_pin_to_server_cpu if pin else None
-    )
+        command = [sys.executable, __file__, "serve-baseline", "--cert-dir", str(cert_dir), *flags]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, preexec_fn=_server_setup(pin))
     return process, announced_port(process, f"{kind} server")
 
 
@@ -235,13 +247,20 @@ class Phase:
 
 
 async def run_phase(session: aiohttp.ClientSession, url: str, body: bytes, *, rate: int, seconds: float) -> Phase:
+    return await run_spread_phase([(session, url)], body, rate=rate, seconds=seconds)
+
+
+async def run_spread_phase(
+    targets: Sequence[tuple[aiohttp.ClientSession, str]], body: bytes, *, rate: int, seconds: float
+) -> Phase:
+    """Open loop at `rate` for `seconds`, request i to `targets[i % len(targets)]` (each with its own session)."""
     loop = asyncio.get_running_loop()
     latencies: list[float] = []
     errors = 0
     total = int(rate * seconds)
     interval = 1.0 / rate
 
-    async def one(scheduled: float) -> None:
+    async def one(scheduled: float, session: aiohttp.ClientSession, url: str) -> None:
         nonlocal errors
         try:
             async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
@@ -261,7 +280,7 @@ async def run_phase(session: aiohttp.ClientSession, url: str, body: bytes, *, ra
         delay = scheduled - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(scheduled)))
+        tasks.append(asyncio.create_task(one(scheduled, *targets[i % len(targets)])))
     await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
     return Phase(rate, seconds, total, errors, latencies, loop.time() - start)
 
@@ -315,13 +334,14 @@ def main() -> int:
     sub = parser.add_subparsers(dest="mode")
     baseline = sub.add_parser("serve-baseline")
     baseline.add_argument("--cert-dir", type=Path, required=True)
+    baseline.add_argument("--shoot-routes", action="store_true", help="also serve /shoots/{namespace}" + ENDPOINT)
     parser.add_argument("--quick", action="store_true", help="short phases (smoke test)")
     parser.add_argument(
         "--pin", action="store_true", help=f"pin servers to CPU {SERVER_CPU}, the load to CPU {CLIENT_CPU}"
     )
     args = parser.parse_args()
     if args.mode == "serve-baseline":
-        serve_baseline(args.cert_dir)
+        serve_baseline(args.cert_dir, shoot_routes=args.shoot_routes)
         return 0
 
     sustain, step = (3.0, 1.0) if args.quick else (20.0, 3.0)
