@@ -7,37 +7,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-from collections.abc import AsyncIterator
 
 import pytest
-from kubernetes.aio import client
 
 from machine_preservation.controller.apply import Snapshot, Writer, execute, in_the_target_cluster
 from machine_preservation.controller.events import EventRecorder
 from machine_preservation.controller.slots import ReconcileSlots
 from machine_preservation.core import plan as p
 from machine_preservation.core.models import Machine, Node
+from tests.controller.silent import silent_api_server
 
 NOW = dt.datetime(2026, 11, 26, tzinfo=dt.UTC)
-
-
-@contextlib.asynccontextmanager
-async def silent_api_server() -> AsyncIterator[client.ApiClient]:
-    """An endpoint on 127.0.0.1 that accepts connections and never answers: a shoot API server that hangs."""
-    held: list[asyncio.StreamWriter] = []
-
-    async def accept(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        held.append(writer)
-
-    server = await asyncio.start_server(accept, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        async with client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{port}")) as api:
-            yield api
-    finally:
-        for writer in held:
-            writer.close()
-        server.close()
 
 
 @pytest.mark.parametrize(
@@ -59,7 +39,8 @@ def test_which_steps_write_to_the_shoot(step: p.MachineStep, shoot: bool) -> Non
 
 async def test_a_hanging_shoot_write_leaves_the_slot_to_other_reconciles() -> None:
     slots = ReconcileSlots(limit=1)
-    async with silent_api_server() as shoot:
+    async with silent_api_server() as silent:
+        shoot = silent.api
         recorder = EventRecorder(control=shoot, target=shoot, machine_namespace="ns", instance="test")
         writer = Writer(control=shoot, target=shoot, namespace="ns", recorder=recorder, slots=slots)
         snap = Snapshot(

@@ -12,7 +12,9 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+import aiohttp
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 from kubernetes.aio.leaderelection import electionconfig, leaderelection
@@ -53,12 +55,34 @@ class _LeaseLock(LeaseLock):
         spec.renew_time = now
         return spec
 
+    # Each Lease request gives up after this many seconds. The library times its renew deadline only between
+    # attempts: a request the API server never answers would keep a leader leading on a Lease that has expired
+    # (another replica may lead meanwhile). An unanswered or failed request is one failed attempt, as in client-go.
+    request_timeout: float = 5.0
+
+    async def get(self, name: str, namespace: str) -> tuple[bool, Any]:
+        try:
+            return await asyncio.wait_for(super().get(name, namespace), self.request_timeout)
+        except (TimeoutError, aiohttp.ClientError, OSError) as error:
+            logger.warning("could not read the lease %s/%s: %r", namespace, name, error)
+            return False, ApiException(status=0, reason=f"no answer: {error!r}")
+
+    async def update(self, name: str, namespace: str, updated_record: LeaderElectionRecord) -> bool:
+        try:
+            return await asyncio.wait_for(super().update(name, namespace, updated_record), self.request_timeout)
+        except (TimeoutError, aiohttp.ClientError, OSError) as error:
+            logger.warning("could not renew the lease %s/%s: %r", namespace, name, error)
+            return False
+
     async def create(self, name: str, namespace: str, election_record: LeaderElectionRecord) -> bool:
         body = client.V1Lease(metadata=client.V1ObjectMeta(name=name), spec=self.update_lease(election_record))
         try:
-            await self.api_instance.create_namespaced_lease(namespace, body)
+            await asyncio.wait_for(self.api_instance.create_namespaced_lease(namespace, body), self.request_timeout)
         except ApiException as error:
             logger.info("could not create the lease %s/%s: %s %s", namespace, name, error.status, error.reason)
+            return False
+        except (TimeoutError, aiohttp.ClientError, OSError) as error:
+            logger.warning("could not create the lease %s/%s: %r", namespace, name, error)
             return False
         return True
 
@@ -88,6 +112,7 @@ class LeaderElector:
             self.lost.set()
 
         lock = _LeaseLock(self.name, self.namespace, self.identity, self.api_client)
+        lock.request_timeout = self.renew_deadline / 2  # two attempts fit in a renew deadline
         config = electionconfig.Config(
             lock,
             lease_duration=self.lease_duration,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
@@ -280,21 +281,28 @@ class SeedController:
         """Renew `gardener-extension-heartbeat`: without it gardenlet reads our conditions as Unknown."""
         api = client.CoordinationV1Api(seed)
         namespace = self.options.namespace
+        period = self.options.heartbeat_period
         while True:
             body = contract.heartbeat_lease(namespace=namespace, holder=self.options.identity, now=system_clock())
             try:
                 try:
-                    # A merge patch needs no resourceVersion; the client sends a plain JSON body as it is.
-                    await api.patch_namespaced_lease(
-                        contract.HEARTBEAT_LEASE_NAME, namespace, body, _content_type=MERGE_PATCH
+                    # A merge patch needs no resourceVersion; the client sends a plain JSON body as it is. No
+                    # request may outlast the period: an unanswered one must not stop the renewals for good.
+                    await asyncio.wait_for(
+                        api.patch_namespaced_lease(
+                            contract.HEARTBEAT_LEASE_NAME, namespace, body, _content_type=MERGE_PATCH
+                        ),
+                        period,
                     )
                 except ApiException as error:
                     if classify(error.status) is not ApiError.NOT_FOUND:
                         raise
-                    await api.create_namespaced_lease(namespace, body)  # type: ignore[arg-type]
+                    await asyncio.wait_for(api.create_namespaced_lease(namespace, body), period)  # type: ignore[arg-type]
             except ApiException as error:
                 logger.warning("cannot renew the heartbeat Lease: %s %s", error.status, error.reason)
-            await asyncio.sleep(self.options.heartbeat_period)
+            except (TimeoutError, aiohttp.ClientError, OSError) as error:
+                logger.warning("cannot renew the heartbeat Lease: %r", error)
+            await asyncio.sleep(period)
 
 
 async def _set_when_synced(informers: tuple[Informer[Any], ...], synced: asyncio.Event) -> None:
