@@ -316,7 +316,7 @@ def test_values_reach_the_containers(toolchain: Toolchain, tmp_path: Path) -> No
                 "metricsPort": 9090,
             },
             "maxPreserveTimeout": "168h",
-            "webhook": {"replicas": 3, "port": 10250, "timeoutSeconds": 5},
+            "webhook": {"replicas": 3, "port": 10250, "timeoutSeconds": 5, "maxConnections": 700},
             "image": {"repository": "registry.example.com/mp", "tag": "1.2.3"},
             "priorityClassName": "",
         },
@@ -330,6 +330,7 @@ def test_values_reach_the_containers(toolchain: Toolchain, tmp_path: Path) -> No
     assert "--metrics-port=9090" in args
     assert "--max-preserve-timeout=168h" in container(documents, WEBHOOK)["args"]
     assert "--port=10250" in container(documents, WEBHOOK)["args"]
+    assert "--max-connections=700" in container(documents, WEBHOOK)["args"]
     assert standalone.find(documents, "Deployment", WEBHOOK)["spec"]["replicas"] == 3
     service = standalone.find(documents, "Service", WEBHOOK)
     assert service["metadata"]["annotations"]["networking.resources.gardener.cloud/from-world-to-ports"] == (

@@ -67,20 +67,43 @@ async def test_each_namespace_decides_from_its_own_mcm() -> None:
 
 
 async def test_a_decision_is_kept_for_the_ttl_then_read_again() -> None:
+    """At least three quarters of the TTL, at most all of it: decisions made together expire spread out."""
     cluster, clock = Cluster({"a": V61}), Clock()
     natives = cache(cluster, clock, ttl=60.0)
     assert await natives.native("a") is False
     cluster.evidence["a"] = V62  # MCM upgraded
-    clock.now += 59.9
+    clock.now += 44.9
     assert await natives.native("a") is False
     assert cluster.reads == ["a"]
-    clock.now += 0.1
+    clock.now += 15.1
     assert await natives.native("a") is True
     assert cluster.reads == ["a", "a"]
     # And back (a rollback), after the next TTL.
     cluster.evidence["a"] = V61
     clock.now += 60.0
     assert await natives.native("a") is False
+
+
+async def test_decisions_made_together_expire_at_different_times() -> None:
+    cluster, clock = Cluster({f"ns{n}": V61 for n in range(50)}), Clock()
+    natives = cache(cluster, clock, ttl=60.0)
+    await asyncio.gather(*(natives.native(f"ns{n}") for n in range(50)))
+    clock.now += 52.5
+    cluster.reads.clear()
+    await asyncio.gather(*(natives.native(f"ns{n}") for n in range(50)))
+    assert 0 < len(cluster.reads) < 50, "some expired, some not"
+
+
+async def test_a_burst_of_first_requests_reads_a_few_namespaces_at_a_time() -> None:
+    cluster, clock = Cluster(), Clock()
+    cluster.gate = asyncio.Event()
+    natives = cache(cluster, clock, max_reads=3)
+    waiting = [asyncio.create_task(natives.native(f"ns{n}")) for n in range(20)]
+    await asyncio.sleep(0.05)
+    assert len(cluster.reads) == 3, "the others wait for a turn"
+    cluster.gate.set()
+    assert await asyncio.gather(*waiting) == [False] * 20
+    assert len(cluster.reads) == 20
 
 
 async def test_concurrent_requests_share_one_read() -> None:

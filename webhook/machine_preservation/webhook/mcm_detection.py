@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -111,6 +112,9 @@ NAMESPACE_CACHE_SIZE: Final = 2048
 # How long a request waits for its namespace's evidence at most: the node webhooks' timeoutSeconds is <= 5, and a
 # kube-apiserver in the seed answers three GETs in milliseconds.
 NAMESPACE_READ_TIMEOUT_SECONDS: Final = 2.0
+# Namespaces read at once: a few milliseconds each, so 200 first requests at once are all answered well within
+# the read timeout, without 600 GETs in flight.
+NAMESPACE_READS_AT_ONCE: Final = 10
 # After a read that gave less than the one before (the Deployment could not be read this time), read again this soon.
 RETRY_SECONDS: Final = 5.0
 
@@ -143,8 +147,30 @@ ReadEvidence = Callable[[client.ApiClient, str, float], Awaitable[ClusterEvidenc
 Connect = Callable[[], Awaitable[client.ApiClient]]
 
 
-async def _read_namespace(api_client: client.ApiClient, namespace: str, seconds: float) -> ClusterEvidence:
-    return await read_evidence(api_client, namespace=namespace, seconds=seconds)
+@dataclass
+class _SeedCrds:
+    """MCM's CRDs as last read: the seed's, the same for every namespace, so read at most once per `ttl` for all
+    (200 namespaces would otherwise read both of them every minute each)."""
+
+    ttl: float
+    monotonic: Callable[[], float]
+    read_at: float = 0.0
+    crds: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None] | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def get(
+        self, api_client: client.ApiClient, seconds: float
+    ) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
+        async with self.lock:  # one read at a time; the namespaces waiting for it share it
+            # A CRD that could not be read is tried again soon, not after a whole ttl.
+            fresh_for = self.ttl if self.crds is not None and None not in self.crds else min(self.ttl, RETRY_SECONDS)
+            if self.crds is None or self.monotonic() - self.read_at >= fresh_for:
+                read_crd = client.ApiextensionsV1Api(api_client).read_custom_resource_definition_without_preload_content
+                machine, machine_set = await asyncio.gather(
+                    _read(read_crd, MACHINE_CRD, seconds=seconds), _read(read_crd, MACHINE_SET_CRD, seconds=seconds)
+                )
+                self.crds, self.read_at = (machine, machine_set), self.monotonic()
+            return self.crds
 
 
 @dataclass
@@ -157,7 +183,9 @@ class _Entry:
 
 class NativeByNamespace:
     """`auto` per namespace, cached: the decision for a namespace is read when a request first needs it and again
-    once `ttl` has passed.
+    once `ttl` has passed (less up to a quarter, at random, so that decisions made together do not expire
+    together). MCM's CRDs are read once per `ttl` for all namespaces; at most `max_reads` namespaces are read at
+    once (a burst of first requests from 200 shoots would otherwise send 600 GETs at once and hold 200 reviews).
 
     - Concurrent requests for the same namespace share one read; a request waits for it at most `timeout`
       (the read itself is bounded by that), then goes on with what is known.
@@ -175,10 +203,14 @@ class NativeByNamespace:
         ttl: float = NAMESPACE_TTL_SECONDS,
         max_entries: int = NAMESPACE_CACHE_SIZE,
         timeout: float = NAMESPACE_READ_TIMEOUT_SECONDS,
-        read: ReadEvidence = _read_namespace,
+        read: ReadEvidence | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        max_reads: int = NAMESPACE_READS_AT_ONCE,
     ) -> None:
-        self._connect, self._read = connect, read
+        self._connect = connect
+        self._crds = _SeedCrds(ttl=ttl, monotonic=monotonic)
+        self._read = read or self._read_namespace
+        self._reading = asyncio.Semaphore(max_reads)
         self._ttl, self._max_entries, self._timeout = ttl, max_entries, timeout
         self._monotonic = monotonic
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
@@ -211,10 +243,18 @@ class NativeByNamespace:
                 self._api_client = await self._connect()
             return self._api_client
 
+    async def _read_namespace(self, api_client: client.ApiClient, namespace: str, seconds: float) -> ClusterEvidence:
+        apps = client.AppsV1Api(api_client)
+        deployment, (machine_crd, machine_set_crd) = await asyncio.gather(
+            _read(apps.read_namespaced_deployment_without_preload_content, MCM_DEPLOYMENT, namespace, seconds=seconds),
+            self._crds.get(api_client, seconds),
+        )
+        return cluster_evidence(deployment=deployment, machine_crd=machine_crd, machine_set_crd=machine_set_crd)
+
     async def _evidence(self, namespace: str) -> ClusterEvidence:
-        self.reads += 1
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout(self._timeout), self._reading:  # waiting for a turn counts
+                self.reads += 1
                 return await self._read(await self._client(), namespace, self._timeout)
         except TimeoutError:
             logger.warning("MCM's generation in %s: no answer within %g s", namespace, self._timeout)
@@ -242,7 +282,8 @@ class NativeByNamespace:
                     decision.because,
                 )
             entry.decision, entry.strength = decision, strength
-            entry.expires = now + (self._ttl if strength > _Strength.NOTHING else min(self._ttl, RETRY_SECONDS))
+            ttl = self._ttl * random.uniform(0.75, 1.0)
+            entry.expires = now + (ttl if strength > _Strength.NOTHING else min(ttl, RETRY_SECONDS))
         finally:
             entry.pending = None
 
