@@ -6,31 +6,23 @@ that part by deleting terminating pods with grace period 0."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
 from kubernetes.aio import client
 
 from machine_preservation.controller.drain import POD_NODE_INDEX, Drainer
-from machine_preservation.controller.informer import Informer, Source
-from machine_preservation.core.models import Pod
+from machine_preservation.controller.node_pods import NodePods
 from tests.controller.support import guarded_pods, new_node, pdb_settled, read_node_model, read_raw, running_pod
 from tests.polling import eventually_async
 
 
 @pytest.fixture
-async def pods(api: client.ApiClient) -> AsyncIterator[Informer[Pod]]:
-    informer: Informer[Pod] = Informer(
-        name="pods", source=Source(client.CoreV1Api(api).list_pod_for_all_namespaces), parse=Pod.model_validate
-    )
-    informer.add_indexer(POD_NODE_INDEX, lambda pod: [pod.node_name])
-    task = asyncio.create_task(informer.run())
-    await asyncio.wait_for(informer.wait_synced(), 30)
-    yield informer
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+async def pods(api: client.ApiClient) -> AsyncIterator[NodePods]:
+    """The pods of the nodes a test holds, as the Machine reconciler holds a failed machine's node."""
+    node_pods = NodePods(target=api)
+    yield node_pods
+    await node_pods.stop()
 
 
 async def pod_state(core: client.CoreV1Api, namespace: str, name: str) -> str:
@@ -42,7 +34,7 @@ async def pod_state(core: client.CoreV1Api, namespace: str, name: str) -> str:
 
 
 async def test_evicts_every_pod_but_daemonset_and_mirror_pods_on_an_unreachable_node(
-    api: client.ApiClient, namespace: str, pods: Informer[Pod], node_names: list[str]
+    api: client.ApiClient, namespace: str, pods: NodePods, node_names: list[str]
 ) -> None:
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     node, elsewhere = await new_node(api, node_names, ready=False), await new_node(api, node_names, ready=False)
@@ -72,6 +64,7 @@ async def test_evicts_every_pod_but_daemonset_and_mirror_pods_on_an_unreachable_
     await running_pod(core, namespace, "ds-pod", node=node, labels={"app": "ds"}, ownerReferences=[owner])
     await running_pod(core, namespace, "static", node=node, annotations={"kubernetes.io/config.mirror": "x"})
     await running_pod(core, namespace, "other-node", node=elsewhere)
+    await pods.hold("test", node)
     await eventually_async(lambda: len(pods.by_index(POD_NODE_INDEX, node)) == 4)
 
     drainer = Drainer(target=api, pods=pods)
@@ -88,11 +81,12 @@ async def test_evicts_every_pod_but_daemonset_and_mirror_pods_on_an_unreachable_
 
 
 async def test_a_pdb_allowing_no_disruption_blocks_and_the_blocking_pods_are_named(
-    api: client.ApiClient, namespace: str, pods: Informer[Pod], node_names: list[str]
+    api: client.ApiClient, namespace: str, pods: NodePods, node_names: list[str]
 ) -> None:
     core = client.CoreV1Api(api)
     node = await new_node(api, node_names, ready=False)
     await guarded_pods(api, namespace, node, "guarded-b", "guarded-a")
+    await pods.hold("test", node)
     await eventually_async(lambda: len(pods.by_index(POD_NODE_INDEX, node)) == 2)
 
     drainer = Drainer(target=api, pods=pods)
@@ -105,11 +99,12 @@ async def test_a_pdb_allowing_no_disruption_blocks_and_the_blocking_pods_are_nam
 
 
 async def test_eviction_retries_are_bounded_by_max_evict_retries(
-    api: client.ApiClient, namespace: str, pods: Informer[Pod], node_names: list[str]
+    api: client.ApiClient, namespace: str, pods: NodePods, node_names: list[str]
 ) -> None:
     core = client.CoreV1Api(api)
     node = await new_node(api, node_names, ready=False)
     await guarded_pods(api, namespace, node, "guarded")
+    await pods.hold("test", node)
     await eventually_async(lambda: len(pods.by_index(POD_NODE_INDEX, node)) == 1)
 
     drainer = Drainer(target=api, pods=pods)
@@ -123,7 +118,7 @@ async def test_eviction_retries_are_bounded_by_max_evict_retries(
 
 
 async def test_on_a_live_node_the_drain_waits_for_pods_to_be_gone_and_follows_the_pdb(
-    api: client.ApiClient, namespace: str, pods: Informer[Pod], node_names: list[str]
+    api: client.ApiClient, namespace: str, pods: NodePods, node_names: list[str]
 ) -> None:
     core, policy, apps = client.CoreV1Api(api), client.PolicyV1Api(api), client.AppsV1Api(api)
     node, spare = await new_node(api, node_names, ready=True), await new_node(api, node_names, ready=True)
@@ -150,6 +145,7 @@ async def test_on_a_live_node_the_drain_waits_for_pods_to_be_gone_and_follows_th
         {"metadata": {"name": "web"}, "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "web"}}}},
     )
     await eventually_async(lambda: pdb_settled(policy, namespace, "web", allowed=1))
+    await pods.hold("test", node)
     await eventually_async(lambda: len(pods.by_index(POD_NODE_INDEX, node)) == 2)
 
     drainer = Drainer(target=api, pods=pods)

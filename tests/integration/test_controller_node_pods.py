@@ -4,6 +4,8 @@ with PodsNotListed instead of planning on pods it has not seen."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from kubernetes.aio import client
 
@@ -33,7 +35,14 @@ async def test_a_held_node_caches_its_own_pods_only_and_follows_new_ones(
         assert names(node_pods, other) == [], "a node nobody holds is not watched"
         assert len(node_pods) == 1
 
+        since = node_pods.changes(failed)
+        with pytest.raises(TimeoutError):  # nothing changes: the caller's bound ends the wait
+            async with asyncio.timeout(0.3):
+                await node_pods.wait_for_change(failed, since=since)
+        waiting = asyncio.create_task(node_pods.wait_for_change(failed, since=since))
         await running_pod(core, namespace, "later", node=failed)
+        await asyncio.wait_for(waiting, 10)  # woken by the new pod, which a drain waits for instead of polling
+        assert node_pods.changes(failed) > since
         await eventually_async(lambda: names(node_pods, failed) == ["later", "on-failed"])
         assert "later" in changes, "a pod change on a held node reaches the handlers"
         assert node_pods.get(f"{namespace}/later") is not None

@@ -18,6 +18,7 @@ become empty: pods are never forced out past their PDB (upstream MCM force-delet
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.api_errors import ApiError, classify
 from machine_preservation.controller.backoff import Backoff
-from machine_preservation.controller.reader import POD_NODE_INDEX, Store
+from machine_preservation.controller.reader import POD_NODE_INDEX, NodePodReader
 from machine_preservation.core.clock import Clock, system_clock
 from machine_preservation.core.models import Node, Pod
 
@@ -63,7 +64,7 @@ def pod_name(pod: Pod) -> str:
 @dataclass
 class Drainer:
     target: client.ApiClient
-    pods: Store[Pod]  # indexed by POD_NODE_INDEX
+    pods: NodePodReader  # the node's pods are held (watched) by the reconcile that drains
     eviction_backoff: Backoff = field(default_factory=lambda: Backoff(base=1.0, cap=20.0))
     poll_interval: float = 0.5
     clock: Clock = system_clock
@@ -89,6 +90,7 @@ class Drainer:
         waiting_until: dict[str, float] = {}
         api = client.CoreV1Api(self.target)
         while True:
+            seen = self.pods.changes(node.metadata.name)
             remaining = self.remaining_pods(node)
             if not remaining:
                 return DrainResult(drained=True)
@@ -120,4 +122,9 @@ class Drainer:
             )
             if exhausted or loop.time() >= deadline:
                 return DrainResult(drained=False, blocking=tuple(sorted(pod_name(pod) for pod in remaining)))
-            await asyncio.sleep(min(self.poll_interval, max(deadline - loop.time(), 0.0)))
+            # Woken by the next change to the node's pods (an evicted pod gone), else after the poll interval
+            # (a grace period running out, a refused eviction's backoff).
+            wait = min(self.poll_interval, max(deadline - loop.time(), 0.0))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self.pods.wait_for_change(node.metadata.name, since=seen)

@@ -33,6 +33,12 @@ class _Watch:
     informer: Informer[Pod]
     task: asyncio.Task[None]
     owners: set[str] = field(default_factory=set)
+    changes: int = 0  # pod changes seen (a drain waits for the next one instead of polling)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def saw(self, _old: Pod | None, _new: Pod | None) -> None:
+        self.changes += 1
+        self.changed.set()
 
 
 @dataclass
@@ -86,6 +92,19 @@ class NodePods:
             watch.task.cancel()
             logger.debug("pods on node %s: no longer watched", node)
 
+    def changes(self, node: str) -> int:
+        watch = self._watches.get(node)
+        return watch.changes if watch is not None else 0
+
+    async def wait_for_change(self, node: str, *, since: int) -> None:
+        watch = self._watches.get(node)
+        if watch is None:  # not watched: nothing will change; the caller's bound ends the wait
+            await asyncio.Event().wait()
+            return
+        while watch.changes == since:
+            watch.changed.clear()
+            await watch.changed.wait()
+
     def get(self, key: str) -> Pod | None:
         for watch in self._watches.values():
             if (pod := watch.informer.get(key)) is not None:
@@ -123,5 +142,6 @@ class NodePods:
         watch = self._watches[node] = _Watch(
             informer=informer, task=asyncio.create_task(informer.run(), name=f"informer-pods-{node}")
         )
+        informer.add_handler(watch.saw)
         logger.debug("pods on node %s: watched", node)
         return watch

@@ -38,6 +38,14 @@ class NodePodReader(Store[Pod], Protocol):
         """`owner` no longer needs its node's pods."""
         ...
 
+    def changes(self, node: str) -> int:
+        """A count of the changes seen to the node's pods so far."""
+        ...
+
+    async def wait_for_change(self, node: str, *, since: int) -> None:
+        """Until the node's pods changed after `changes(node)` was `since` (the caller bounds the wait)."""
+        ...
+
 
 class PodsNotListed(Exception):
     """A node's pods could not be listed in time (its cluster's API server is unreachable or slow)."""
