@@ -250,11 +250,22 @@ async def test_losing_the_lease_ends_the_controller_with_an_error_and_leaves_the
     ) as running:
         await eventually_async(lambda: _holds(api, namespace, "victim"))
         coordination = client.CoordinationV1Api(api)
-        lease = await coordination.read_namespaced_lease(LEASE_NAME, namespace)
-        assert lease.spec is not None
-        lease.spec.holder_identity = "thief"
-        lease.spec.lease_duration_seconds = 60
-        await coordination.replace_namespaced_lease(LEASE_NAME, namespace, lease)
+
+        async def steal() -> bool:
+            """Take the Lease over; False when the victim renewed it in between (409), to try again."""
+            lease = await coordination.read_namespaced_lease(LEASE_NAME, namespace)
+            assert lease.spec is not None
+            lease.spec.holder_identity = "thief"
+            lease.spec.lease_duration_seconds = 60
+            try:
+                await coordination.replace_namespaced_lease(LEASE_NAME, namespace, lease)
+            except ApiException as error:
+                if error.status != 409:
+                    raise
+                return False
+            return True
+
+        await eventually_async(steal)
         code = await asyncio.wait_for(running.task, 30)
     assert code == 1, "crash-only: a controller that lost its lease exits instead of reconciling on"
     assert await holder(api, namespace) == "thief"
