@@ -243,22 +243,19 @@ def _preserved_condition(raw: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def node_protected(raw: dict[str, Any]) -> bool:
-    """Taint, CA annotation and the Preserved condition True (the drain may still run)."""
+    """Taint and CA annotation: kept from the autoscaler and new pods (the condition says False "being drained"
+    while the first drain runs)."""
     metadata, spec = raw.get("metadata") or {}, raw.get("spec") or {}
     tainted = any(t.get("key") == TAINT_KEY and t.get("effect") == TAINT_EFFECT for t in spec.get("taints") or [])
-    condition = _preserved_condition(raw)
-    return bool(
-        tainted
-        and (metadata.get("annotations") or {}).get(CA_ANNOTATION) == "true"
-        and condition is not None
-        and condition.get("status") == "True"
-    )
+    return bool(tainted and (metadata.get("annotations") or {}).get(CA_ANNOTATION) == "true")
 
 
 def node_preserved(raw: dict[str, Any]) -> bool:
-    """Protected and drained ("Preserved node drained successfully.")."""
-    condition = _preserved_condition(raw)
-    return node_protected(raw) and (condition or {}).get("message", "").startswith(DRAINED)
+    """Protected, and the Preserved condition True with "Preserved node drained successfully."."""
+    condition = _preserved_condition(raw) or {}
+    return (
+        node_protected(raw) and condition.get("status") == "True" and condition.get("message", "").startswith(DRAINED)
+    )
 
 
 def node_stopped(raw: dict[str, Any]) -> bool:

@@ -26,14 +26,14 @@ Setup:
 
 Figures (on this script's clock):
 1. cold start: extension process start (from /proc) -> /readyz 200; -> every Extension ready as gardenlet
-   judges it; -> every Extension `ControlPlaneHealthy` True (each shoot's caches synced); -> first full reconcile,
-   taken as the first second after that with the extension using < 5 % of a core (the shoots' reconcile
-   counters are not on the process's /metrics; when they are, `machine_preservation_reconcile_duration_seconds`
-   of controller=machines >= all Machines and empty queues are used instead);
+   judges it; -> every Extension `ControlPlaneHealthy` True (each shoot's caches synced); -> first full reconcile:
+   `machine_preservation_reconcile_duration_seconds_count{controller="machines"}` >= all Machines with the Machine
+   and MachineSet queues empty (the process exports every shoot's metrics since 3eb56d4; without those counters,
+   the first second after that with the extension using < 5 % of a core);
 2. Failed -> preserved, one sample every `--fail-interval` s, spread over the shoots (Node Ready Unknown, then the
-   Machine's phase Failed): "protected" = record on the Machine, CA annotation, taint and Preserved True on the
-   Node; "fully preserved" = that and the condition "Preserved node drained successfully." (the sample node's
-   non-DaemonSet pods evicted);
+   Machine's phase Failed): "protected" = record on the Machine, CA annotation and taint on the Node (the
+   condition says "being drained", False, while the drain runs); "fully preserved" = that and the condition True
+   with "Preserved node drained successfully." (the sample node's non-DaemonSet pods evicted);
 3. expiry lag: stop complete (record removed or Machine deleted, Node condition False, taint and CA annotation
    gone) minus the record's expiry;
 4. steady state: API writes (the process's machine_preservation_api_requests_total, verbs create/update/patch/
@@ -66,6 +66,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import ssl
 import subprocess
 import sys
@@ -662,6 +663,8 @@ class Bench:
         await asyncio.sleep(2)
         load_before = os.getloadavg()
         f["load_before_cold_start"] = load_before
+        # The extension imports the product when it starts: that is the version measured (the tree may change).
+        f["product_version"] = product_version()
         install = await self.stack.enter_async_context(
             installation(
                 self.plane,
@@ -752,7 +755,14 @@ class Bench:
             await asyncio.sleep(1.0)
             flat = await self.reader.scrape()
             done = total(flat, "machine_preservation_reconcile_duration_seconds_count", controller="machines")
-            depth = total(flat, "machine_preservation_queue_depth")
+            # As controller_scale.py: the Machine and MachineSet queues (the MachineDeployment queue may hold
+            # delayed keys; its depth is recorded).
+            depth = total(flat, "machine_preservation_queue_depth", queue="machines") + total(
+                flat, "machine_preservation_queue_depth", queue="machinesets"
+            )
+            self.f["cold_queue_depths"] = {
+                key: value for key, value in flat.items() if key.startswith("machine_preservation_queue_depth")
+            }
             cpu, now = proc_cpu_seconds(self.pid), time.monotonic()
             if done >= machines and depth == 0:
                 return now - 1.0, f"{done:.0f} Machine reconciles counted, queues empty"
@@ -816,7 +826,7 @@ class Bench:
         f[f"{phase}_sample_cpu_s"] = round(proc_cpu_seconds(self.pid) - cpu_before, 2)
         f[f"{phase}_not_preserved"] = [s.key for s in samples if s.preserved_at is None]
         f[f"{phase}_not_stopped"] = [s.key for s in samples if s.stopped_at is None]
-        log(f"[{phase}] FAILED -> PROTECTED (record, CA annotation, taint, condition): {summary(protected)}")
+        log(f"[{phase}] FAILED -> PROTECTED (record, CA annotation, taint): {summary(protected)}")
         log(
             f"[{phase}] FAILED -> FULLY PRESERVED (drained): {summary(preserved)}; missing "
             f"{f[f'{phase}_not_preserved']}"
@@ -1051,7 +1061,8 @@ def report(args: argparse.Namespace, bench: Bench | None, figures: Figures) -> N
         f"{f.get('product_version')}, {os.cpu_count()} CPUs"
     )
     if bench is not None:
-        print(f"skew (shared API servers): {bench.skew()}")
+        f["skew"] = bench.skew()
+        print(f"skew (shared API servers): {f['skew']}")
     print(
         f"setup: planes {f.get('setup_planes_s')} s, seed objects {f.get('setup_seed_objects_s')} s, Nodes and pods "
         f"{f.get('setup_nodes_pods_s')} s"
@@ -1180,9 +1191,99 @@ def product_version() -> str:
     return f"{head.stdout.strip()} + uncommitted controller/core changes (diff sha256 {digest})"
 
 
+# --- how cost grows: a least-squares fit over several runs ------------------------------------------------------
+
+FIT_FIGURES: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "peak RSS (MiB)": lambda f: (f.get("rss_end_healthy") or f.get("rss_end") or {}).get("VmHWM"),
+    "RSS after cold start (MiB)": lambda f: (f.get("rss_after_cold_start") or {}).get("VmRSS"),
+    "cold start to first full reconcile (s)": lambda f: f.get("cold_full_s"),
+    "CPU up to the first full reconcile (s)": lambda f: f.get("cold_cpu_s"),
+    "steady CPU (cores)": lambda f: f.get("steady_cpu_share"),
+    "resync CPU above baseline (CPU-s)": lambda f: f.get("steady_resync_cpu_s"),
+}
+
+
+def run_terms(f: dict[str, Any]) -> dict[str, float]:
+    """A run's sizes: shoots, Machines, and the Nodes all shoots' node watches see (shared API servers)."""
+    args = f["args"]
+    shoots, per_shoot, servers = args["shoots"], args["machines_per_shoot"], args["shoot_apiservers"]
+    per_server = [len(range(k, shoots, servers)) for k in range(servers)]
+    return {
+        "shoots": float(shoots),
+        "machines": float(shoots * per_shoot),
+        "nodes_seen": float(sum(n * n * per_shoot for n in per_server)),
+    }
+
+
+def least_squares(rows: list[list[float]], ys: list[float]) -> list[float] | None:
+    """Solve the normal equations (tiny systems; no numpy here); None if the columns are not independent."""
+    n = len(rows[0])
+    a = [
+        [sum(r[i] * r[j] for r in rows) for j in range(n)] + [sum(r[i] * y for r, y in zip(rows, ys, strict=True))]
+        for i in range(n)
+    ]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-9 * max(1.0, max(abs(x) for x in a[col][:n])):
+            return None
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(n):
+            if r != col:
+                factor = a[r][col] / a[col][col]
+                a[r] = [x - factor * y for x, y in zip(a[r], a[col], strict=True)]
+    return [a[i][n] / a[i][i] for i in range(n)]
+
+
+def fit(paths: list[Path], terms: list[str]) -> int:
+    runs = []
+    for path in paths:
+        lines = [line for line in path.read_text().splitlines() if line.startswith("json: ")]
+        if not lines:
+            print(f"{path}: no json line (the run did not finish)")
+            continue
+        figures = json.loads(lines[-1][len("json: ") :])
+        if "args" not in figures:  # runs before the arguments were recorded: read them from the report's header
+            import re
+
+            match = re.search(r"(\d+) shoots x (\d+) machines .*?(\d+) shoot API servers", path.read_text())
+            if match is None:
+                print(f"{path}: sizes unknown")
+                continue
+            shoots, per_shoot, servers = (int(g) for g in match.groups())
+            figures["args"] = {"shoots": shoots, "machines_per_shoot": per_shoot, "shoot_apiservers": servers}
+        runs.append((path.name, figures))
+    print(f"runs: {', '.join(f'{name} {run_terms(f)}' for name, f in runs)}")
+    print(f"model: figure = constant + {' + '.join(f'k_{t} * {t}' for t in terms)}")
+    for figure, read in FIT_FIGURES.items():
+        points = [(run_terms(f), read(f)) for _, f in runs]
+        points = [(t, y) for t, y in points if y is not None]
+        if len(points) < len(terms) + 1:
+            print(f"{figure}: too few runs ({len(points)})")
+            continue
+        rows = [[1.0, *(t[name] for name in terms)] for t, _ in points]
+        ys = [float(y) for _, y in points]
+        solution = least_squares(rows, ys)
+        if solution is None:
+            print(f"{figure}: the runs do not separate {terms} (vary them independently)")
+            continue
+        residual = max(
+            abs(sum(c * x for c, x in zip(solution, row, strict=True)) - y) for row, y in zip(rows, ys, strict=True)
+        )
+        parts = ", ".join(f"{value:.5g} per {name}" for name, value in zip(terms, solution[1:], strict=True))
+        print(f"{figure}: constant {solution[0]:.4g}, {parts} (largest residual {residual:.3g}; points {ys})")
+    return 0
+
+
 def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--fit":
+        parser = argparse.ArgumentParser(prog="seed_scale.py --fit", description="fit cost over runs' outputs")
+        parser.add_argument("--fit", nargs="+", type=Path, required=True, help="outputs of runs of this script")
+        parser.add_argument("--terms", default="shoots,machines", help="comma-separated: shoots, machines, nodes_seen")
+        fit_args = parser.parse_args()
+        return fit(fit_args.fit, fit_args.terms.split(","))
     args = parse_args()
     figures = Figures()
+    figures.values["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     figures.values["product_version"] = product_version()
     figures.values["machine_before"] = machine_load()
     log(
@@ -1193,6 +1294,12 @@ def main() -> int:
 
     async def bounded() -> None:
         bench = holder["bench"] = Bench(args, figures)
+        # SIGTERM/SIGHUP end the run as Ctrl-C does: cancelled, then everything stopped (the product's processes
+        # have no parent-death signal; stopping 200 shoots' lifecycles can take the extension a minute).
+        main_task = asyncio.current_task()
+        assert main_task is not None
+        for number in (signal.SIGTERM, signal.SIGHUP):
+            asyncio.get_running_loop().add_signal_handler(number, main_task.cancel)
         sampler = asyncio.create_task(_sample_machine(figures))
         try:
             await asyncio.wait_for(bench.run(), timeout=args.time_limit)
@@ -1200,6 +1307,7 @@ def main() -> int:
             await _cancel(sampler)
             with contextlib.suppress(Exception):
                 figures.values.setdefault("rss_end", proc_memory(bench.pid) if bench.pid else {})
+            log("stopping everything (the extension stops every shoot's lifecycle first)")
             await bench.close()
 
     status = 0
@@ -1207,6 +1315,9 @@ def main() -> int:
         asyncio.run(bounded())
     except TimeoutError:
         figures.notes.append(f"stopped by --time-limit {args.time_limit}s; figures above are partial")
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        figures.notes.append("interrupted; figures above are partial")
+        status = 130
     except Exception as error:
         figures.notes.append(f"failed: {error!r}")
         status = 1
