@@ -162,6 +162,13 @@ class ShootRuntime:
             machine_deployments=WorkQueue(name="machinedeployments"),
         )
         unwatch = [self.metrics.watch_queue(q.name, q.__len__, scope=options.namespace) for q in queues.all]
+        # A queue no worker serves takes no keys (they would wait there for good, shown as its depth).
+        for serves, queue in (
+            (self._serves_machine_sets(), queues.machine_sets),
+            (self._serves_machine_deployments(), queues.machine_deployments),
+        ):
+            if not serves:
+                queue.shutdown()
         node_pods = NodePods(target=self.target, resync_period=options.resync_period)
         # Handlers first: the initial lists enqueue every object; workers start once all caches synced.
         wire_handlers(caches=caches, node_pods=node_pods, queues=queues)
@@ -211,6 +218,15 @@ class ShootRuntime:
         )
         self.informer_failed.set()
 
+    def _serves_machine_sets(self) -> bool:
+        """MachineSets are reconciled unless MCM runs auto-preservation and its counters itself, or the shoot's
+        preservations are being released."""
+        return not self.native and not self.options.releasing
+
+    def _serves_machine_deployments(self) -> bool:
+        # The counters are all a MachineDeployment plan writes, and only CRDs that keep them can hold them.
+        return self._serves_machine_sets() and self.preservation.mirror_status
+
     def _watch_preserved(self) -> Unwatch:
         assert self.caches is not None
         caches, config, native = self.caches, self.preservation, self.native
@@ -252,10 +268,10 @@ class ShootRuntime:
         )
         deployments = MachineDeploymentReconciler(caches=caches, writer=writer)
         workers = [(queues.machines, machines.reconcile, max(options.workers, 1))]
-        if not self.native and not options.releasing:  # MCM runs auto-preservation and its counters itself
+        if self._serves_machine_sets():
             workers.append((queues.machine_sets, machine_sets.reconcile, 1))
-            if self.preservation.mirror_status:  # the counters are all a MachineDeployment plan writes
-                workers.append((queues.machine_deployments, deployments.reconcile, 1))
+        if self._serves_machine_deployments():
+            workers.append((queues.machine_deployments, deployments.reconcile, 1))
         return [
             asyncio.create_task(
                 run_worker(queue, reconcile, metrics=self.metrics, slots=self.slots), name=f"{queue.name}-worker-{n}"
