@@ -13,6 +13,7 @@ which the worker loop turns into "done" or a retry with backoff).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 from collections.abc import Sequence
@@ -313,10 +314,8 @@ async def execute(*, writer: Writer, writes: Sequence[tuple[Target, Step]], now:
         if isinstance(step, p.DrainNode):
             return step
         try:
-            if in_the_target_cluster(step):
-                async with writer.slots.lent():
-                    await _execute_one(writer=writer, target=target, step=step, now=now)
-            else:
+            lend = writer.slots.lent() if in_the_target_cluster(step) else contextlib.nullcontext()
+            async with lend:
                 await _execute_one(writer=writer, target=target, step=step, now=now)
         except ApiException as error:
             if classify(error.status) is ApiError.NOT_FOUND and not isinstance(step, p.RecordEvent):
