@@ -74,7 +74,6 @@ from typing import Any
 
 import aiohttp
 from kubernetes.aio import client
-from prometheus_client.parser import text_string_to_metric_families
 
 from machine_preservation.controller.clients import MERGE_PATCH, new_api_client
 from machine_preservation.controller.informer import Informer, Source
@@ -86,6 +85,7 @@ from machine_preservation.localcluster.controlplane import ControlPlane, _die_wi
 from machine_preservation.localcluster.gardener_landscape import Installation, installation, seed_client, seed_plane
 from machine_preservation.localcluster.procstat import control_plane_pids, process_cpu_seconds, process_memory_mib
 from machine_preservation.localcluster.toolchain import Toolchain, ensure_toolchain
+from scale_common import MetricsReader, total
 
 WORKER_FLAG = "--worker"
 PROJECT = "bench"
@@ -145,44 +145,6 @@ def _timestamp(text: str | None) -> dt.datetime | None:
 
 
 # --- the extension's /metrics ------------------------------------------------------------------------------------
-
-
-class Probe:
-    """The extension's metrics server: /metrics flattened, and how long /healthz takes (event-loop stalls)."""
-
-    def __init__(self, port: int) -> None:
-        self.base = f"http://127.0.0.1:{port}"
-        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
-
-    async def close(self) -> None:
-        await self.session.close()
-
-    async def scrape(self) -> dict[str, float]:
-        """'name{k=v,...}' -> value, labels sorted."""
-        async with self.session.get(f"{self.base}/metrics") as response:
-            text = await response.text()
-        flat: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-                flat[f"{sample.name}{{{labels}}}"] = sample.value
-        return flat
-
-    async def healthz_seconds(self) -> float:
-        started = time.monotonic()
-        async with self.session.get(f"{self.base}/healthz") as response:
-            await response.read()
-        return time.monotonic() - started
-
-
-def total(flat: Mapping[str, float], name: str, **labels: str) -> float:
-    wanted = [f"{k}={v}" for k, v in labels.items()]
-    found = 0.0
-    for key, value in flat.items():
-        metric, _, rest = key.partition("{")
-        if metric == name and all(w in rest.rstrip("}").split(",") for w in wanted):
-            found += value
-    return found
 
 
 def requests_by(flat: Mapping[str, float], before: Mapping[str, float]) -> dict[str, int]:
@@ -409,7 +371,7 @@ async def bounded_gather(limit: int, jobs: Sequence[Callable[[], Awaitable[None]
     await asyncio.gather(*(run(job) for job in jobs))
 
 
-async def wait_leading(probe: Probe, *, limit: float = 60.0) -> None:
+async def wait_leading(probe: MetricsReader, *, limit: float = 60.0) -> None:
     """Until the extension holds the Lease and its caches synced (a standby answers /readyz too)."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
@@ -430,7 +392,7 @@ class Context:
     seed: client.ApiClient
     seed_plane: ControlPlane
     installed: Installation
-    probe: Probe
+    probe: MetricsReader
     tracker: Tracker
     namespaces: list[str]
 
@@ -439,7 +401,7 @@ class Context:
 class Sampler:
     """Samples the extension while a phase runs: its queue depth and how long /healthz takes to answer."""
 
-    probe: Probe
+    probe: MetricsReader
     max_queue: float = 0.0
     max_conditions_queue: float = 0.0
     healthz: list[float] = dataclasses.field(default_factory=list)
@@ -556,7 +518,9 @@ async def run_phase(
     return figures
 
 
-async def settle(probe: Probe, pid: int, *, quiet_cpu: float = 0.3, window: float = 5.0, limit: float = 90.0) -> float:
+async def settle(
+    probe: MetricsReader, pid: int, *, quiet_cpu: float = 0.3, window: float = 5.0, limit: float = 90.0
+) -> float:
     """Until the extension's queues are empty and it used less than `quiet_cpu` s of CPU in `window` s; returns
     how long that took."""
     started = time.monotonic()
@@ -572,7 +536,7 @@ async def settle(probe: Probe, pid: int, *, quiet_cpu: float = 0.3, window: floa
     return time.monotonic() - started
 
 
-async def steady_window(probe: Probe, pid: int, seconds: float) -> dict[str, Any]:
+async def steady_window(probe: MetricsReader, pid: int, seconds: float) -> dict[str, Any]:
     """What the extension does with nothing asked of it: CPU and API requests over `seconds`."""
     cpu, flat = process_cpu_seconds(pid), await probe.scrape()
     await asyncio.sleep(seconds)
@@ -698,7 +662,7 @@ async def measure(
         installed = await stack.enter_async_context(
             installation(plane, seed, toolchain, directory / "installation", extra_extension_args=extra)
         )
-        probe = Probe(installed.metrics_port)
+        probe = MetricsReader(installed.metrics_port, timeout=30.0)  # a scrape may be slow while shoots start
         stack.push_async_callback(probe.close)
         await wait_leading(probe)
         pid = installed.extension.pid

@@ -16,7 +16,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,11 +103,13 @@ def proc_started_monotonic(pid: int) -> float:
 
 
 class MetricsReader:
-    def __init__(self, port: int) -> None:
+    """A process's metrics server: /readyz, /healthz timing (event-loop stalls), /metrics flattened."""
+
+    def __init__(self, port: int, *, timeout: float = 10.0) -> None:
         import aiohttp
 
         self.base = f"http://127.0.0.1:{port}"
-        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout))
 
     async def close(self) -> None:
         await self.session.close()
@@ -140,7 +142,7 @@ class MetricsReader:
         return flat
 
 
-def total(flat: dict[str, float], name: str, **labels: str) -> float:
+def total(flat: Mapping[str, float], name: str, **labels: str) -> float:
     wanted = [f"{k}={v}" for k, v in labels.items()]
     result = 0.0
     for key, value in flat.items():
