@@ -26,7 +26,7 @@ from machine_preservation.core.gardener import (
     ClusterView,
     read_cluster,
 )
-from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node
+from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, cached_node
 from machine_preservation.core.priority import (
     UnpreservedPriorities,
     unpreserved_priorities,
@@ -191,4 +191,4 @@ def shoot_caches(*, views: ShootViews, target: client.ApiClient, resync_period: 
 
 def _nodes(target: client.ApiClient, *, resync_period: float) -> Informer[Node]:
     source = Source(client.CoreV1Api(target).list_node)
-    return Informer(name="nodes", source=source, parse=Node.model_validate, resync_period=resync_period)
+    return Informer(name="nodes", source=source, parse=cached_node, resync_period=resync_period)

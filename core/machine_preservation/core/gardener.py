@@ -24,7 +24,7 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from machine_preservation.core import extension as contract
-from machine_preservation.core.models import KubeModel, ObjectMeta
+from machine_preservation.core.models import KubeModel, ObjectMeta, mapping_of
 from machine_preservation.core.provider_config import (
     InvalidPreservationConfig,
     PreservationConfig,
@@ -183,16 +183,12 @@ class ShootLifecycle:
         return ""
 
 
-def _mapping(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 def shoot_lifecycle(cluster: Mapping[str, Any]) -> ShootLifecycle:
     """Read a Cluster object (as the API serves it)."""
-    shoot = _mapping(_mapping(cluster.get("spec")).get("shoot"))
-    metadata = _mapping(shoot.get("metadata"))
-    hibernation = _mapping(_mapping(shoot.get("spec")).get("hibernation"))
-    last_operation = _mapping(_mapping(shoot.get("status")).get("lastOperation"))
+    shoot = mapping_of(mapping_of(cluster.get("spec")).get("shoot"))
+    metadata = mapping_of(shoot.get("metadata"))
+    hibernation = mapping_of(mapping_of(shoot.get("spec")).get("hibernation"))
+    last_operation = mapping_of(mapping_of(shoot.get("status")).get("lastOperation"))
     name = metadata.get("name")
     return ShootLifecycle(
         name=name if isinstance(name, str) else "",

@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.mcm_generation import ClusterEvidence
+from machine_preservation.core.models import mapping_of
 
 MCM_DEPLOYMENT: Final = "machine-controller-manager"
 MACHINE_CRD: Final = f"machines.{v.MACHINE_API_GROUP}"
@@ -22,17 +23,13 @@ EXPIRY_PATH: Final = ("status", "currentStatus", "preserveExpiryTime")
 AUTO_MAX_PATH: Final = ("spec", "autoPreserveFailedMachineMax")
 
 
-def _mapping(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 def _sequence(value: object) -> Sequence[Any]:
     return value if isinstance(value, list) else []
 
 
 def mcm_image(deployment: Mapping[str, Any]) -> str | None:
     """The image of MCM's own container in its Deployment; None when it has none."""
-    pod = _mapping(_mapping(_mapping(deployment.get("spec")).get("template")).get("spec"))
+    pod = mapping_of(mapping_of(mapping_of(deployment.get("spec")).get("template")).get("spec"))
     containers = [c for c in _sequence(pod.get("containers")) if isinstance(c, Mapping)]
     chosen = next((c for c in containers if c.get("name") == MCM_DEPLOYMENT), containers[0] if containers else None)
     image = chosen.get("image") if chosen is not None else None
@@ -42,17 +39,18 @@ def mcm_image(deployment: Mapping[str, Any]) -> str | None:
 def keeps(crd: Mapping[str, Any], path: Sequence[str], *, version: str = v.MACHINE_API_VERSION) -> bool:
     """Whether the CRD serves `version` with a schema that keeps the field at `path`."""
     entry = next(
-        (e for e in _sequence(_mapping(crd.get("spec")).get("versions")) if _mapping(e).get("name") == version), None
+        (e for e in _sequence(mapping_of(crd.get("spec")).get("versions")) if mapping_of(e).get("name") == version),
+        None,
     )
     if entry is None or entry.get("served") is not True:
         return False
-    node = _mapping(_mapping(entry.get("schema")).get("openAPIV3Schema"))
+    node = mapping_of(mapping_of(entry.get("schema")).get("openAPIV3Schema"))
     for key in path:
-        properties = _mapping(node.get("properties"))
+        properties = mapping_of(node.get("properties"))
         additional = node.get("additionalProperties")
         if key in properties:
-            node = _mapping(properties[key])
-        elif isinstance(additional, Mapping):
+            node = mapping_of(properties[key])
+        elif isinstance(additional, dict):
             node = additional
         else:
             return node.get("x-kubernetes-preserve-unknown-fields") is True or additional is True

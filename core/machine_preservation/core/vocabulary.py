@@ -178,3 +178,20 @@ SHOOT_API_VERSION: Final = "v1beta1"
 
 # A static pod's mirror in the API: it stays on its node through a drain.
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
+
+# Every annotation above; the controller's Node cache keeps no others (models.cached_node).
+ANNOTATIONS: Final = frozenset(
+    {
+        PRESERVE_ANNOTATION,
+        LAST_APPLIED_NODE_PRESERVE_ANNOTATION,
+        CA_SCALE_DOWN_DISABLED_ANNOTATION,
+        CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION,
+        CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION,
+        MACHINE_PRIORITY_ANNOTATION,
+        LAST_MACHINE_PRIORITY_ANNOTATION,
+        MACHINE_SET_REVISION_ANNOTATION,
+        REPORTED_INVALID_PRESERVE_VALUES_ANNOTATION,
+        *PRESERVATION_RECORD_ANNOTATIONS,
+        MIRROR_POD_ANNOTATION,
+    }
+)

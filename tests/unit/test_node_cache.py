@@ -1,0 +1,190 @@
+"""The controller's cached Node (`models.cached_node`): it keeps only what the product reads of a Node, so every
+plan made from it is the plan made from the whole Node."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from machine_preservation.core import vocabulary as v
+from machine_preservation.core.lifecycle import node_is_healthy
+from machine_preservation.core.models import Node, cached_node
+from machine_preservation.core.native import plan_native
+
+from .lifecycle_helpers import CONFIG
+from .test_lifecycle_properties import replan, snapshots
+
+CONDITION_KINDS = [
+    "Ready",
+    "MemoryPressure",
+    "DiskPressure",
+    "PIDPressure",
+    "KernelDeadlock",
+    "ReadonlyFilesystem",
+    "NetworkUnavailable",
+    "FrequentKubeletRestart",
+]
+STATUSES = ["True", "False", "Unknown"]
+FOREIGN_ANNOTATIONS = {
+    "node.alpha.kubernetes.io/ttl": "0",
+    "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+    "node.machine.sapcloud.io/last-applied-anno-labels-taints": '{"metadata":{"labels":{"a":"b"}}}',
+    "cluster-autoscaler.kubernetes.io/other": "x",
+}
+CONFIGS = [
+    CONFIG,
+    dataclasses.replace(CONFIG, unhealthy_node_conditions=("FrequentKubeletRestart", "MemoryPressure")),
+    dataclasses.replace(CONFIG, unhealthy_node_conditions=()),
+]
+
+extra_conditions = st.lists(
+    st.builds(
+        lambda kind, status, heartbeat: {
+            "type": kind,
+            "status": status,
+            "reason": f"{kind}Reason",
+            "message": f"the kubelet says {kind} is {status}",
+            "lastHeartbeatTime": heartbeat,
+            "lastTransitionTime": "2026-11-20T10:00:00Z",
+        },
+        st.sampled_from(CONDITION_KINDS[1:]),
+        st.sampled_from(STATUSES),
+        st.sampled_from(["2026-11-26T10:00:00Z", "2026-11-26T10:05:00Z"]),
+    ),
+    max_size=4,
+    unique_by=lambda c: c["type"],
+)
+
+
+def with_noise(node: Node, conditions: list[dict[str, Any]]) -> dict[str, Any]:
+    """`node` as the API serves it, with what other components write beside the product's parts."""
+    raw = node.model_dump(by_alias=True, mode="json")
+    raw["metadata"]["labels"] = {"kubernetes.io/hostname": raw["metadata"]["name"], "worker.gardener.cloud/pool": "a"}
+    raw["metadata"]["annotations"] = {**FOREIGN_ANNOTATIONS, **raw["metadata"]["annotations"]}
+    raw["status"]["conditions"] = [*raw["status"]["conditions"], *conditions]
+    raw["status"]["images"] = [{"names": ["registry/image:1"], "sizeBytes": 1}]
+    raw["spec"]["podCIDR"] = "100.96.0.0/24"
+    return raw
+
+
+@settings(max_examples=400, deadline=None)
+@given(snapshot=snapshots(), conditions=extra_conditions, config=st.sampled_from(CONFIGS))
+def test_every_plan_from_the_cached_node_is_the_plan_from_the_whole_node(
+    snapshot: dict[str, Any], conditions: list[dict[str, Any]], config: Any
+) -> None:
+    if snapshot["node"] is None:
+        return
+    snapshot = {**snapshot, "config": dataclasses.replace(snapshot["config"], **_unhealthy(config))}
+    raw = with_noise(snapshot["node"], conditions)
+    whole, cached = Node.model_validate(copy.deepcopy(raw)), cached_node(raw)
+
+    assert replan(snapshot, snapshot["machine"], cached) == replan(snapshot, snapshot["machine"], whole)
+    assert node_is_healthy(node=cached, config=snapshot["config"]) == node_is_healthy(
+        node=whole, config=snapshot["config"]
+    )
+    assert plan_native(machine=snapshot["machine"], node=cached, config=snapshot["config"]) == plan_native(
+        machine=snapshot["machine"], node=whole, config=snapshot["config"]
+    )
+
+
+def _unhealthy(config: Any) -> dict[str, Any]:
+    return {"unhealthy_node_conditions": config.unhealthy_node_conditions}
+
+
+def test_what_the_cache_keeps() -> None:
+    raw = {
+        "metadata": {
+            "name": "n1",
+            "uid": "u1",
+            "resourceVersion": "42",
+            "deletionTimestamp": "2026-11-26T10:00:00Z",
+            "labels": {"kubernetes.io/hostname": "n1"},
+            "ownerReferences": [{"kind": "X", "name": "x", "uid": "x"}],
+            "annotations": {
+                **FOREIGN_ANNOTATIONS,
+                v.PRESERVE_ANNOTATION: "now",
+                v.CA_SCALE_DOWN_DISABLED_ANNOTATION: "true",
+            },
+        },
+        "spec": {"providerID": "aws:///i-1", "taints": [{"key": "k", "effect": "NoSchedule"}], "unschedulable": True},
+        "status": {
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "ready",
+                    "lastHeartbeatTime": "2026-11-26T10:00:00Z",
+                },
+                {"type": "MemoryPressure", "status": "False", "reason": "Fine", "message": "fine"},
+                {"type": "KernelDeadlock", "status": "True", "reason": "Deadlock", "message": "deadlocked"},
+                {
+                    "type": v.PRESERVED_CONDITION_TYPE,
+                    "status": "True",
+                    "reason": "Preserved by user.",
+                    "message": "Machine preserved until 2026-11-27 10:00:00 +0000 UTC.",
+                    "lastTransitionTime": "2026-11-26T09:00:00Z",
+                    "lastHeartbeatTime": "2026-11-26T10:00:00Z",
+                },
+            ],
+            "images": [{"names": ["x"], "sizeBytes": 1}],
+        },
+    }
+    node = cached_node(raw)
+
+    assert (node.metadata.name, node.metadata.uid, node.metadata.resource_version) == ("n1", "u1", "42")
+    assert node.metadata.deletion_timestamp is not None
+    assert node.metadata.labels == {} and node.metadata.owner_references == []
+    assert node.metadata.annotations == {v.PRESERVE_ANNOTATION: "now", v.CA_SCALE_DOWN_DISABLED_ANNOTATION: "true"}
+    assert (node.spec.provider_id, node.spec.unschedulable, len(node.spec.taints)) == ("aws:///i-1", True, 1)
+    assert [(c.type, c.status, c.reason, c.message) for c in node.status.conditions] == [
+        ("Ready", "True", "", ""),
+        ("KernelDeadlock", "True", "", ""),
+        (
+            v.PRESERVED_CONDITION_TYPE,
+            "True",
+            "Preserved by user.",
+            "Machine preserved until 2026-11-27 10:00:00 +0000 UTC.",
+        ),
+    ]
+    preserved = node.preserved_condition
+    assert preserved is not None and preserved.last_transition_time is not None
+    assert preserved.last_heartbeat_time is None
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {},
+        {"metadata": None, "spec": None, "status": None},
+        {"metadata": {"annotations": None}, "status": {"conditions": None}},
+        {"metadata": {"annotations": []}, "status": {"conditions": ["not an object"]}},
+    ],
+)
+def test_absent_or_malformed_parts_count_as_empty(raw: dict[str, Any]) -> None:
+    node = cached_node(raw)
+
+    assert node.metadata.annotations == {} and node.status.conditions == []
+
+
+@pytest.mark.parametrize(
+    "condition",
+    [{"status": "True"}, {"type": "Ready"}, {"type": 3, "status": "True"}],
+)
+def test_a_condition_without_type_or_status_does_not_parse(condition: dict[str, Any]) -> None:
+    # The informer skips an object that does not parse (a ValueError), as it does for the whole model.
+    with pytest.raises(ValueError):
+        cached_node({"metadata": {"name": "n1"}, "status": {"conditions": [condition]}})
+    with pytest.raises(ValueError):
+        Node.model_validate({"metadata": {"name": "n1"}, "status": {"conditions": [condition]}})
+
+
+def test_the_vocabulary_lists_every_annotation() -> None:
+    named = {value for name, value in vars(v).items() if name.endswith("_ANNOTATION")}
+
+    assert named and named == v.ANNOTATIONS
