@@ -5,6 +5,9 @@ same)."""
 from __future__ import annotations
 
 import enum
+from typing import Final
+
+import aiohttp
 
 
 class ApiError(enum.Enum):
@@ -31,3 +34,8 @@ def classify(status: int | None) -> ApiError:
     """The meaning of an HTTP status of an API answer (an `ApiException`'s or a raw response's) that is not a
     success."""
     return _BY_STATUS.get(status or 0, ApiError.OTHER)
+
+
+# What a request raises when the API server gave no answer: it is unreachable, dropped the connection or did
+# not answer in time. A retry may succeed; nothing was decided about the request.
+NO_ANSWER: Final = (TimeoutError, aiohttp.ClientError, OSError)

@@ -19,11 +19,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
 
-import aiohttp
 from kubernetes.aio import watch
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.api_errors import ApiError, classify
+from machine_preservation.controller.api_errors import NO_ANSWER, ApiError, classify
 from machine_preservation.controller.backoff import Backoff
 
 logger = logging.getLogger(__name__)
@@ -164,7 +163,7 @@ class Informer(Generic[T]):
                     self.failing = f"HTTP {error.status} {error.reason}"
                     logger.warning("%s: list/watch failed (%s %s), retrying", self.name, error.status, error.reason)
                     await asyncio.sleep(self._jittered(failures))
-                except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
+                except (*NO_ANSWER, ValueError) as error:  # ValueError: an unreadable answer
                     failures += 1
                     self.stats.errors += 1
                     self.failing = str(error) or type(error).__name__

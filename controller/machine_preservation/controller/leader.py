@@ -14,13 +14,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 from kubernetes.aio.leaderelection import electionconfig, leaderelection
 from kubernetes.aio.leaderelection.leaderelectionrecord import LeaderElectionRecord
 from kubernetes.aio.leaderelection.resourcelock.leaselock import LeaseLock
 
+from machine_preservation.controller.api_errors import NO_ANSWER
 from machine_preservation.core.clock import system_clock
 
 logger = logging.getLogger(__name__)
@@ -63,14 +63,14 @@ class _LeaseLock(LeaseLock):
     async def get(self, name: str, namespace: str) -> tuple[bool, Any]:
         try:
             return await asyncio.wait_for(super().get(name, namespace), self.request_timeout)
-        except (TimeoutError, aiohttp.ClientError, OSError) as error:
+        except NO_ANSWER as error:
             logger.warning("could not read the lease %s/%s: %r", namespace, name, error)
             return False, ApiException(status=0, reason=f"no answer: {error!r}")
 
     async def update(self, name: str, namespace: str, updated_record: LeaderElectionRecord) -> bool:
         try:
             return await asyncio.wait_for(super().update(name, namespace, updated_record), self.request_timeout)
-        except (TimeoutError, aiohttp.ClientError, OSError) as error:
+        except NO_ANSWER as error:
             logger.warning("could not renew the lease %s/%s: %r", namespace, name, error)
             return False
 
@@ -81,7 +81,7 @@ class _LeaseLock(LeaseLock):
         except ApiException as error:
             logger.info("could not create the lease %s/%s: %s %s", namespace, name, error.status, error.reason)
             return False
-        except (TimeoutError, aiohttp.ClientError, OSError) as error:
+        except NO_ANSWER as error:
             logger.warning("could not create the lease %s/%s: %r", namespace, name, error)
             return False
         return True

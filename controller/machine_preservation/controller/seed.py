@@ -20,12 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.certs.rotation import CA_BUNDLE_KEY
-from machine_preservation.controller.api_errors import ApiError, classify
+from machine_preservation.controller.api_errors import NO_ANSWER, ApiError, classify
 from machine_preservation.controller.clients import MERGE_PATCH, new_api_client
 from machine_preservation.controller.extensions import EXTENSION_VERSION, ExtensionReconciler, decode_ca_bundle
 from machine_preservation.controller.informer import Informer, Source
@@ -300,7 +299,7 @@ class SeedController:
                     await asyncio.wait_for(api.create_namespaced_lease(namespace, body), period)  # type: ignore[arg-type]
             except ApiException as error:
                 logger.warning("cannot renew the heartbeat Lease: %s %s", error.status, error.reason)
-            except (TimeoutError, aiohttp.ClientError, OSError) as error:
+            except NO_ANSWER as error:
                 logger.warning("cannot renew the heartbeat Lease: %r", error)
             await asyncio.sleep(period)
 
