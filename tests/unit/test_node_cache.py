@@ -139,7 +139,8 @@ def test_what_the_cache_keeps() -> None:
 
     assert (node.metadata.name, node.metadata.uid, node.metadata.resource_version) == ("n1", "u1", "42")
     assert node.metadata.deletion_timestamp is not None
-    assert node.metadata.labels == {} and node.metadata.owner_references == []
+    assert node.metadata.labels == {}
+    assert node.metadata.owner_references == []
     assert node.metadata.annotations == {v.PRESERVE_ANNOTATION: "now", v.CA_SCALE_DOWN_DISABLED_ANNOTATION: "true"}
     assert (node.spec.provider_id, node.spec.unschedulable, len(node.spec.taints)) == ("aws:///i-1", True, 1)
     assert [(c.type, c.status, c.reason, c.message) for c in node.status.conditions] == [
@@ -153,7 +154,8 @@ def test_what_the_cache_keeps() -> None:
         ),
     ]
     preserved = node.preserved_condition
-    assert preserved is not None and preserved.last_transition_time is not None
+    assert preserved is not None
+    assert preserved.last_transition_time is not None
     assert preserved.last_heartbeat_time is None
 
 
@@ -169,7 +171,8 @@ def test_what_the_cache_keeps() -> None:
 def test_absent_or_malformed_parts_count_as_empty(raw: dict[str, Any]) -> None:
     node = cached_node(raw)
 
-    assert node.metadata.annotations == {} and node.status.conditions == []
+    assert node.metadata.annotations == {}
+    assert node.status.conditions == []
 
 
 @pytest.mark.parametrize(
@@ -178,13 +181,14 @@ def test_absent_or_malformed_parts_count_as_empty(raw: dict[str, Any]) -> None:
 )
 def test_a_condition_without_type_or_status_does_not_parse(condition: dict[str, Any]) -> None:
     # The informer skips an object that does not parse (a ValueError), as it does for the whole model.
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="conditions"):
         cached_node({"metadata": {"name": "n1"}, "status": {"conditions": [condition]}})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="conditions"):
         Node.model_validate({"metadata": {"name": "n1"}, "status": {"conditions": [condition]}})
 
 
 def test_the_vocabulary_lists_every_annotation() -> None:
     named = {value for name, value in vars(v).items() if name.endswith("_ANNOTATION")}
 
-    assert named and named == v.ANNOTATIONS
+    assert named
+    assert named == v.ANNOTATIONS
