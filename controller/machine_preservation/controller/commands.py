@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from machine_preservation.controller.crd_check import CrdCheckFailed
+from machine_preservation.controller.heap import keep_heap
 from machine_preservation.controller.manager import (
     DEFAULT_DRAIN_ATTEMPT_TIMEOUT,
     Controller,
@@ -167,9 +168,11 @@ async def _until_signalled(run: Callable[[asyncio.Event], Awaitable[int]]) -> in
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    heap = asyncio.create_task(keep_heap(), name="keep-heap")
     try:
         return await run(stop)
     finally:
+        heap.cancel()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
 
