@@ -152,17 +152,10 @@ class MachineCurrentStatus(KubeModel):
     preserve_expiry_time: dt.datetime | None = None
 
 
-class LastOperation(KubeModel):
-    description: str = ""
-    state: str = ""
-    type: str = ""
-    last_update_time: dt.datetime | None = None
-
-
 class MachineStatus(KubeModel):
+    # Only what the product reads: every Machine of a seed is cached, and MCM copies its node's conditions (the
+    # kubelet's messages) and its last operation's description into the rest.
     current_status: MachineCurrentStatus = Field(default_factory=MachineCurrentStatus)
-    last_operation: LastOperation = Field(default_factory=LastOperation)
-    conditions: list[NodeCondition] = Field(default_factory=list)
 
 
 class MachineSpec(KubeModel):
@@ -242,10 +235,9 @@ class MachineDeployment(KubeModel):
 
 class Pod(KubeModel):
     """A Pod reduced to what a drain reads: where it runs, whether it is going away, whether it stays (mirror or
-    DaemonSet pod). The controller caches every pod of the target cluster, so the object is boiled down on
-    parsing into one flat model: ~1.2 KB per cached pod, against ~3.8 KB with full metadata; 60,000 pods take
-    67 MiB instead of 220 MiB, which would not fit the controller's 300Mi limit with the rest
-    (benchmarks/pod_cache_memory.py)."""
+    DaemonSet pod). The controller caches the pods of failed machines' nodes (`node_pods`), as many as fail at
+    once, so the object is boiled down on parsing into one flat model: ~1.2 KB per cached pod, against ~3.8 KB
+    with full metadata (benchmarks/pod_cache_memory.py)."""
 
     name: str = ""
     namespace: str = ""
