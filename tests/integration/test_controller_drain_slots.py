@@ -17,7 +17,7 @@ from machine_preservation.controller.drain import Drainer
 from machine_preservation.controller.events import EventRecorder
 from machine_preservation.controller.metrics import Metrics
 from machine_preservation.controller.node_pods import NodePods
-from machine_preservation.controller.reconcile import MachineReconciler
+from machine_preservation.controller.reconcile import LiveNodes, MachineReconciler
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.models import Machine
@@ -62,6 +62,7 @@ async def test_a_drain_waits_for_a_free_slot_as_a_requeue(
             caches=caches,
             writer=Writer(control=api, target=api, namespace=namespace, recorder=recorder),
             drainer=Drainer(target=api, pods=node_pods),
+            live_nodes=LiveNodes(target=api),
             node_pods=node_pods,
             config=PreservationConfig(),
             metrics=Metrics(),

@@ -8,10 +8,15 @@ then). Which keys to look at comes from the event handlers (`handlers.wire_handl
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
+
+from machine_preservation.controller.api_errors import ApiError, classify
 from machine_preservation.controller.apply import (
     Snapshot,
     Writer,
@@ -34,8 +39,14 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.core.auto_preservation import is_being_replaced, plan_machine_deployment, plan_machine_set
 from machine_preservation.core.clock import Clock, system_clock
 from machine_preservation.core.config import PreservationConfig
-from machine_preservation.core.lifecycle import MachineContext, labelled_node, plan_after_drain, plan_machine
-from machine_preservation.core.models import Machine, MachineSet, Node
+from machine_preservation.core.lifecycle import (
+    MachineContext,
+    health_to_confirm,
+    labelled_node,
+    plan_after_drain,
+    plan_machine,
+)
+from machine_preservation.core.models import Machine, MachineSet, Node, cached_node
 from machine_preservation.core.native import plan_native
 
 logger = logging.getLogger(__name__)
@@ -52,10 +63,29 @@ def no_pool_timeout(_: Machine) -> dt.timedelta | None:
 
 
 @dataclass
+class LiveNodes:
+    """Nodes read from the target's API server past the cache, for the one decision a late cache must not make
+    (`lifecycle.health_to_confirm`)."""
+
+    target: client.ApiClient
+
+    async def get(self, name: str) -> Node | None:
+        """The Node as the API server has it now, kept as the cache keeps it; None once it is gone."""
+        response = await client.CoreV1Api(self.target).read_node_without_preload_content(name)
+        body = await response.read()
+        if classify(response.status) is ApiError.NOT_FOUND:
+            return None
+        if response.status != 200:
+            raise ApiException(status=response.status, reason=response.reason, body=body.decode(errors="replace"))
+        return cached_node(json.loads(body))
+
+
+@dataclass
 class MachineReconciler:
     caches: CacheReader
     writer: Writer
     drainer: Drainer
+    live_nodes: LiveNodes
     # The pods of failed machines' nodes, the only ones a drain or its condition reads; the drainer's too.
     node_pods: NodePodReader
     config: PreservationConfig
@@ -88,6 +118,9 @@ class MachineReconciler:
             return None
         now = self.clock()
         node = self.caches.nodes.get(machine.node_name) if machine.node_name else None
+        if not (self.native or self.released) and health_to_confirm(machine=machine, node=node, config=self.config):
+            async with self.slots.lent():  # waits for the shoot's API server
+                node = await self.live_nodes.get(machine.node_name)
         failed = machine.phase == v.MachinePhase.FAILED
         if failed and node is not None and not (self.native or self.released):
             async with self.slots.lent():  # a first list waits for the shoot's API server

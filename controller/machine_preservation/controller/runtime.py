@@ -36,6 +36,7 @@ from machine_preservation.controller.node_pods import NodePods
 from machine_preservation.controller.pools import PoolSettingsReader
 from machine_preservation.controller.queue import WorkQueue, run_worker, stop_workers
 from machine_preservation.controller.reconcile import (
+    LiveNodes,
     MachineDeploymentReconciler,
     MachineReconciler,
     MachineSetReconciler,
@@ -248,6 +249,7 @@ class ShootRuntime:
             caches=caches,
             writer=writer,
             drainer=Drainer(target=self.target, pods=node_pods),
+            live_nodes=LiveNodes(target=self.target),
             node_pods=node_pods,
             config=self.preservation,
             metrics=self.metrics,

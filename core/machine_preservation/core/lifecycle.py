@@ -247,6 +247,14 @@ def is_machines_node(*, machine: Machine, node: Node) -> bool:
     )
 
 
+def health_to_confirm(*, machine: Machine, node: Node | None, config: PreservationConfig) -> bool:
+    """Whether the plan would take a healthy-looking Node at its word against a Failed phase: it would move the
+    machine back to Running. MCM failed the machine from its own view of the node, and the Node's watch may run
+    behind the Machine's (a watch restarting, a busy shoot API server), so the shell reads the Node afresh before
+    planning; a late cache would otherwise undo the failure and delay the preservation by a health timeout."""
+    return machine.phase == v.MachinePhase.FAILED and node is not None and node_is_healthy(node=node, config=config)
+
+
 def node_is_healthy(*, node: Node, config: PreservationConfig) -> bool:
     """Ready, and none of the conditions that make MCM call a node unhealthy."""
     ready = node.condition(v.NODE_READY_CONDITION_TYPE)
