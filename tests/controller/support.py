@@ -15,10 +15,16 @@ import pytest
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
+from machine_preservation.controller.apply import Writer
 from machine_preservation.controller.clients import new_api_client
-from machine_preservation.controller.events import NODE_EVENT_NAMESPACE
+from machine_preservation.controller.drain import Drainer
+from machine_preservation.controller.events import NODE_EVENT_NAMESPACE, EventRecorder
+from machine_preservation.controller.metrics import Metrics
+from machine_preservation.controller.node_pods import NodePods
+from machine_preservation.controller.reader import CacheReader
+from machine_preservation.controller.reconcile import LiveNodes, MachineReconciler
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.config import DEFAULT_MAX_PRESERVE_TIMEOUT
+from machine_preservation.core.config import DEFAULT_MAX_PRESERVE_TIMEOUT, PreservationConfig
 from machine_preservation.core.models import Machine, Node
 from machine_preservation.core.preservation_record import format_timestamp
 from machine_preservation.localcluster.controlplane import ControlPlane
@@ -264,3 +270,19 @@ async def events_about(api: client.ApiClient, namespace: str, kind: str, name: s
     )
     items: list[client.CoreV1Event] = listed.items
     return items
+
+
+def machine_reconciler(
+    api: client.ApiClient, namespace: str, *, caches: CacheReader, node_pods: NodePods, **options: Any
+) -> MachineReconciler:
+    """The Machine reconciler wired as a runtime wires it, with one API server as control and target."""
+    recorder = EventRecorder(control=api, target=api, machine_namespace=namespace, instance="test")
+    return MachineReconciler(
+        caches=caches,
+        writer=Writer(control=api, target=api, namespace=namespace, recorder=recorder),
+        drainer=Drainer(target=api, pods=node_pods),
+        live_nodes=LiveNodes(target=api),
+        node_pods=node_pods,
+        metrics=Metrics(),
+        **{"config": PreservationConfig(), **options},
+    )

@@ -11,17 +11,12 @@ from collections.abc import AsyncIterator
 
 from kubernetes.aio import client
 
-from machine_preservation.controller.apply import StepFailed, Writer
+from machine_preservation.controller.apply import StepFailed
 from machine_preservation.controller.caches import Caches, new_caches
-from machine_preservation.controller.drain import Drainer
-from machine_preservation.controller.events import EventRecorder
-from machine_preservation.controller.metrics import Metrics
 from machine_preservation.controller.node_pods import NodePods
-from machine_preservation.controller.reconcile import LiveNodes, MachineReconciler
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.models import Machine
-from tests.controller.support import create_machine, machine_model, new_node
+from tests.controller.support import create_machine, machine_model, machine_reconciler, new_node
 from tests.polling import eventually_async
 
 
@@ -55,19 +50,9 @@ async def test_a_drain_waits_for_a_free_slot_as_a_requeue(
         phase="Failed",
         annotations={v.PRESERVE_ANNOTATION: "now"},
     )
-    recorder = EventRecorder(control=api, target=api, machine_namespace=namespace, instance="test")
     node_pods = NodePods(target=api)
     async with synced_caches(api, namespace) as caches:
-        reconciler = MachineReconciler(
-            caches=caches,
-            writer=Writer(control=api, target=api, namespace=namespace, recorder=recorder),
-            drainer=Drainer(target=api, pods=node_pods),
-            live_nodes=LiveNodes(target=api),
-            node_pods=node_pods,
-            config=PreservationConfig(),
-            metrics=Metrics(),
-            max_concurrent_drains=1,
-        )
+        reconciler = machine_reconciler(api, namespace, caches=caches, node_pods=node_pods, max_concurrent_drains=1)
         key = f"{namespace}/m"
         await eventually_async(lambda: caches.machines.get(key))
 

@@ -13,19 +13,15 @@ from collections.abc import AsyncIterator
 import pytest
 from kubernetes.aio import client
 
-from machine_preservation.controller.apply import Writer
 from machine_preservation.controller.caches import Caches, new_caches
-from machine_preservation.controller.drain import Drainer
-from machine_preservation.controller.events import EventRecorder
-from machine_preservation.controller.metrics import Metrics
 from machine_preservation.controller.node_pods import NodePods
-from machine_preservation.controller.reconcile import LiveNodes, MachineReconciler
+from machine_preservation.controller.reconcile import LiveNodes
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.lifecycle import node_is_healthy
 from machine_preservation.core.models import Machine
 from machine_preservation.core.preservation_record import format_timestamp
-from tests.controller.support import create_machine, machine_model, new_node
+from tests.controller.support import create_machine, machine_model, machine_reconciler, new_node
 from tests.polling import eventually_async
 
 
@@ -62,7 +58,6 @@ async def test_a_failed_machine_is_judged_by_its_node_as_the_api_server_has_it(
 ) -> None:
     node = await new_node(api, node_names, ready=True)
     config = PreservationConfig()
-    recorder = EventRecorder(control=api, target=api, machine_namespace=namespace, instance="test")
     node_pods = NodePods(target=api)
     async with caches_with_a_stopped_node_watch(api, namespace) as caches:
         await set_ready(api, node, ready_on_the_server)
@@ -80,15 +75,7 @@ async def test_a_failed_machine_is_judged_by_its_node_as_the_api_server_has_it(
         assert late is not None
         assert node_is_healthy(node=late, config=config), "the cache is late: it still shows the node healthy"
 
-        reconciler = MachineReconciler(
-            caches=caches,
-            writer=Writer(control=api, target=api, namespace=namespace, recorder=recorder),
-            drainer=Drainer(target=api, pods=node_pods),
-            live_nodes=LiveNodes(target=api),
-            node_pods=node_pods,
-            config=config,
-            metrics=Metrics(),
-        )
+        reconciler = machine_reconciler(api, namespace, caches=caches, node_pods=node_pods, config=config)
         await reconciler.reconcile(key)
 
         machine: Machine | None = await machine_model(api, namespace, "m")
