@@ -185,6 +185,28 @@ async def test_survives_the_apiserver_going_away_and_coming_back(
     assert informer.stats.lists == 1, "the watch resumed from its resourceVersion instead of re-listing"
 
 
+async def test_is_served_again_as_soon_as_its_watch_is_answered_not_at_the_next_event(
+    control_plane: ControlPlane, namespace: str, tmp_path: Path
+) -> None:
+    # Nothing changes in the namespace after the outage: the resumed watch sends no event (a bookmark comes
+    # only about a minute later), yet the informer must stop reporting the outage at once.
+    proxy = TcpProxy(upstream_port=control_plane.apiserver_port)
+    await proxy.start()
+    proxied = await aio_client(proxy.kubeconfig(source=control_plane.kubeconfig, target=tmp_path / "proxied"))
+    informer = machine_informer(proxied, namespace, backoff=Backoff(base=0.1, cap=0.5))
+    try:
+        async with running(informer):
+            await asyncio.wait_for(informer.wait_synced(), 30)
+            await proxy.cut()
+            await eventually_async(lambda: informer.failing is not None, limit=30)
+            await proxy.start()
+            await eventually_async(lambda: informer.failing is None, limit=10)
+    finally:
+        await proxy.cut()
+        await proxied.close()
+    assert informer.stats.lists == 1, "the watch resumed: no re-list cleared the outage"
+
+
 async def test_an_object_that_does_not_parse_is_skipped_not_fatal(api: client.ApiClient, namespace: str) -> None:
     custom = client.CustomObjectsApi(api)
     await create_machine(custom, namespace, "good")

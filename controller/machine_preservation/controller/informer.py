@@ -12,6 +12,7 @@ and the raw JSON is dropped, so the cache holds only what the controller reads.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import random
@@ -36,10 +37,28 @@ ListFunction = Callable[..., Any]
 
 
 class _RawWatch(watch.Watch):
-    """A `Watch` that hands out the raw JSON objects; we parse them into our own models."""
+    """A `Watch` that hands out the raw JSON objects (we parse them into our own models) and tells `on_answer`
+    the HTTP status of each watch request as soon as the API server answers it, before any event."""
+
+    def __init__(self, on_answer: Callable[[int], None]) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._on_answer = on_answer
 
     def get_return_type(self, func: object) -> None:
         return None
+
+    def stream(self, func: Any, *args: Any, **kwargs: Any) -> _RawWatch:
+        super().stream(func, *args, **kwargs)  # type: ignore[no-untyped-call]
+        request, on_answer = self.func.func, self._on_answer
+
+        async def answered(*call_args: Any, **call_kwargs: Any) -> Any:
+            response = await request(*call_args, **call_kwargs)
+            on_answer(response.status)
+            return response
+
+        # Still a partial: the library updates its keywords (the resourceVersion) between requests.
+        self.func = functools.partial(answered, *self.func.args, **self.func.keywords)
+        return self
 
 
 @dataclass(frozen=True)
@@ -209,7 +228,7 @@ class Informer(Generic[T]):
         self.stats.watches += 1
         # Spread the watch restarts of many informers/replicas over time (client-go: 5-10 minutes).
         timeout = int(self.watch_timeout * random.uniform(1.0, 1.5))
-        stream: Any = _RawWatch()  # type: ignore[no-untyped-call]
+        stream: Any = _RawWatch(on_answer=self._watch_answered)
         try:
             events = stream.stream(
                 self.source.list_function,
@@ -228,6 +247,12 @@ class Informer(Generic[T]):
                 self._apply(event["type"], event["raw_object"])
         finally:
             await stream.close()
+
+    def _watch_answered(self, status: int) -> None:
+        # Served again from the moment the API server answers the watch: a quiet cluster may send its first
+        # event or bookmark only a minute later, and a shoot would be reported unserved until then.
+        if status == 200:
+            self.failing = None
 
     def _apply(self, kind: str, raw: Mapping[str, Any]) -> None:
         self.failing = None
