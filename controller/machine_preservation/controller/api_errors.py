@@ -5,9 +5,11 @@ same)."""
 from __future__ import annotations
 
 import enum
-from typing import Final
+import json
+from typing import Any, Final
 
 import aiohttp
+from kubernetes.aio.client.exceptions import ApiException
 
 
 class ApiError(enum.Enum):
@@ -39,3 +41,14 @@ def classify(status: int | None) -> ApiError:
 # What a request raises when the API server gave no answer: it is unreachable, dropped the connection or did
 # not answer in time. A retry may succeed; nothing was decided about the request.
 NO_ANSWER: Final = (TimeoutError, aiohttp.ClientError, OSError)
+
+
+async def read_json(response: Any, *, absent: frozenset[ApiError] = frozenset({ApiError.NOT_FOUND})) -> Any:
+    """The JSON body of a raw answer (a `*_without_preload_content` call's response); None where its status means
+    one of `absent`; any other failure raises the ApiException the typed client would have."""
+    body = await response.read()
+    if classify(response.status) in absent:
+        return None
+    if response.status != 200:
+        raise ApiException(status=response.status, reason=response.reason, body=body.decode(errors="replace"))
+    return json.loads(body)

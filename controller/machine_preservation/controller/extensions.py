@@ -30,7 +30,7 @@ from typing import Any
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.api_errors import ApiError, classify
+from machine_preservation.controller.api_errors import ApiError, classify, read_json
 from machine_preservation.controller.clients import MERGE_PATCH
 from machine_preservation.controller.informer import Informer
 from machine_preservation.controller.shoot_access import ShootAccessUnavailable
@@ -352,12 +352,10 @@ class ExtensionReconciler:
             contract.PLURAL,
             extension.metadata.name,
         )
-        body = await response.read()
-        if classify(response.status) is ApiError.NOT_FOUND:
+        raw = await read_json(response)
+        if raw is None:
             return
-        if response.status != 200:
-            raise ApiException(status=response.status, reason=response.reason, body=body.decode(errors="replace"))
-        current = contract.Extension.model_validate(json.loads(body))
+        current = contract.Extension.model_validate(raw)
         patch = contract.finalizers_patch(current, remove=not everyone, clear=everyone)
         if patch is not None:
             await _absent(self._patch(current, patch))
@@ -375,14 +373,10 @@ async def _ensure(
     `fields` to what is desired; no write when nothing differs."""
     metadata = desired["metadata"]
     name, namespace = metadata["name"], metadata["namespace"]
-    response = await read(name, namespace)
-    body = await response.read()
-    if classify(response.status) is ApiError.NOT_FOUND:
+    current = await read_json(await read(name, namespace))
+    if current is None:
         await create(namespace, dict(desired))
         return
-    if response.status != 200:
-        raise ApiException(status=response.status, reason=response.reason, body=body.decode(errors="replace"))
-    current = json.loads(body)
     changes = _metadata_patch(current, desired)
     for key in fields:
         if (current.get(key) or {}) != (desired.get(key) or {}):

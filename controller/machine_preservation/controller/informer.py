@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import random
 from collections.abc import Callable, Iterable, Mapping
@@ -23,7 +22,7 @@ from typing import Any, Generic, TypeVar, cast
 from kubernetes.aio import watch
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.api_errors import NO_ANSWER, ApiError, classify
+from machine_preservation.controller.api_errors import NO_ANSWER, ApiError, classify, read_json
 from machine_preservation.controller.backoff import Backoff
 
 logger = logging.getLogger(__name__)
@@ -204,10 +203,7 @@ class Informer(Generic[T]):
             if token:
                 kwargs["_continue"] = token
             response = await raw_list(*self.source.args, **self.source.kwargs, **kwargs)
-            body = await response.read()
-            if response.status != 200:
-                raise ApiException(status=response.status, reason=response.reason, body=body.decode(errors="replace"))
-            page = json.loads(body)
+            page = await read_json(response, absent=frozenset())
             for raw in page.get("items") or []:
                 parsed = self._parse(raw)
                 if parsed is not None:

@@ -8,15 +8,13 @@ then). Which keys to look at comes from the event handlers (`handlers.wire_handl
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kubernetes.aio import client
-from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.api_errors import ApiError, classify
+from machine_preservation.controller.api_errors import read_json
 from machine_preservation.controller.apply import (
     Snapshot,
     Writer,
@@ -71,13 +69,8 @@ class LiveNodes:
 
     async def get(self, name: str) -> Node | None:
         """The Node as the API server has it now, kept as the cache keeps it; None once it is gone."""
-        response = await client.CoreV1Api(self.target).read_node_without_preload_content(name)
-        body = await response.read()
-        if classify(response.status) is ApiError.NOT_FOUND:
-            return None
-        if response.status != 200:
-            raise ApiException(status=response.status, reason=response.reason, body=body.decode(errors="replace"))
-        return cached_node(json.loads(body))
+        raw = await read_json(await client.CoreV1Api(self.target).read_node_without_preload_content(name))
+        return None if raw is None else cached_node(raw)
 
 
 @dataclass

@@ -17,14 +17,12 @@ import asyncio
 import dataclasses
 import datetime as dt
 import enum
-import json
 import logging
 from dataclasses import dataclass, field
 
 from kubernetes.aio import client
-from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.api_errors import ApiError, classify
+from machine_preservation.controller.api_errors import ApiError, read_json
 from machine_preservation.controller.apply import Writer
 from machine_preservation.controller.caches import Caches, new_caches, shoot_caches
 from machine_preservation.controller.crd_check import ControlFacts, CrdFacts
@@ -300,12 +298,9 @@ async def read_mcm_image(api_client: client.ApiClient, *, namespace: str) -> str
     response = await client.AppsV1Api(api_client).read_namespaced_deployment_without_preload_content(
         MCM_DEPLOYMENT, namespace
     )
-    body = await response.read()
-    if classify(response.status) in (ApiError.FORBIDDEN, ApiError.NOT_FOUND):
-        return None  # not a Gardener-style install, or no right to look: the CRDs decide
-    if response.status != 200:
-        raise ApiException(status=response.status, reason=response.reason, body=body.decode(errors="replace"))
-    return mcm_image(json.loads(body))
+    # Absent or forbidden: not a Gardener-style install, or no right to look; the CRDs decide.
+    deployment = await read_json(response, absent=frozenset({ApiError.FORBIDDEN, ApiError.NOT_FOUND}))
+    return None if deployment is None else mcm_image(deployment)
 
 
 async def _set_when_synced(caches: Caches, synced: asyncio.Event) -> None:
