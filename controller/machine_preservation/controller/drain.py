@@ -91,6 +91,29 @@ class Drainer:
         waiting_until: dict[str, float] = {}
         api = client.CoreV1Api(self.target)
         evicting = asyncio.Semaphore(self.evictions_at_once)
+
+        async def evict(pod: Pod) -> None:
+            key = pod_name(pod)
+            async with evicting:
+                try:
+                    metadata = client.V1ObjectMeta(name=pod.name, namespace=pod.namespace)
+                    await api.create_namespaced_pod_eviction(
+                        pod.name, pod.namespace, client.V1Eviction(metadata=metadata)
+                    )
+                    logger.info("evicted %s from node %s", key, node.metadata.name)
+                except ApiException as error:
+                    meaning = classify(error.status)
+                    if meaning is ApiError.NOT_FOUND:
+                        return
+                    if meaning is not ApiError.TOO_MANY_REQUESTS:
+                        # e.g. 500 "more than one PodDisruptionBudget": retrying does not help.
+                        logger.warning("eviction of %s failed: %s %s", key, error.status, error.reason)
+                        refusals[key] = max_evict_retries + 1
+                        return
+                    refusals[key] = refusals.get(key, 0) + 1
+                    waiting_until[key] = loop.time() + self.eviction_backoff.delay(refusals[key])
+                    logger.info("eviction of %s refused by a PodDisruptionBudget (%d)", key, refusals[key])
+
         while True:
             seen = self.pods.changes(node.metadata.name)
             remaining = self.remaining_pods(node)
@@ -103,28 +126,6 @@ class Drainer:
                 and loop.time() >= waiting_until.get(pod_name(pod), 0.0)
                 and refusals.get(pod_name(pod), 0) <= max_evict_retries
             ]
-
-            async def evict(pod: Pod) -> None:
-                key = pod_name(pod)
-                async with evicting:
-                    try:
-                        metadata = client.V1ObjectMeta(name=pod.name, namespace=pod.namespace)
-                        await api.create_namespaced_pod_eviction(
-                            pod.name, pod.namespace, client.V1Eviction(metadata=metadata)
-                        )
-                        logger.info("evicted %s from node %s", key, node.metadata.name)
-                    except ApiException as error:
-                        meaning = classify(error.status)
-                        if meaning is ApiError.NOT_FOUND:
-                            return
-                        if meaning is not ApiError.TOO_MANY_REQUESTS:
-                            # e.g. 500 "more than one PodDisruptionBudget": retrying does not help.
-                            logger.warning("eviction of %s failed: %s %s", key, error.status, error.reason)
-                            refusals[key] = max_evict_retries + 1
-                            return
-                        refusals[key] = refusals.get(key, 0) + 1
-                        waiting_until[key] = loop.time() + self.eviction_backoff.delay(refusals[key])
-                        logger.info("eviction of %s refused by a PodDisruptionBudget (%d)", key, refusals[key])
 
             # A few at once: a node's 30 pods one after another took ~0.2 s of a preservation's time.
             await asyncio.gather(*(evict(pod) for pod in due))
