@@ -150,6 +150,22 @@ async def test_an_expired_resource_version_triggers_a_relist_that_reconciles_del
     assert ("added", "new-while-away") in events
 
 
+async def test_a_watched_object_spanning_many_chunks_arrives_whole(api: client.ApiClient, namespace: str) -> None:
+    # An annotation alone may hold up to 256 KiB: the event reaches the reader in many chunks.
+    custom = client.CustomObjectsApi(api)
+    informer = machine_informer(api, namespace)
+    async with running(informer):
+        await asyncio.wait_for(informer.wait_synced(), 30)
+        await create_machine(custom, namespace, "big", annotations={"example.com/big": "x" * 200_000})
+        await create_machine(custom, namespace, "after")
+        await eventually_async(lambda: informer.get(f"{namespace}/after") is not None)
+    big = informer.get(f"{namespace}/big")
+    assert big is not None
+    assert len(big.metadata.annotations["example.com/big"]) == 200_000
+    assert informer.stats.errors == 0
+    assert informer.stats.lists == 1, "both arrived as watch events"
+
+
 async def test_resync_replays_every_cached_object_to_the_handlers(api: client.ApiClient, namespace: str) -> None:
     custom = client.CustomObjectsApi(api)
     await create_machine(custom, namespace, "a")

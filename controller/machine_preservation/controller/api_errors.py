@@ -46,9 +46,15 @@ NO_ANSWER: Final = (TimeoutError, aiohttp.ClientError, OSError)
 async def read_json(response: Any, *, absent: frozenset[ApiError] = frozenset({ApiError.NOT_FOUND})) -> Any:
     """The JSON body of a raw answer (a `*_without_preload_content` call's response); None where its status means
     one of `absent`; any other failure raises the ApiException the typed client would have."""
-    body = await response.read()
     if classify(response.status) in absent:
+        await response.read()
         return None
+    await ensure_ok(response)
+    return json.loads(await response.read())
+
+
+async def ensure_ok(response: Any) -> None:
+    """Raise the ApiException the typed client would have unless a raw answer's status is 200."""
     if response.status != 200:
+        body = await response.read()
         raise ApiException(status=response.status, reason=response.reason, body=body.decode(errors="replace"))
-    return json.loads(body)
