@@ -3,8 +3,9 @@
 List (paginated), then watch from the list's resourceVersion with bookmarks; resume every new watch
 from the last resourceVersion seen (events and bookmarks), re-list on 410 Gone, reconnect with
 backoff on any other failure (an apiserver restart is just a failed watch), and call the handlers
-for every object on a periodic resync. Objects are parsed into the core's pydantic models on arrival
-and the raw JSON is dropped, so the cache holds only what the controller reads.
+for every object on a periodic resync. Lists and watches are read raw (`*_without_preload_content`), objects
+parsed into the core's pydantic models on arrival and the raw JSON dropped, so the cache holds only what the
+controller reads.
 
 `kubernetes.informer.SharedInformer` is thread-based; this one lives in the controller's event loop.
 """

@@ -19,9 +19,19 @@ from pydantic.alias_generators import to_camel
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.preservation_record import PreservationRecord, read_record
 
+# One set per distinct combination of set fields, shared by every instance that has it.
+_FIELDS_SETS: dict[frozenset[str], set[str]] = {}
+
 
 class KubeModel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
+
+    def model_post_init(self, context: Any, /) -> None:
+        # Pydantic keeps a set of the fields given per instance (≥ 216 bytes each): ~40 % of a cached Node's
+        # memory, Node, metadata, spec, status and each condition being models. A frozen model never adds to it
+        # (a copy copies it first), so instances with the same fields may share one.
+        given = self.__pydantic_fields_set__
+        object.__setattr__(self, "__pydantic_fields_set__", _FIELDS_SETS.setdefault(frozenset(given), given))
 
 
 class OwnerReference(KubeModel):
