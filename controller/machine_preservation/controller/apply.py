@@ -13,6 +13,7 @@ which the worker loop turns into "done" or a retry with backoff).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import logging
@@ -26,7 +27,7 @@ from kubernetes.aio.client.exceptions import ApiException
 from machine_preservation.controller.api_errors import ApiError, classify
 from machine_preservation.controller.clients import JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH
 from machine_preservation.controller.events import EventRecorder, Regarding
-from machine_preservation.controller.slots import ReconcileSlots
+from machine_preservation.controller.slots import ReconcileSlots, detached
 from machine_preservation.core import plan as p
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node
@@ -306,23 +307,53 @@ Step = p.MachineStep | p.PatchMachineSetStatus | p.PatchMachineDeploymentStatus
 async def execute(*, writer: Writer, writes: Sequence[tuple[Target, Step]], now: dt.datetime) -> p.DrainNode | None:
     """Write the steps in order, up to a DrainNode, which is returned for the caller to run (None: no drain).
 
+    An Event is sent once the writes before it have succeeded and does not hold up the writes after it (as
+    client-go's recorder does not): the protection of a failed machine comes two round trips sooner. Every Event
+    has been answered when this returns.
+
     The first failure ends the plan: ObjectGone if the object a step writes no longer exists (an Event's 404 is
-    not that), else StepFailed."""
+    not that), else StepFailed; a failed Event fails the plan like a write, once the writes have been made."""
     if any(isinstance(step, p.DrainNode) for _, step in writes[:-1]):
         raise ValueError("a DrainNode must be the last step of a plan")  # before anything is written
+    events: list[asyncio.Task[None]] = []
+    answers: list[BaseException | None] = []
+    try:
+        drain = await _write_in_order(writer=writer, writes=writes, now=now, events=events)
+    finally:
+        if events:
+            # Waiting for a Node's Event is waiting on the shoot's API server: the slot is free meanwhile.
+            shoot = any(in_the_target_cluster(step) for _, step in writes if isinstance(step, p.RecordEvent))
+            async with writer.slots.lent() if shoot else contextlib.nullcontext():
+                answers = await asyncio.gather(*events, return_exceptions=True)
+    for answer in answers:
+        if answer is not None:
+            raise answer
+    return drain
+
+
+async def _write_in_order(
+    *, writer: Writer, writes: Sequence[tuple[Target, Step]], now: dt.datetime, events: list[asyncio.Task[None]]
+) -> p.DrainNode | None:
     for target, step in writes:
         if isinstance(step, p.DrainNode):
             return step
-        try:
-            lend = writer.slots.lent() if in_the_target_cluster(step) else contextlib.nullcontext()
-            async with lend:
-                await _execute_one(writer=writer, target=target, step=step, now=now)
-        except ApiException as error:
-            if classify(error.status) is ApiError.NOT_FOUND and not isinstance(step, p.RecordEvent):
-                raise ObjectGone(f"{type(step).__name__}: {error.reason}") from error
-            guarded = isinstance(step, p.SetPreservedTaint)
-            raise StepFailed(step, error, conflict=_is_conflict(error, guarded_json_patch=guarded)) from error
+        if isinstance(step, p.RecordEvent):
+            events.append(detached(_write(writer=writer, target=target, step=step, now=now)))
+        else:
+            await _write(writer=writer, target=target, step=step, now=now)
     return None
+
+
+async def _write(*, writer: Writer, target: Target, step: Step, now: dt.datetime) -> None:
+    try:
+        lend = writer.slots.lent() if in_the_target_cluster(step) else contextlib.nullcontext()
+        async with lend:
+            await _execute_one(writer=writer, target=target, step=step, now=now)
+    except ApiException as error:
+        if classify(error.status) is ApiError.NOT_FOUND and not isinstance(step, p.RecordEvent):
+            raise ObjectGone(f"{type(step).__name__}: {error.reason}") from error
+        guarded = isinstance(step, p.SetPreservedTaint)
+        raise StepFailed(step, error, conflict=_is_conflict(error, guarded_json_patch=guarded)) from error
 
 
 async def execute_machine_plan(

@@ -13,8 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 # Whether the running task holds a slot (set by `held`): only then does `lent` give one back.
 _holding: contextvars.ContextVar[bool] = contextvars.ContextVar("holding_reconcile_slot", default=False)
@@ -64,3 +67,11 @@ class ReconcileSlots:
             await semaphore.acquire()
             self.in_use += 1
             _holding.set(True)
+
+
+def detached(work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """`work` as a task of its own that holds no slot: it never gives back the slot of the task that started it
+    (a task inherits the context, and with it the mark of a held slot)."""
+    context = contextvars.copy_context()
+    context.run(_holding.set, False)
+    return asyncio.create_task(work, context=context)
