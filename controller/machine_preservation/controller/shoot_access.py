@@ -22,8 +22,9 @@ from urllib.parse import urlsplit
 import aiohttp
 import yaml
 from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.api_errors import ApiError, classify
+from machine_preservation.controller.api_errors import read_json
 
 IN_NAMESPACE_API_SERVER_HOST: Final = "kube-apiserver"
 TOKEN_MAX_AGE_SECONDS: Final = 300.0
@@ -61,12 +62,10 @@ def endpoint_from_kubeconfig(document: Mapping[str, Any], *, namespace: str) -> 
 
 async def _read_secret(seed: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
     response = await client.CoreV1Api(seed).read_namespaced_secret_without_preload_content(name, namespace)
-    body = await response.read()
-    if classify(response.status) is ApiError.NOT_FOUND:
-        return None
-    if response.status != 200:
-        raise ShootAccessUnavailable(f"reading Secret {namespace}/{name}: HTTP {response.status}")
-    secret: dict[str, Any] = yaml.safe_load(body)  # JSON is YAML
+    try:
+        secret: dict[str, Any] | None = await read_json(response)
+    except ApiException as error:
+        raise ShootAccessUnavailable(f"reading Secret {namespace}/{name}: HTTP {error.status}") from error
     return secret
 
 
