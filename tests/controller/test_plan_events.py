@@ -1,6 +1,7 @@
 """A plan's Events do not hold up its writes: each is sent once the writes before it succeeded, the writes after
-it go on meanwhile, and the plan returns once every Event is answered; a failed Event still fails the plan, and
-waiting for a shoot's Event leaves the reconcile slot free."""
+it go on meanwhile, and the plan returns once every Event is answered; a failed Event still fails the plan, a
+Machine patch marked `after_events` (the acknowledgement of a start's announcement) is written only once the Events
+before it are recorded, and waiting for a shoot's Event leaves the reconcile slot free."""
 
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ def event(kind: str = "Machine") -> p.RecordEvent:
     return p.RecordEvent(kind=kind, name="m" if kind == "Machine" else "n", type="Normal", reason="R", message="x")
 
 
-def annotate(value: str) -> p.PatchMachineAnnotations:
-    return p.PatchMachineAnnotations(set={"a": value})
+def annotate(value: str, *, after_events: bool = False) -> p.PatchMachineAnnotations:
+    return p.PatchMachineAnnotations(set={"a": value}, after_events=after_events)
 
 
 class Writer:
@@ -92,6 +93,34 @@ async def test_a_failed_event_fails_the_plan_once_the_writes_are_made() -> None:
         await run(writer, [event(), annotate("2")])
     assert isinstance(failed.value.step, p.RecordEvent)
     assert "annotations 2" in writer.log
+
+
+async def test_an_acknowledgement_waits_for_the_events_before_it_and_only_for_those() -> None:
+    writer = Writer()
+
+    async def answer_after_the_write_in_between() -> None:
+        await writer.written["2"].wait()
+        writer.answer_events.set()
+
+    answering = asyncio.create_task(answer_after_the_write_in_between())
+    await run(writer, [annotate("1"), event(), annotate("2"), annotate("ack", after_events=True), event("Node")])
+    await answering
+    log = writer.log
+    assert log.index("annotations 2") < log.index("event Machine answered"), "a plain write does not wait"
+    assert log.index("event Machine answered") < log.index("annotations ack"), "the acknowledgement waits"
+    assert log[-2:] == ["event Node sent", "event Node answered"], "an Event after it is sent after it"
+
+
+async def test_an_acknowledgement_is_not_written_when_an_event_before_it_failed() -> None:
+    writer = Writer()
+    writer.event_error = ApiException(status=500, reason="Internal Server Error")
+    writer.answer_events.set()
+    with pytest.raises(StepFailed) as failed:
+        await run(writer, [event(), annotate("2"), annotate("ack", after_events=True), annotate("3")])
+    assert isinstance(failed.value.step, p.RecordEvent)
+    assert "annotations 2" in writer.log
+    assert "annotations ack" not in writer.log, "the announcement stays pending: a restart makes it again"
+    assert "annotations 3" not in writer.log
 
 
 async def test_a_failed_write_returns_only_once_its_events_are_answered() -> None:

@@ -132,7 +132,7 @@ def test_the_pool_timeout_never_moves_a_running_preservation() -> None:
 
 def test_the_being_drained_condition_names_the_pods_right_before_the_first_drain() -> None:
     result = plan(machine(phase=FAILED, preserve="now"), node(), pods_to_evict=("ns/b", "ns/a", "ns/a"))
-    *_, condition, drain = writes(result)
+    *_, condition, _announced, drain = writes(result)
     assert condition == SetPreservedCondition(
         status="False",
         reason=v.ConditionReason.PRESERVED_BY_USER,

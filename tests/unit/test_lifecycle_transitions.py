@@ -42,9 +42,12 @@ EXPIRED = [("Machine", v.EventReason.PRESERVATION_EXPIRED), ("Node", v.EventReas
 MIRROR = dataclasses.replace(CONFIG, mirror_status=True)
 # The record a start writes (since now, until now + the default 72h; the CA annotation is ours when we add it).
 STARTED_RECORD = PreservationRecord(since=NOW, until=T, by=v.PreservedBy.USER, added_ca_annotation=True)
-# A start writes the record, announcement pending, then the record again once the Events are out.
-START = ["PatchMachineAnnotations", "PatchMachineAnnotations"]
-ANNOUNCED = PatchMachineAnnotations(remove=(v.PRESERVED_ANNOUNCEMENT_PENDING_ANNOTATION,))
+# A start writes the record first, its announcement pending, and last (before a drain) removes the pending mark
+# once the Events are recorded: the node writes in between do not wait for the Events.
+RECORD = "PatchMachineAnnotations"
+ACKNOWLEDGED = "PatchMachineAnnotations"
+START = [RECORD, ACKNOWLEDGED]
+ANNOUNCED = PatchMachineAnnotations(remove=(v.PRESERVED_ANNOUNCEMENT_PENDING_ANNOTATION,), after_events=True)
 RECORD_REMOVED = PatchMachineAnnotations(
     remove=(v.PRESERVED_SINCE_ANNOTATION, v.PRESERVED_UNTIL_ANNOTATION, v.PRESERVED_BY_ANNOTATION)
 )
@@ -99,7 +102,7 @@ def removes_the_record(result: MachinePlan) -> bool:
 @pytest.mark.parametrize("phase", [RUNNING, UNKNOWN, PENDING, v.MachinePhase.CRASH_LOOP_BACK_OFF, ""])
 def test_now_preserves_a_machine_that_is_not_failed_without_taint_or_drain(phase: str) -> None:
     result = plan(machine(phase=phase, preserve="now"), node(unschedulable=True))
-    assert write_kinds(result) == [*START, "PatchNodeAnnotations", "SetPreservedCondition"]
+    assert write_kinds(result) == [RECORD, "PatchNodeAnnotations", "SetPreservedCondition", ACKNOWLEDGED]
     assert record_written(result) == announcing(STARTED_RECORD)
     assert machine_patches(result)[1] == ANNOUNCED
     assert only(result, PatchNodeAnnotations) == PatchNodeAnnotations(set=CA_SET)
@@ -119,7 +122,13 @@ def test_now_on_the_node_syncs_the_machine_annotations() -> None:
 
 def test_the_record_goes_first_and_the_mirror_only_where_the_crd_keeps_it() -> None:
     result = plan(machine(preserve="now"), node(), config=MIRROR)
-    assert write_kinds(result) == [*START, "SetPreserveExpiry", "PatchNodeAnnotations", "SetPreservedCondition"]
+    assert write_kinds(result) == [
+        RECORD,
+        "SetPreserveExpiry",
+        "PatchNodeAnnotations",
+        "SetPreservedCondition",
+        ACKNOWLEDGED,
+    ]
     assert record_written(result) == announcing(STARTED_RECORD)
     assert only(result, SetPreserveExpiry).expiry == T
 
@@ -140,12 +149,14 @@ def test_without_a_node_label_a_start_writes_only_the_record_and_the_priority() 
 def test_failed_machine_is_preserved_tainted_and_drained(value: str, reason: str) -> None:
     result = plan(machine(phase=FAILED, preserve=value, drain_timeout="30m"), node(), pods_to_evict=("ns/web-0",))
     assert write_kinds(result) == [
-        *START,
+        RECORD,
         "PatchNodeAnnotations",
         "SetPreservedTaint",
         "SetPreservedCondition",
+        ACKNOWLEDGED,
         "DrainNode",
     ]
+    assert machine_patches(result)[1] == ANNOUNCED
     assert only(result, SetPreservedTaint).present
     assert only(result, SetPreservedCondition) == SetPreservedCondition(
         status="False",
@@ -466,9 +477,10 @@ def test_failed_machine_about_to_be_preserved_whose_node_is_healthy_is_recovered
     result = plan(machine(phase=FAILED, preserve="now"), node(ready="True"))
     assert write_kinds(result) == [
         "SetMachinePhase",
-        *START,
+        RECORD,
         "PatchNodeAnnotations",
         "SetPreservedCondition",
+        ACKNOWLEDGED,
     ]  # preserved as Running: no taint, no drain
     assert record_written(result) == announcing(STARTED_RECORD)
 

@@ -308,26 +308,20 @@ async def execute(*, writer: Writer, writes: Sequence[tuple[Target, Step]], now:
     """Write the steps in order, up to a DrainNode, which is returned for the caller to run (None: no drain).
 
     An Event is sent once the writes before it have succeeded and does not hold up the writes after it (as
-    client-go's recorder does not): the protection of a failed machine comes two round trips sooner. Every Event
-    has been answered when this returns.
+    client-go's recorder does not): the protection of a failed machine comes two round trips sooner. Only a
+    Machine patch marked `after_events` waits for the Events sent before it. Every Event has been answered when
+    this returns.
 
     The first failure ends the plan: ObjectGone if the object a step writes no longer exists (an Event's 404 is
     not that), else StepFailed; a failed Event fails the plan like a write, once the writes have been made."""
     if any(isinstance(step, p.DrainNode) for _, step in writes[:-1]):
         raise ValueError("a DrainNode must be the last step of a plan")  # before anything is written
     events: list[asyncio.Task[None]] = []
-    answers: list[BaseException | None] = []
     try:
         drain = await _write_in_order(writer=writer, writes=writes, now=now, events=events)
     finally:
-        if events:
-            # Waiting for a Node's Event is waiting on the shoot's API server: the slot is free meanwhile.
-            shoot = any(in_the_target_cluster(step) for _, step in writes if isinstance(step, p.RecordEvent))
-            async with writer.slots.lent() if shoot else contextlib.nullcontext():
-                answers = await asyncio.gather(*events, return_exceptions=True)
-    for answer in answers:
-        if answer is not None:
-            raise answer
+        await _answered(writer=writer, writes=writes, events=events)
+    _raise_first_failure(events)
     return drain
 
 
@@ -339,9 +333,28 @@ async def _write_in_order(
             return step
         if isinstance(step, p.RecordEvent):
             events.append(detached(_write(writer=writer, target=target, step=step, now=now)))
-        else:
-            await _write(writer=writer, target=target, step=step, now=now)
+            continue
+        if isinstance(step, p.PatchMachineAnnotations) and step.after_events:
+            await _answered(writer=writer, writes=writes, events=events)
+            _raise_first_failure(events)
+        await _write(writer=writer, target=target, step=step, now=now)
     return None
+
+
+async def _answered(*, writer: Writer, writes: Sequence[tuple[Target, Step]], events: list[asyncio.Task[None]]) -> None:
+    """Wait until every Event sent is answered (whatever the answer)."""
+    if not events:
+        return
+    # Waiting for a Node's Event is waiting on the shoot's API server: the slot is free meanwhile.
+    shoot = any(in_the_target_cluster(step) for _, step in writes if isinstance(step, p.RecordEvent))
+    async with writer.slots.lent() if shoot else contextlib.nullcontext():
+        await asyncio.gather(*events, return_exceptions=True)  # cancelled with this wait
+
+
+def _raise_first_failure(events: list[asyncio.Task[None]]) -> None:
+    for task in events:
+        if (error := task.exception()) is not None:
+            raise error
 
 
 async def _write(*, writer: Writer, target: Target, step: Step, now: dt.datetime) -> None:

@@ -373,17 +373,17 @@ def _preserve(context: MachineContext, verdict: _Verdict) -> tuple[list[MachineS
     # later write that fails (the mirror's resourceVersion conflicts whenever MCM updated the status) must not
     # come between them. The record says the announcement is pending until the Events are recorded, so a
     # restart in between announces it (the Events are named after the start: never twice).
-    if record.announcement_pending:
+    announced = record.announcement_pending
+    if announced:
         steps += events.started(
             machine=machine, node=context.node, effective=effective, since=record.since, expiry=expiry
         )
         record = dataclasses.replace(record, announcement_pending=False)
-        steps.append(PatchMachineAnnotations(remove=(v.PRESERVED_ANNOUNCEMENT_PENDING_ANNOTATION,)))
     if config.mirror_status and machine.mirrored_expiry != expiry:
         steps.append(SetPreserveExpiry(expiry=expiry))
     steps += verdict.invalid_events
     if node is None:
-        return steps, None
+        return _acknowledged(steps, announced), None
 
     if not _is_empty(ca_patch):
         steps.append(ca_patch)
@@ -410,7 +410,7 @@ def _preserve(context: MachineContext, verdict: _Verdict) -> tuple[list[MachineS
                 message=current.message if current is not None else conditions.drain_failed_message(expiry, ()),
                 now=now,
             )
-            return [*steps, *([waiting] if waiting is not None else [])], retry_at
+            return _acknowledged([*steps, *([waiting] if waiting is not None else [])], announced), retry_at
         timeout = drain_timeout(machine=machine, config=config)
         gave_up = drain is not None and drain.failing_since is not None and now >= drain.failing_since + timeout
         if drain is None:
@@ -424,11 +424,22 @@ def _preserve(context: MachineContext, verdict: _Verdict) -> tuple[list[MachineS
             )
             steps += [draining] if draining is not None else []
         steps.append(DrainNode(record=record, reason=reason, expiry=expiry, timeout=timeout, evict=not gave_up))
-        return steps, None
+        return _acknowledged(steps, announced), None
     condition = conditions.condition_step(current=current, status=status, reason=reason, message=message, now=now)
     if condition is not None:
         steps.append(condition)
-    return steps, None
+    return _acknowledged(steps, announced), None
+
+
+def _acknowledged(steps: list[MachineStep], announced: bool) -> list[MachineStep]:
+    """The plan with the removal of the pending announcement last (before a drain): it waits for the Events to be
+    recorded, and no other write needs to wait for it, so the node is protected without waiting for them."""
+    if not announced:
+        return steps
+    acknowledgement = PatchMachineAnnotations(remove=(v.PRESERVED_ANNOUNCEMENT_PENDING_ANNOTATION,), after_events=True)
+    if steps and isinstance(steps[-1], DrainNode):
+        return [*steps[:-1], acknowledgement, steps[-1]]
+    return [*steps, acknowledgement]
 
 
 def _stop_or_idle(context: MachineContext, verdict: _Verdict) -> list[MachineStep]:

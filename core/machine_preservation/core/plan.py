@@ -24,6 +24,9 @@ class PatchMachineAnnotations:
 
     set: Mapping[str, str] = field(default_factory=dict)
     remove: tuple[str, ...] = ()
+    # Written only once every Event before it in the plan has been recorded, and not at all if one failed: it
+    # acknowledges them. The shell sends Events without holding up the other writes.
+    after_events: bool = False
 
 
 @dataclass(frozen=True)
