@@ -21,6 +21,7 @@ COPY pyproject.toml README.md ./
 # localcluster/ and playground/, are not part of the distribution).
 COPY cli ./cli
 COPY core ./core
+COPY kube ./kube
 COPY certs ./certs
 COPY webhook ./webhook
 COPY controller ./controller

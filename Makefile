@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha256sum | cu
 # `machine_preservation` namespace through a .pth file naming their folders.
 DEV_FOLDERS := localcluster playground
 # Every folder with Python in it, for ruff.
-PYTHON_FOLDERS := cli core certs webhook controller $(DEV_FOLDERS) tests benchmarks
+PYTHON_FOLDERS := cli core kube certs webhook controller $(DEV_FOLDERS) tests benchmarks
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)

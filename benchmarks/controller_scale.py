@@ -219,7 +219,7 @@ async def watch_samples(api: Any, samples: dict[str, Sample], stop: asyncio.Even
 
 
 async def bench(args: argparse.Namespace, results: Results) -> None:
-    from machine_preservation.controller.clients import new_api_client
+    from machine_preservation.kube.clients import new_api_client
     from machine_preservation.localcluster.controlplane import ControlPlane
     from machine_preservation.localcluster.crds import install_crds
     from machine_preservation.localcluster.toolchain import ensure_toolchain

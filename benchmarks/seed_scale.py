@@ -354,7 +354,7 @@ class Bench:
     # --- setup ---------------------------------------------------------------------------------------------------
 
     async def setup(self) -> None:
-        from machine_preservation.controller.clients import new_api_client
+        from machine_preservation.kube.clients import new_api_client
         from machine_preservation.localcluster import gardener
         from machine_preservation.localcluster.gardener_landscape import seed_client, seed_plane
         from machine_preservation.localcluster.toolchain import ensure_toolchain

@@ -105,7 +105,7 @@ async def _populate(plane: ControlPlane, helm: Path, directory: Path, shoots: in
     """The chart's identities and the shoot namespaces; the webhook's flags as the chart renders them."""
     from kubernetes.aio import client
 
-    from machine_preservation.controller.clients import new_api_client
+    from machine_preservation.kube.clients import new_api_client
     from machine_preservation.localcluster import gardener, seed_install
     from machine_preservation.localcluster import product as processes
     from machine_preservation.localcluster.gardener_landscape import mcm_deployment_manifest

@@ -16,7 +16,6 @@ from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.apply import Writer
-from machine_preservation.controller.clients import new_api_client
 from machine_preservation.controller.drain import Drainer
 from machine_preservation.controller.events import NODE_EVENT_NAMESPACE, EventRecorder
 from machine_preservation.controller.metrics import Metrics
@@ -27,6 +26,7 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.core.config import DEFAULT_MAX_PRESERVE_TIMEOUT, PreservationConfig
 from machine_preservation.core.models import Machine, Node
 from machine_preservation.core.preservation_record import format_timestamp
+from machine_preservation.kube.clients import new_api_client
 from machine_preservation.localcluster.controlplane import ControlPlane
 from tests.polling import eventually_async
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from kubernetes.aio import client
 
-from machine_preservation.controller.clients import new_api_client
+from machine_preservation.kube.clients import new_api_client
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.gardener_landscape import seed_client
 from machine_preservation.localcluster.mcm import DEFAULT_MCM_VERSION

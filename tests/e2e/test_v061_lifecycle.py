@@ -16,8 +16,8 @@ import pytest
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.clients import MERGE_PATCH, new_api_client
 from machine_preservation.core import vocabulary as v
+from machine_preservation.kube.clients import MERGE_PATCH, new_api_client
 from machine_preservation.localcluster.mcm_pool import machine_phase
 from tests.e2e.harness import RealMcm, fail_machine
 from tests.e2e.product import Product, Write

@@ -26,8 +26,8 @@ import pytest
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.clients import new_api_client
 from machine_preservation.core import vocabulary as v
+from machine_preservation.kube.clients import new_api_client
 from machine_preservation.localcluster.mcm_pool import GROUP, MERGE_PATCH, VERSION, machine_phase
 from machine_preservation.localcluster.mcm_runner import McmSettings
 from tests.e2e.harness import (

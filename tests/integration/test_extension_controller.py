@@ -21,11 +21,11 @@ from kubernetes.aio import client
 
 from machine_preservation.certs.authority import generate_ca
 from machine_preservation.certs.rotation import CA_BUNDLE_KEY
-from machine_preservation.controller.clients import MERGE_PATCH
 from machine_preservation.controller.seed import SeedController, SeedOptions
 from machine_preservation.core import extension as contract
 from machine_preservation.core import shoot_resources
 from machine_preservation.core.mcm_generation import NativePreservationMode
+from machine_preservation.kube.clients import MERGE_PATCH
 from machine_preservation.localcluster import gardener
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.gardener_landscape import (

@@ -20,9 +20,9 @@ from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.mcm_evidence import MACHINE_CRD, MACHINE_SET_CRD, cluster_evidence
 from machine_preservation.core.mcm_generation import NativePreservationMode
 from machine_preservation.core.webhook_configurations import CA_ANNOTATION_PATH, shoot_path
+from machine_preservation.kube.clients import new_api_client
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.webhook.app import WebhookConfig, build_app
-from machine_preservation.webhook.machine_sets import new_api_client
 from machine_preservation.webhook.mcm_detection import NativeByNamespace, decide, read_evidence
 from machine_preservation.webhook.metrics import WebhookMetrics
 from tests.webhook.conftest import AiohttpClient, StaticMachineSets

@@ -14,12 +14,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from kubernetes.aio import client, config
+from kubernetes.aio import client
 
 from machine_preservation.certs.authority import service_dns_names
 from machine_preservation.certs.manager import CertificateManager, ManagerSettings, WebhookConfigurationRef
 from machine_preservation.certs.rotation import RotationPolicy, split_names
 from machine_preservation.core.duration_arguments import go_duration_argument
+from machine_preservation.kube.clients import new_api_client
 
 DEFAULTS = RotationPolicy()
 
@@ -45,25 +46,15 @@ def _owned_configuration(text: str) -> WebhookConfigurationRef:
         raise argparse.ArgumentTypeError(str(error)) from error
 
 
-async def _api_client(kubeconfig: Path | None) -> client.ApiClient:
-    """A client for the kubeconfig, or for the in-cluster service account when None."""
-    if kubeconfig is not None:
-        api_client: client.ApiClient = await config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
-        return api_client
-    configuration = client.Configuration()
-    config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    return client.ApiClient(configuration=configuration)
-
-
 @contextlib.asynccontextmanager
 async def _clients(
     kubeconfig: Path | None, refs: tuple[WebhookConfigurationRef, ...]
 ) -> AsyncIterator[tuple[client.ApiClient, dict[Path, client.ApiClient]]]:
     async with contextlib.AsyncExitStack() as stack:
-        local = await stack.enter_async_context(await _api_client(kubeconfig))
+        local = await stack.enter_async_context(await new_api_client(kubeconfig=kubeconfig))
         remote = {}
         for path in sorted({ref.kubeconfig for ref in refs if ref.kubeconfig is not None}):
-            remote[path] = await stack.enter_async_context(await _api_client(path))
+            remote[path] = await stack.enter_async_context(await new_api_client(kubeconfig=path))
         yield local, remote
 
 

@@ -1,34 +1,10 @@
-"""kubernetes.aio API clients for the control and target clusters (kubeconfig file or in-cluster)."""
+"""The API clients of one controller: the control cluster (Machines) and the target cluster (Nodes, pods)."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
-from pathlib import Path
 
-import aiohttp
-from kubernetes.aio import client, config
-
-logger = logging.getLogger(__name__)
-
-MERGE_PATCH = "application/merge-patch+json"
-STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
-
-
-async def new_api_client(
-    *, kubeconfig: Path | None, trace_configs: list[aiohttp.TraceConfig] | None = None
-) -> client.ApiClient:
-    """An ApiClient from a kubeconfig file, or the in-cluster service account when `kubeconfig` is None."""
-    configuration = client.Configuration()
-    if kubeconfig is None:
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    else:
-        await config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=str(kubeconfig), client_configuration=configuration
-        )
-    configuration.trace_configs = trace_configs
-    return client.ApiClient(configuration=configuration)
+from kubernetes.aio import client
 
 
 @dataclass

@@ -20,9 +20,9 @@ from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.api_errors import ApiError, classify
-from machine_preservation.controller.clients import MERGE_PATCH
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.preservation_record import format_timestamp
+from machine_preservation.kube.clients import MERGE_PATCH
 
 logger = logging.getLogger(__name__)
 

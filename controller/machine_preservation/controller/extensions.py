@@ -31,7 +31,6 @@ from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.api_errors import ApiError, classify, read_json
-from machine_preservation.controller.clients import MERGE_PATCH
 from machine_preservation.controller.informer import Informer
 from machine_preservation.controller.shoot_access import ShootAccessUnavailable
 from machine_preservation.controller.shoots import ShootSupervisor
@@ -42,6 +41,7 @@ from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.shoot import provider_config_errors
 from machine_preservation.core.gardener import ShootFacts
 from machine_preservation.core.webhook_configurations import shoot_path
+from machine_preservation.kube.clients import MERGE_PATCH
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from machine_preservation.controller.caches import Caches
-from machine_preservation.controller.clients import Clients, new_api_client
+from machine_preservation.controller.clients import Clients
 from machine_preservation.controller.crd_check import inspect_control
 from machine_preservation.controller.leader import LeaderElector, run_elected
 from machine_preservation.controller.metrics import Metrics, Probes, metrics_app, start_metrics_server
@@ -36,6 +36,7 @@ from machine_preservation.controller.runtime import (
 )
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.mcm_generation import NativePreservationMode
+from machine_preservation.kube.clients import new_api_client
 
 logger = logging.getLogger(__name__)
 

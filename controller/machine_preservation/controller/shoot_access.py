@@ -25,6 +25,7 @@ from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.api_errors import read_json
+from machine_preservation.kube.clients import api_client
 
 IN_NAMESPACE_API_SERVER_HOST: Final = "kube-apiserver"
 TOKEN_MAX_AGE_SECONDS: Final = 300.0
@@ -116,7 +117,6 @@ async def new_shoot_client(
     configuration.ca_cert_data = endpoint.ca_pem
     configuration.api_key = {"BearerToken": token}
     configuration.api_key_prefix = {"BearerToken": "Bearer"}
-    configuration.trace_configs = trace_configs
     read_at = time.monotonic()
 
     async def refresh(current: client.Configuration) -> None:
@@ -129,4 +129,4 @@ async def new_shoot_client(
             current.api_key = {"BearerToken": await read_token(seed, namespace=namespace, access_secret=access_secret)}
 
     configuration.refresh_api_key_hook = refresh  # type: ignore[assignment]
-    return client.ApiClient(configuration=configuration)
+    return api_client(configuration, trace_configs=trace_configs)

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
-from kubernetes.aio import client, config
+from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 from kubernetes.aio.config.config_exception import ConfigException
 from pydantic import ValidationError
@@ -27,6 +26,7 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.deletion import EXTENSION_NAME, MachineSetView, ShootExtension
 from machine_preservation.core.gardener import CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
+from machine_preservation.kube.clients import new_api_client
 
 # The Machine webhook's timeoutSeconds is 10; leave room to answer.
 READ_TIMEOUT_SECONDS = 3.0
@@ -78,20 +78,6 @@ def view_from_lists(
     if own is None:
         return None
     return MachineSetView(machine_set=own, machines=members, siblings=sets, machine_deployments=deployments)
-
-
-async def new_api_client(*, kubeconfig: Path | None) -> client.ApiClient:
-    """A client from the kubeconfig file, else the in-cluster config, else the default kubeconfig."""
-    api_client: client.ApiClient
-    if kubeconfig is not None:
-        api_client = await config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        configuration = client.Configuration()
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        api_client = client.ApiClient(configuration=configuration)
-    else:
-        api_client = await config.new_client_from_config()  # type: ignore[no-untyped-call]
-    return api_client
 
 
 async def _patiently(call: Callable[[], Awaitable[Any]]) -> Any:

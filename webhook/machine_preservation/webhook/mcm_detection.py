@@ -37,7 +37,7 @@ from machine_preservation.core.mcm_generation import (
     NativePreservationMode,
     decide_native_preservation,
 )
-from machine_preservation.webhook.machine_sets import new_api_client
+from machine_preservation.kube.clients import new_api_client
 
 logger = logging.getLogger(__name__)
 
