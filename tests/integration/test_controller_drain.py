@@ -6,13 +6,17 @@ that part by deleting terminating pods with grace period 0."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
+import aiohttp
 import pytest
 from kubernetes.aio import client
 
 from machine_preservation.controller.drain import POD_NODE_INDEX, Drainer
 from machine_preservation.controller.node_pods import NodePods
+from machine_preservation.core.models import Pod
+from machine_preservation.kube.clients import new_api_client
+from machine_preservation.localcluster.controlplane import ControlPlane
 from tests.controller.support import guarded_pods, new_node, pdb_settled, read_node_model, read_raw, running_pod
 from tests.polling import eventually_async
 
@@ -174,3 +178,48 @@ async def test_on_a_live_node_the_drain_waits_for_pods_to_be_gone_and_follows_th
     assert result.drained
     assert {await pod_state(core, namespace, n) for n in ("web-1", "web-2")} == {"gone"}
     assert {await pod_state(core, namespace, n) for n in ("web-1-new", "web-2-new")} == {"running"}
+
+
+class LaggingPods:
+    """A node's pods as first listed, never seeing them go: a cache far behind the evictions."""
+
+    def __init__(self, listed: Sequence[Pod]) -> None:
+        self.listed = list(listed)
+
+    def by_index(self, _index: str, _node: str) -> Sequence[Pod]:
+        return self.listed
+
+    def changes(self, _node: str) -> int:
+        return 0
+
+    async def wait_for_change(self, _node: str, *, since: int) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_a_pod_whose_eviction_was_accepted_is_not_evicted_again_while_the_cache_still_shows_it(
+    api: client.ApiClient, control_plane: ControlPlane, namespace: str, pods: NodePods, node_names: list[str]
+) -> None:
+    core = client.CoreV1Api(api)
+    node = await new_node(api, node_names, ready=False)
+    for index in range(5):
+        await running_pod(core, namespace, f"web-{index}", node=node)
+    await pods.hold("test", node)
+    await eventually_async(lambda: len(pods.by_index(POD_NODE_INDEX, node)) == 5)
+    evictions: list[str] = []
+
+    async def on_request_end(_session: object, _context: object, params: aiohttp.TraceRequestEndParams) -> None:
+        if params.url.path.endswith("/eviction"):
+            evictions.append(params.url.path)
+
+    tracing = aiohttp.TraceConfig()
+    tracing.on_request_end.append(on_request_end)
+    target = await new_api_client(kubeconfig=control_plane.kubeconfig, trace_configs=[tracing])
+    lagging = LaggingPods(pods.by_index(POD_NODE_INDEX, node))
+    try:
+        drainer = Drainer(target=target, pods=lagging, poll_interval=0.05)  # type: ignore[arg-type]
+        result = await drainer.drain(node=await read_node_model(core, node), time_limit=1.0, max_evict_retries=3)
+    finally:
+        await target.close()
+    assert not result.drained, "the lagging cache never shows them gone"
+    assert sorted(evictions) == sorted(f"/api/v1/namespaces/{namespace}/pods/web-{i}/eviction" for i in range(5))
+    assert {await pod_state(core, namespace, f"web-{i}") for i in range(5)} <= {"terminating", "gone"}

@@ -89,6 +89,9 @@ class Drainer:
         deadline = loop.time() + time_limit
         refusals: dict[str, int] = {}
         waiting_until: dict[str, float] = {}
+        # Pods whose eviction was accepted (or found them gone): the cache may show them a moment longer, until
+        # their deletion is seen; evicting them again would only cost the API server another request.
+        answered: set[tuple[str, str]] = set()
         api = client.CoreV1Api(self.target)
         evicting = asyncio.Semaphore(self.evictions_at_once)
 
@@ -100,10 +103,12 @@ class Drainer:
                     await api.create_namespaced_pod_eviction(
                         pod.name, pod.namespace, client.V1Eviction(metadata=metadata)
                     )
+                    answered.add((key, pod.uid))
                     logger.info("evicted %s from node %s", key, node.metadata.name)
                 except ApiException as error:
                     meaning = classify(error.status)
                     if meaning is ApiError.NOT_FOUND:
+                        answered.add((key, pod.uid))
                         return
                     if meaning is not ApiError.TOO_MANY_REQUESTS:
                         # e.g. 500 "more than one PodDisruptionBudget": retrying does not help.
@@ -123,6 +128,7 @@ class Drainer:
                 pod
                 for pod in remaining
                 if pod.deletion_timestamp is None
+                and (pod_name(pod), pod.uid) not in answered
                 and loop.time() >= waiting_until.get(pod_name(pod), 0.0)
                 and refusals.get(pod_name(pod), 0) <= max_evict_retries
             ]

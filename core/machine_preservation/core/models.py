@@ -251,6 +251,7 @@ class Pod(KubeModel):
 
     name: str = ""
     namespace: str = ""
+    uid: str = ""
     node_name: str = ""
     deletion_timestamp: dt.datetime | None = None
     mirror: bool = False  # a static pod's mirror (annotation kubernetes.io/config.mirror)
@@ -270,6 +271,7 @@ class Pod(KubeModel):
         return {
             "name": metadata.get("name", ""),
             "namespace": metadata.get("namespace", ""),
+            "uid": metadata.get("uid", ""),
             "nodeName": spec.get("nodeName", ""),
             "deletionTimestamp": metadata.get("deletionTimestamp"),
             "mirror": v.MIRROR_POD_ANNOTATION in annotations,
