@@ -176,6 +176,20 @@ def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
     return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0)}
 
 
+LOOP_LAG = "machine_preservation_event_loop_lag_seconds"
+
+
+def loop_lag(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    """The event loop's lag between two scrapes (a timer due every 0.1 s): how many samples, their total, and how
+    many ran more than 10 / 25 / 50 / 100 ms late (the extension's own work holding everything up)."""
+    changed = delta(after, before)
+    count = changed.get(f"{LOOP_LAG}_count{{}}", 0.0)
+    figures = {"samples": count, "total_s": round(changed.get(f"{LOOP_LAG}_sum{{}}", 0.0), 3)}
+    for bound, name in (("0.01", "over_10ms"), ("0.025", "over_25ms"), ("0.05", "over_50ms"), ("0.1", "over_100ms")):
+        figures[name] = count - changed.get(f"{LOOP_LAG}_bucket{{le={bound}}}", 0.0)
+    return figures
+
+
 async def gather_limited(limit: int, jobs: list[Callable[[], Awaitable[None]]]) -> None:
     semaphore = asyncio.Semaphore(limit)
 

@@ -91,6 +91,7 @@ from scale_common import (
     delta,
     gather_limited,
     log,
+    loop_lag,
     percentile,
     proc_cpu_seconds,
     proc_memory,
@@ -824,6 +825,7 @@ class Bench:
         f[f"{phase}_sample_load"] = (min(loads), max(loads))
         f[f"{phase}_writes_per_sample"] = round(sample_writes / len(samples), 1)
         f[f"{phase}_sample_cpu_s"] = round(proc_cpu_seconds(self.pid) - cpu_before, 2)
+        f[f"{phase}_loop_lag"] = loop_lag(after, before)
         f[f"{phase}_not_preserved"] = [s.key for s in samples if s.preserved_at is None]
         f[f"{phase}_not_stopped"] = [s.key for s in samples if s.stopped_at is None]
         log(f"[{phase}] FAILED -> PROTECTED (record, CA annotation, taint): {summary(protected)}")
@@ -834,7 +836,8 @@ class Bench:
         log(f"[{phase}] EXPIRY LAG: {summary(lags)}; not stopped {f[f'{phase}_not_stopped']}")
         log(
             f"[{phase}] writes per sample {f[f'{phase}_writes_per_sample']}, CPU in the sample phase "
-            f"{f[f'{phase}_sample_cpu_s']} s"
+            f"{f[f'{phase}_sample_cpu_s']} s; the extension's event loop late (samples every 0.1 s): "
+            f"{f[f'{phase}_loop_lag']}"
         )
 
     async def _steady(self, phase: str, seconds: float, *, resync_at: float | None) -> None:

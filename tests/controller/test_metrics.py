@@ -1,13 +1,23 @@
-"""How API requests are labelled, and the preserved-machines gauge computed from the cache."""
+"""How API requests are labelled, the preserved-machines gauge computed from the cache, and the event loop's lag
+sampled while the metrics server runs."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import time
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import generate_latest
 
-from machine_preservation.controller.metrics import Metrics, preserved_counts, request_verb_and_resource
+from machine_preservation.controller.metrics import (
+    Metrics,
+    Probes,
+    metrics_app,
+    preserved_counts,
+    request_verb_and_resource,
+)
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.models import Machine
@@ -140,3 +150,34 @@ def test_the_shoots_of_a_seed_report_into_one_registry_and_leave_it_when_they_st
     )
     assert 'namespace="shoot--a",phase="Failed"' not in scraped
     assert 'machine_preservation_queue_depth{queue="machines"} 4.0' in scraped
+
+
+def hold_the_loop(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def lag_samples(text: str) -> dict[str, float]:
+    """The loop-lag histogram's cumulative bucket counts by upper bound, and its count."""
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("machine_preservation_event_loop_lag_seconds_bucket"):
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            found[bound] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("machine_preservation_event_loop_lag_seconds_count"):
+            found["count"] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
+async def test_the_metrics_server_samples_the_event_loops_lag_while_it_runs() -> None:
+    metrics = Metrics()
+    async with TestClient(TestServer(metrics_app(metrics=metrics, probes=Probes(ready=lambda: True)))) as http:
+        await asyncio.sleep(0.35)
+        hold_the_loop(0.3)  # the process's own work
+        await asyncio.sleep(0.15)
+        samples = lag_samples(await (await http.get("/metrics")).text())
+    assert samples["count"] >= 3
+    assert samples["0.25"] < samples["count"], "the 0.3 s the loop was held is observed"
+    assert samples["0.25"] >= 1, "the samples before the hold are not late by as much"
+    count = samples["count"]
+    await asyncio.sleep(0.25)
+    assert lag_samples(generate_latest(metrics.registry).decode())["count"] == count, "stopped with the server"
