@@ -353,31 +353,6 @@ async def test_a_machine_set_plan_writes_in_order_and_fails_as_a_machine_plan_do
     assert unchanged["metadata"]["resourceVersion"] == written["metadata"]["resourceVersion"]
 
 
-async def test_a_drain_step_ends_the_plan_and_is_handed_back_to_the_caller(
-    api: client.ApiClient, writer: Writer, namespace: str, node_name: str
-) -> None:
-    custom = client.CustomObjectsApi(api)
-    await create_node(client.CoreV1Api(api), node_name, ready=False)
-    await create_machine(custom, namespace, "m", node=node_name, phase="Failed")
-    snap = await machine_snapshot(api, namespace, "m", node=node_name)
-    record = start_record(now=NOW, timeout=dt.timedelta(hours=1), max_timeout=dt.timedelta(hours=2), by=USER)
-    drain = p.DrainNode(
-        record=record, reason=v.ConditionReason.PRESERVED_BY_USER, expiry=record.until, timeout=dt.timedelta(minutes=1)
-    )
-
-    # A DrainNode anywhere but last is a broken plan: refused before any of its steps is written.
-    event = p.RecordEvent(kind="Machine", name="m", type="Normal", reason="PreservationStarted", message="x")
-    with pytest.raises(ValueError, match="last step"):
-        await execute_machine_plan(writer=writer, snap=snap, steps=[event, drain, event], now=NOW)
-    assert (await client.CoreV1Api(api).list_namespaced_event(namespace)).items == []
-
-    steps = [p.PatchMachineAnnotations(set=record.annotations()), p.SetPreservedTaint(present=True), drain]
-    assert await execute_machine_plan(writer=writer, snap=snap, steps=steps, now=NOW) == drain
-    machine = await get_machine(custom, namespace, "m")
-    assert machine["metadata"]["annotations"] == record.annotations(), "no drain outcome is recorded yet"
-    assert (await read_node(api, node_name)).has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT)
-
-
 async def test_a_failed_drains_outcome_goes_into_the_record_the_condition_and_events(
     api: client.ApiClient, writer: Writer, namespace: str, node_name: str
 ) -> None:
@@ -395,7 +370,7 @@ async def test_a_failed_drains_outcome_goes_into_the_record_the_condition_and_ev
     after = plan_after_drain(
         machine=snap.machine, node=snap.node, drain=drain, drained=False, blocking_pods=blocking, now=attempt
     )
-    assert await execute_machine_plan(writer=writer, snap=snap, steps=after.steps, now=attempt) is None
+    await execute_machine_plan(writer=writer, snap=snap, steps=after.steps, now=attempt)
 
     annotations = (await get_machine(custom, namespace, "m"))["metadata"]["annotations"]
     assert annotations == {

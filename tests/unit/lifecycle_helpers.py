@@ -42,19 +42,33 @@ def plan(
     )
 
 
+def sequence(plan: MachinePlan) -> list[MachineStep | DrainNode]:
+    """The plan as the shell runs it: its steps, its drain, then the steps written alongside the drain."""
+    if plan.drain is None:
+        return list(plan.steps)
+    return [*plan.steps, plan.drain, *plan.drain.alongside]
+
+
+def interrupted(plan: MachinePlan, done: int) -> MachinePlan:
+    """The plan as far as a crash after `done` writes (or a conflict on the next) lets it go: its first `done`
+    steps, counting those written alongside the drain after the plan's own; never the drain's outcome."""
+    written = [*plan.steps, *(plan.drain.alongside if plan.drain is not None else ())]
+    return MachinePlan(steps=tuple(written[:done]))
+
+
 def of_type(plan: MachinePlan, kind: type[StepT]) -> list[StepT]:
-    return [step for step in plan.steps if isinstance(step, kind)]
+    return [step for step in sequence(plan) if isinstance(step, kind)]
 
 
 def only(plan: MachinePlan, kind: type[StepT]) -> StepT:
     found = of_type(plan, kind)
-    assert len(found) == 1, f"expected one {kind.__name__} in {plan.steps}"
+    assert len(found) == 1, f"expected one {kind.__name__} in {sequence(plan)}"
     return found[0]
 
 
-def writes(plan: MachinePlan) -> list[MachineStep]:
-    """The API writes of a plan, without Events."""
-    return [step for step in plan.steps if not isinstance(step, RecordEvent)]
+def writes(plan: MachinePlan) -> list[MachineStep | DrainNode]:
+    """The API writes of a plan (its drain too), without Events."""
+    return [step for step in sequence(plan) if not isinstance(step, RecordEvent)]
 
 
 def write_kinds(plan: MachinePlan) -> list[str]:
@@ -74,12 +88,12 @@ def execute(
     drained: bool = True,
     blocking_pods: tuple[str, ...] = (),
 ) -> tuple[Machine, Node | None]:
-    """Apply the plan as the shell would, a DrainNode ending with the given outcome."""
+    """Apply the plan as the shell would, its drain ending with the given outcome."""
     machine, node = apply_machine_plan(machine=machine, node=node, plan=plan, now=now)
-    for drain in of_type(plan, DrainNode):
+    if plan.drain is not None:
         assert node is not None
         outcome = plan_after_drain(
-            machine=machine, node=node, drain=drain, drained=drained, blocking_pods=blocking_pods, now=now
+            machine=machine, node=node, drain=plan.drain, drained=drained, blocking_pods=blocking_pods, now=now
         )
         machine, node = apply_machine_plan(machine=machine, node=node, plan=outcome, now=now)
     return machine, node
@@ -99,7 +113,7 @@ def changing_steps(
     no-op, as in the controller."""
     return tuple(
         step
-        for step in plan.steps
+        for step in sequence(plan)
         if not (
             isinstance(step, DrainNode)
             and not step.evict

@@ -87,7 +87,7 @@ def apply_node_step(node: Node, step: MachineStep, now: dt.datetime) -> Node:
 def apply_machine_plan(
     *, machine: Machine, node: Node | None, plan: MachinePlan, now: dt.datetime
 ) -> tuple[Machine, Node | None]:
-    for step in plan.steps:
+    for step in (*plan.steps, *(plan.drain.alongside if plan.drain is not None else ())):
         machine = apply_machine_step(machine, step, now)
         if node is not None:
             node = apply_node_step(node, step, now)

@@ -192,7 +192,7 @@ def test_a_drained_message_without_a_drain_record_is_not_believed() -> None:
     # Messages are for people: only the record says the drain of this failure is done.
     n = node(ca="true", tainted=True, condition=preserved_condition(message=DRAINED))
     result = plan(preserved_machine(FAILED), n)
-    assert write_kinds(result) == ["SetPreservedCondition", "DrainNode"]
+    assert write_kinds(result) == ["DrainNode", "SetPreservedCondition"]
     assert only(result, SetPreservedCondition).message.startswith(v.DRAINING_MESSAGE)
 
 
@@ -219,7 +219,7 @@ def test_a_failed_drain_message_without_a_drain_record_drains_at_once() -> None:
     # e.g. the record's drain keys were lost: the drain is simply done again, announced as a first attempt
     n = node(ca="true", tainted=True, condition=preserved_condition(status="False", message=NOT_DRAINED))
     result = plan(preserved_machine(FAILED), n, pods_to_evict=("ns/a",))
-    assert write_kinds(result) == ["SetPreservedCondition", "DrainNode"]
+    assert write_kinds(result) == ["DrainNode", "SetPreservedCondition"]
     assert only(result, SetPreservedCondition).message == (
         f"Preserved node is being drained. {UNTIL_KEPT} Waiting for pods: ns/a."
     )

@@ -24,12 +24,13 @@ from machine_preservation.core.plan import (
     PatchNodeAnnotations,
     RecordEvent,
     SetMachinePhase,
+    SetPreservedCondition,
     SetPreservedTaint,
     SetPreserveExpiry,
 )
 from machine_preservation.core.preservation_record import DrainRecord, parse_timestamp
 
-from .lifecycle_helpers import CONFIG, changing_steps, execute, of_type, plan, writes
+from .lifecycle_helpers import CONFIG, changing_steps, execute, interrupted, of_type, plan, writes
 from .preservation_objects import ABSENT, HOUR, NOW, machine, node, preserved_condition
 
 VALUES = [ABSENT, "", "now", "when-failed", "false", "auto-preserve", "auto-preserved", "yes", " now"]
@@ -208,14 +209,17 @@ def test_the_mirror_shows_the_capped_expiry_and_only_where_the_crd_keeps_it(s: d
 
 @PROPERTY
 @given(snapshots())
-def test_taint_and_drain_only_for_failed_machines_and_drain_is_last(s: dict[str, Any]) -> None:
+def test_taint_and_drain_only_for_failed_machines_and_only_the_condition_alongside(s: dict[str, Any]) -> None:
     result = plan_of(s)
     failed_now = s["machine"].phase == v.MachinePhase.FAILED and not of_type(result, SetMachinePhase)
     if any(step.present for step in of_type(result, SetPreservedTaint)) or of_type(result, DrainNode):
         assert failed_now
     api_writes = writes(result)
-    if of_type(result, DrainNode):
-        assert isinstance(api_writes[-1], DrainNode)
+    if result.drain is not None:
+        # The drain follows the taint; only what tells about it is written alongside.
+        alongside = result.drain.alongside
+        assert all(isinstance(step, (SetPreservedCondition, PatchMachineAnnotations)) for step in alongside)
+        assert not any(isinstance(step, PatchMachineAnnotations) and step.set for step in alongside)
     if of_type(result, DeleteMachine):
         assert failed_now
         assert isinstance(api_writes[-1], DeleteMachine)
@@ -299,7 +303,7 @@ def converge(s: dict[str, Any], m: Machine, n: Node | None) -> tuple[Machine, No
 def test_a_crash_after_any_write_converges_to_the_same_state(s: dict[str, Any], crash_after: int) -> None:
     first = plan_of(s)
     _, m_full, n_full = run(s)
-    prefix = MachinePlan(steps=first.steps[: min(crash_after, len(first.steps))])
+    prefix = interrupted(first, crash_after)
     m, n = execute(s["machine"], s["node"], prefix, now=s["now"], drained=s["drained"], blocking_pods=("ns/p",))
     m, n = converge(s, m, n)
     assert essentials(m, n) == essentials(m_full, n_full)
@@ -325,7 +329,7 @@ def test_a_stop_interrupted_after_any_step_is_finished_never_a_new_preservation(
     first `done` writes: the record is still there, so planning again finishes the stop."""
     first = plan_of(s)
     assume(s["machine"].preservation is not None and ends(first))
-    prefix = MachinePlan(steps=first.steps[: min(done, len(first.steps))])
+    prefix = interrupted(first, done)
     m, n = execute(s["machine"], s["node"], prefix, now=s["now"], drained=s["drained"], blocking_pods=("ns/p",))
     for _ in range(4):
         again = replan(s, m, n)
@@ -345,7 +349,7 @@ def test_a_stop_at_expiry_interrupted_after_any_step_is_still_reported_as_the_ex
     record did): the plan that finishes it reports the expiry too, never a stop for another cause."""
     first = plan_of(s)
     assume(any(e.reason == v.EventReason.PRESERVATION_EXPIRED for e in of_type(first, RecordEvent)))
-    prefix = MachinePlan(steps=first.steps[: min(done, len(first.steps))])
+    prefix = interrupted(first, done)
     m, n = execute(s["machine"], s["node"], prefix, now=s["now"], drained=s["drained"], blocking_pods=("ns/p",))
     for _ in range(4):
         again = replan(s, m, n)
@@ -353,7 +357,7 @@ def test_a_stop_at_expiry_interrupted_after_any_step_is_still_reported_as_the_ex
             v.EventReason.PRESERVATION_STOPPED,
             v.EventReason.PRESERVATION_EXPIRED,
         }
-        assert stops <= {v.EventReason.PRESERVATION_EXPIRED}, [type(step).__name__ for step in first.steps[:done]]
+        assert stops <= {v.EventReason.PRESERVATION_EXPIRED}, [type(step).__name__ for step in prefix.steps]
         if not pending(s, m, n):
             break
         m, n = execute(m, n, again, now=s["now"], drained=s["drained"], blocking_pods=("ns/p",))

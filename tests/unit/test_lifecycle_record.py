@@ -132,7 +132,7 @@ def test_the_pool_timeout_never_moves_a_running_preservation() -> None:
 
 def test_the_being_drained_condition_names_the_pods_right_before_the_first_drain() -> None:
     result = plan(machine(phase=FAILED, preserve="now"), node(), pods_to_evict=("ns/b", "ns/a", "ns/a"))
-    *_, condition, _announced, drain = writes(result)
+    *_, drain, condition, _announced = writes(result)
     assert condition == SetPreservedCondition(
         status="False",
         reason=v.ConditionReason.PRESERVED_BY_USER,
@@ -197,7 +197,7 @@ def test_a_replan_during_the_first_drain_rewrites_the_condition_only_when_the_po
     n = node(ca="true", tainted=True, condition=draining)
     assert write_kinds(plan(m, n, pods_to_evict=("ns/a",))) == ["DrainNode"]
     changed = plan(m, n, pods_to_evict=("ns/a", "ns/c"))
-    assert write_kinds(changed) == ["SetPreservedCondition", "DrainNode"]
+    assert write_kinds(changed) == ["DrainNode", "SetPreservedCondition"]
     condition = only(changed, SetPreservedCondition)
     assert condition.message == draining_message(T, ["ns/a", "ns/c"])
     assert condition.last_transition_time == NOW - MINUTE  # still False: the transition time stays

@@ -148,17 +148,18 @@ def test_without_a_node_label_a_start_writes_only_the_record_and_the_priority() 
 )
 def test_failed_machine_is_preserved_tainted_and_drained(value: str, reason: str) -> None:
     result = plan(machine(phase=FAILED, preserve=value, drain_timeout="30m"), node(), pods_to_evict=("ns/web-0",))
+    # The drain starts once the record, the CA annotation and the taint are written; the condition saying so and
+    # the acknowledgement of the start's Events go alongside the evictions.
     assert write_kinds(result) == [
         RECORD,
         "PatchNodeAnnotations",
         "SetPreservedTaint",
+        "DrainNode",
         "SetPreservedCondition",
         ACKNOWLEDGED,
-        "DrainNode",
     ]
-    assert machine_patches(result)[1] == ANNOUNCED
     assert only(result, SetPreservedTaint).present
-    assert only(result, SetPreservedCondition) == SetPreservedCondition(
+    being_drained = SetPreservedCondition(
         status="False",
         reason=reason,
         message=f"Preserved node is being drained. {PRESERVED_UNTIL_T} Waiting for pods: ns/web-0.",
@@ -167,8 +168,12 @@ def test_failed_machine_is_preserved_tainted_and_drained(value: str, reason: str
     by = v.PreservedBy.AUTO if value == "auto-preserve" else v.PreservedBy.USER
     record = dataclasses.replace(STARTED_RECORD, by=by)
     assert record_written(result) == announcing(record)
-    assert only(result, DrainNode) == DrainNode(
-        record=record, reason=reason, expiry=T, timeout=dt.timedelta(minutes=30)
+    assert result.drain == DrainNode(
+        record=record,
+        reason=reason,
+        expiry=T,
+        timeout=dt.timedelta(minutes=30),
+        alongside=(being_drained, ANNOUNCED),
     )
 
 
@@ -197,7 +202,7 @@ def test_preserved_machine_that_fails_is_drained_with_the_original_expiry() -> N
     result = plan(
         machine(phase=FAILED, preserve="now", expiry=KEPT, **steady_priority()), node(**preserved_running_node())
     )
-    assert write_kinds(result) == ["SetPreservedTaint", "SetPreservedCondition", "DrainNode"]
+    assert write_kinds(result) == ["SetPreservedTaint", "DrainNode", "SetPreservedCondition"]
     assert only(result, SetPreservedCondition).message == f"Preserved node is being drained. {PRESERVED_UNTIL_KEPT}"
     assert only(result, DrainNode).expiry == KEPT
     assert result.requeue_after == 5 * HOUR
@@ -225,7 +230,7 @@ def test_now_machine_recovered_stays_preserved_untainted_and_ready_to_drain_agai
 
     # ... and fails again before expiry: tainted and drained again (upstream MCM would not)
     m, n = execute(m, n, result)
-    assert write_kinds(plan(with_phase(m, FAILED), n)) == ["SetPreservedTaint", "SetPreservedCondition", "DrainNode"]
+    assert write_kinds(plan(with_phase(m, FAILED), n)) == ["SetPreservedTaint", "DrainNode", "SetPreservedCondition"]
 
 
 # A `when-failed` machine recovers: stop, annotation kept

@@ -304,8 +304,8 @@ Target = Snapshot | MachineSet | MachineDeployment
 Step = p.MachineStep | p.PatchMachineSetStatus | p.PatchMachineDeploymentStatus
 
 
-async def execute(*, writer: Writer, writes: Sequence[tuple[Target, Step]], now: dt.datetime) -> p.DrainNode | None:
-    """Write the steps in order, up to a DrainNode, which is returned for the caller to run (None: no drain).
+async def execute(*, writer: Writer, writes: Sequence[tuple[Target, Step]], now: dt.datetime) -> None:
+    """Write the steps in order.
 
     An Event is sent once the writes before it have succeeded and does not hold up the writes after it (as
     client-go's recorder does not): the protection of a failed machine comes two round trips sooner. Only a
@@ -314,23 +314,18 @@ async def execute(*, writer: Writer, writes: Sequence[tuple[Target, Step]], now:
 
     The first failure ends the plan: ObjectGone if the object a step writes no longer exists (an Event's 404 is
     not that), else StepFailed; a failed Event fails the plan like a write, once the writes have been made."""
-    if any(isinstance(step, p.DrainNode) for _, step in writes[:-1]):
-        raise ValueError("a DrainNode must be the last step of a plan")  # before anything is written
     events: list[asyncio.Task[None]] = []
     try:
-        drain = await _write_in_order(writer=writer, writes=writes, now=now, events=events)
+        await _write_in_order(writer=writer, writes=writes, now=now, events=events)
     finally:
         await _answered(writer=writer, writes=writes, events=events)
     _raise_first_failure(events)
-    return drain
 
 
 async def _write_in_order(
     *, writer: Writer, writes: Sequence[tuple[Target, Step]], now: dt.datetime, events: list[asyncio.Task[None]]
-) -> p.DrainNode | None:
+) -> None:
     for target, step in writes:
-        if isinstance(step, p.DrainNode):
-            return step
         if isinstance(step, p.RecordEvent):
             events.append(detached(_write(writer=writer, target=target, step=step, now=now)))
             continue
@@ -338,7 +333,6 @@ async def _write_in_order(
             await _answered(writer=writer, writes=writes, events=events)
             _raise_first_failure(events)
         await _write(writer=writer, target=target, step=step, now=now)
-    return None
 
 
 async def _answered(*, writer: Writer, writes: Sequence[tuple[Target, Step]], events: list[asyncio.Task[None]]) -> None:
@@ -371,9 +365,9 @@ async def _write(*, writer: Writer, target: Target, step: Step, now: dt.datetime
 
 async def execute_machine_plan(
     *, writer: Writer, snap: Snapshot, steps: Sequence[p.MachineStep], now: dt.datetime
-) -> p.DrainNode | None:
+) -> None:
     """A Machine plan's steps, on its snapshot (see `execute`)."""
-    return await execute(writer=writer, writes=[(snap, step) for step in steps], now=now)
+    await execute(writer=writer, writes=[(snap, step) for step in steps], now=now)
 
 
 async def execute_machine_set_plan(

@@ -7,6 +7,7 @@ then). Which keys to look at comes from the event handlers (`handlers.wire_handl
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from machine_preservation.controller.reader import (
     NodePodReader,
     owner_name,
 )
-from machine_preservation.controller.slots import ReconcileSlots
+from machine_preservation.controller.slots import ReconcileSlots, detached
 from machine_preservation.core import plan as p
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.auto_preservation import is_being_replaced, plan_machine_deployment, plan_machine_set
@@ -102,9 +103,9 @@ class MachineReconciler:
     _draining: set[str] = field(default_factory=set)  # node names
 
     async def reconcile(self, key: str) -> dt.timedelta | None:
-        """Plan once and execute the plan up to its drain, if it has one; drain, ask the core what the outcome
-        writes and execute that once. Returns when to look again: the plan's time, or soon when the drain
-        must wait for a free slot."""
+        """Plan once and execute the plan's steps; if it has a drain, drain (writing the drain's `alongside` steps
+        meanwhile), ask the core what the outcome writes and execute that once. Returns when to look again: the
+        plan's time, or soon when the drain must wait for a free slot."""
         machine = self.caches.machines.get(key)
         if machine is None:
             self.node_pods.release(key)
@@ -140,14 +141,24 @@ class MachineReconciler:
         if plan.steps:
             logger.info("machine %s: %s", key, ", ".join(type(step).__name__ for step in plan.steps))
         snap = Snapshot(machine=machine, node=node)
-        drain = await execute_machine_plan(writer=self.writer, snap=snap, steps=plan.steps, now=now)
+        await execute_machine_plan(writer=self.writer, snap=snap, steps=plan.steps, now=now)
+        drain = plan.drain
         if drain is None:
             return plan.requeue_after
         assert node is not None, "the core drains only a Node it was given"
         if not self._drain_slot_free(node):
+            await execute_machine_plan(writer=self.writer, snap=snap, steps=drain.alongside, now=now)
             logger.info("machine %s: drain deferred (slots busy); again in %s", key, self.drain_deferral)
             return self.drain_deferral
-        result = await self._drain(node, drain, max_evict_retries=machine.spec.max_evict_retries)
+        # Their writes and the evictions wait on different requests: the drain does not wait for them. The task
+        # holds no reconcile slot of its own (it must not give back the one the drain lends).
+        alongside = detached(execute_machine_plan(writer=self.writer, snap=snap, steps=drain.alongside, now=now))
+        try:
+            result = await self._drain(node, drain, max_evict_retries=machine.spec.max_evict_retries)
+        finally:
+            async with self.slots.lent():
+                await asyncio.wait([alongside])
+        alongside.result()  # a failed write fails the plan: no outcome is written, the next plan starts over
         # The outcome's writes (its Events too) carry the time the attempt ended, which may be minutes
         # after the plan; they start from the resourceVersions the plan's writes left in `snap`.
         ended = self.clock()

@@ -185,11 +185,11 @@ def plan_machine(context: MachineContext) -> MachinePlan:
         invalid_events=invalid_events,
     )
     if decision.preserve:
-        preserve_steps, retry_at = _preserve(context, verdict)
+        preserve_steps, drain, retry_at = _preserve(context, verdict)
         steps += preserve_steps
         assert decision.expiry is not None  # a preserve decision always carries its expiry
         wake_at = decision.expiry if retry_at is None else min(decision.expiry, retry_at)
-        return MachinePlan(steps=tuple(steps), requeue_after=max(wake_at - now, dt.timedelta(0)))
+        return MachinePlan(steps=tuple(steps), drain=drain, requeue_after=max(wake_at - now, dt.timedelta(0)))
     steps += _stop_or_idle(context, verdict)
     return MachinePlan(steps=tuple(steps))
 
@@ -349,8 +349,11 @@ class _Verdict:
     invalid_events: tuple[RecordEvent, ...]
 
 
-def _preserve(context: MachineContext, verdict: _Verdict) -> tuple[list[MachineStep], dt.datetime | None]:
-    """The writes that make the machine preserved, and when a waiting drain retry is due (else None)."""
+def _preserve(
+    context: MachineContext, verdict: _Verdict
+) -> tuple[list[MachineStep], DrainNode | None, dt.datetime | None]:
+    """The writes that make the machine preserved, the drain that follows them (if any), and when a waiting drain
+    retry is due (else None)."""
     machine, node, config, now = context.machine, context.existing_node, context.config, context.now
     effective, decision = verdict.effective, verdict.decision
     expiry, record = decision.expiry, decision.record
@@ -383,7 +386,7 @@ def _preserve(context: MachineContext, verdict: _Verdict) -> tuple[list[MachineS
         steps.append(SetPreserveExpiry(expiry=expiry))
     steps += verdict.invalid_events
     if node is None:
-        return _acknowledged(steps, announced), None
+        return _acknowledged(steps, announced), None, None
 
     if not _is_empty(ca_patch):
         steps.append(ca_patch)
@@ -410,9 +413,10 @@ def _preserve(context: MachineContext, verdict: _Verdict) -> tuple[list[MachineS
                 message=current.message if current is not None else conditions.drain_failed_message(expiry, ()),
                 now=now,
             )
-            return _acknowledged([*steps, *([waiting] if waiting is not None else [])], announced), retry_at
+            return _acknowledged([*steps, *([waiting] if waiting is not None else [])], announced), None, retry_at
         timeout = drain_timeout(machine=machine, config=config)
         gave_up = drain is not None and drain.failing_since is not None and now >= drain.failing_since + timeout
+        alongside: list[MachineStep] = []
         if drain is None:
             # The first attempt: say what it waits for while it runs (an attempt may take minutes).
             draining = conditions.condition_step(
@@ -422,24 +426,33 @@ def _preserve(context: MachineContext, verdict: _Verdict) -> tuple[list[MachineS
                 message=conditions.draining_message(expiry, context.pods_to_evict),
                 now=now,
             )
-            steps += [draining] if draining is not None else []
-        steps.append(DrainNode(record=record, reason=reason, expiry=expiry, timeout=timeout, evict=not gave_up))
-        return _acknowledged(steps, announced), None
+            alongside += [draining] if draining is not None else []
+        # The record, the CA annotation and the taint come first (new pods stay away); what only tells about the
+        # drain is written while the evictions run.
+        return (
+            steps,
+            DrainNode(
+                record=record,
+                reason=reason,
+                expiry=expiry,
+                timeout=timeout,
+                evict=not gave_up,
+                alongside=tuple(_acknowledged(alongside, announced)),
+            ),
+            None,
+        )
     condition = conditions.condition_step(current=current, status=status, reason=reason, message=message, now=now)
     if condition is not None:
         steps.append(condition)
-    return _acknowledged(steps, announced), None
+    return _acknowledged(steps, announced), None, None
 
 
 def _acknowledged(steps: list[MachineStep], announced: bool) -> list[MachineStep]:
-    """The plan with the removal of the pending announcement last (before a drain): it waits for the Events to be
-    recorded, and no other write needs to wait for it, so the node is protected without waiting for them."""
+    """The writes with the removal of the pending announcement last: it waits for the Events to be recorded, and
+    no other write needs to wait for it, so the node is protected without waiting for them."""
     if not announced:
         return steps
-    acknowledgement = PatchMachineAnnotations(remove=(v.PRESERVED_ANNOUNCEMENT_PENDING_ANNOTATION,), after_events=True)
-    if steps and isinstance(steps[-1], DrainNode):
-        return [*steps[:-1], acknowledgement, steps[-1]]
-    return [*steps, acknowledgement]
+    return [*steps, PatchMachineAnnotations(remove=(v.PRESERVED_ANNOUNCEMENT_PENDING_ANNOTATION,), after_events=True)]
 
 
 def _stop_or_idle(context: MachineContext, verdict: _Verdict) -> list[MachineStep]:

@@ -1,12 +1,12 @@
 """The contract between the pure core and the controller shell: a plan of desired changes.
 
 The core looks at a snapshot (objects + config + now) and returns a `MachinePlan` (or a
-`MachineSetPlan`): an ordered tuple of steps plus when to look again. The shell executes the steps
-in order, each as one idempotent API write, and stops at the first failure (the next reconcile
-recomputes the plan from the objects). A `DrainNode` is always last: the shell stops there, drains, and
-asks the core (`lifecycle.plan_after_drain`) what the outcome writes. The order is what makes a crash at
-any point safe: for a start the preservation record (Machine annotations) is written first, for a stop it
-is removed last, so an interrupted stop is finished rather than mistaken for "not preserved".
+`MachineSetPlan`): an ordered tuple of steps, the drain that follows them (if any), and when to look again.
+The shell executes the steps in order, each as one idempotent API write, and stops at the first failure (the
+next reconcile recomputes the plan from the objects). Then it drains, writing the drain's `alongside` steps
+meanwhile, and asks the core (`lifecycle.plan_after_drain`) what the outcome writes. The order is what makes a
+crash at any point safe: for a start the preservation record (Machine annotations) is written first, for a stop
+it is removed last, so an interrupted stop is finished rather than mistaken for "not preserved".
 """
 
 from __future__ import annotations
@@ -76,9 +76,9 @@ class SetPreservedCondition:
 
 @dataclass(frozen=True)
 class DrainNode:
-    """Evict the node's pods (Eviction API; DaemonSet and mirror pods stay).
+    """Evict the node's pods (Eviction API; DaemonSet and mirror pods stay), once the plan's steps are written.
 
-    Always the last step of a plan. The shell drains, then executes `core.lifecycle.plan_after_drain`, which
+    The shell drains, writing `alongside` meanwhile, then executes `core.lifecycle.plan_after_drain`, which
     records the outcome in the preservation record (so a done drain is not repeated and a failed one is paced)
     and in the condition. The shell runs at most one drain per node at a time.
     """
@@ -92,6 +92,10 @@ class DrainNode:
     # become empty (someone removed the blocking pods) and evicts nothing.
     timeout: dt.timedelta | None = None
     evict: bool = True
+    # Written in order while the evictions run, as they tell about the drain but nothing about it waits for them
+    # (the "being drained" condition, the acknowledgement of a start's Events). A failure among them fails the
+    # plan once the drain has ended: its outcome is not written, and the next plan starts over.
+    alongside: tuple[MachineStep, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -118,7 +122,6 @@ MachineStep = (
     | PatchNodeAnnotations
     | SetPreservedTaint
     | SetPreservedCondition
-    | DrainNode
     | RecordEvent
 )
 
@@ -126,6 +129,8 @@ MachineStep = (
 @dataclass(frozen=True)
 class MachinePlan:
     steps: tuple[MachineStep, ...] = ()
+    # Drain the node once the steps are written (by then the taint keeps new pods away).
+    drain: DrainNode | None = None
     # Look again after this long even if nothing changes (e.g. exactly at preserveExpiryTime).
     requeue_after: dt.timedelta | None = None
 
