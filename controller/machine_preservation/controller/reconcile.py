@@ -138,8 +138,8 @@ class MachineReconciler:
                     released=self.released,
                 )
             )
-        if plan.steps:
-            logger.info("machine %s: %s", key, ", ".join(type(step).__name__ for step in plan.steps))
+        if plan.steps or plan.drain:
+            logger.info("machine %s: %s", key, _describe(plan))
         snap = Snapshot(machine=machine, node=node)
         await execute_machine_plan(writer=self.writer, snap=snap, steps=plan.steps, now=now)
         drain = plan.drain
@@ -201,6 +201,15 @@ class MachineReconciler:
         if not result.drained:
             logger.warning("node %s not drained; blocking: %s", name, ", ".join(result.blocking))
         return result
+
+
+def _describe(plan: p.MachinePlan) -> str:
+    """The plan's steps by kind, for the log: "PatchMachineAnnotations, ..., DrainNode (alongside: ...)"."""
+    kinds = [type(step).__name__ for step in plan.steps]
+    if plan.drain is not None:
+        alongside = ", ".join(type(step).__name__ for step in plan.drain.alongside)
+        kinds.append(f"DrainNode (alongside: {alongside})" if alongside else "DrainNode")
+    return ", ".join(kinds)
 
 
 # The pool's autoPreserveFailedMachineMax for a MachineSet where its spec does not carry it (None: the spec's).
