@@ -43,9 +43,8 @@ def drain_outcome(machine: Machine | None) -> v.DrainOutcome | None:
     return record.drain.outcome if record is not None and record.drain is not None else None
 
 
-async def test_a_drain_waits_for_a_free_slot_as_a_requeue(
-    api: client.ApiClient, namespace: str, node_names: list[str]
-) -> None:
+async def failed_machine_to_preserve(api: client.ApiClient, namespace: str, node_names: list[str]) -> str:
+    """Machine "m", Failed and asking to be preserved now, on a new NotReady node (returned)."""
     node = await new_node(api, node_names, ready=False)
     await create_machine(
         client.CustomObjectsApi(api),
@@ -55,6 +54,13 @@ async def test_a_drain_waits_for_a_free_slot_as_a_requeue(
         phase="Failed",
         annotations={v.PRESERVE_ANNOTATION: "now"},
     )
+    return node
+
+
+async def test_a_drain_waits_for_a_free_slot_as_a_requeue(
+    api: client.ApiClient, namespace: str, node_names: list[str]
+) -> None:
+    node = await failed_machine_to_preserve(api, namespace, node_names)
     node_pods = NodePods(target=api)
     async with synced_caches(api, namespace) as caches:
         reconciler = machine_reconciler(api, namespace, caches=caches, node_pods=node_pods, max_concurrent_drains=1)
@@ -134,15 +140,7 @@ class SignallingDrainer(Drainer):
 async def test_the_being_drained_condition_is_written_while_the_drain_runs(
     api: client.ApiClient, namespace: str, node_names: list[str], refuse: bool
 ) -> None:
-    node = await new_node(api, node_names, ready=False)
-    await create_machine(
-        client.CustomObjectsApi(api),
-        namespace,
-        "m",
-        node=node,
-        phase="Failed",
-        annotations={v.PRESERVE_ANNOTATION: "now"},
-    )
+    node = await failed_machine_to_preserve(api, namespace, node_names)
     node_pods = NodePods(target=api)
     async with synced_caches(api, namespace) as caches:
         reconciler = machine_reconciler(api, namespace, caches=caches, node_pods=node_pods)
