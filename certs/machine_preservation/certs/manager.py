@@ -49,6 +49,7 @@ from machine_preservation.certs.rotation import (
     summary,
 )
 from machine_preservation.core.clock import Clock, system_clock
+from machine_preservation.kube.api_errors import NO_ANSWER, ApiError, classify
 
 logger = logging.getLogger(__name__)
 
@@ -206,12 +207,12 @@ class CertificateManager:
             else:
                 model = await api.read_mutating_webhook_configuration(ref.name)
         except ApiException as error:
-            if error.status == 404 and ref.template is not None:
+            if classify(error.status) is ApiError.NOT_FOUND and ref.template is not None:
                 self._absent.add(ref)  # ours to create
                 return None
             logger.warning("cannot read %s; not injecting there this pass: %s %s", ref, error.status, error.reason)
             return None
-        except (OSError, TimeoutError) as error:
+        except NO_ANSWER as error:
             logger.warning("cannot reach the cluster of %s; not injecting there this pass: %s", ref, error)
             return None
         return model.model_dump(by_alias=True, exclude_none=True, mode="json")
@@ -225,7 +226,7 @@ class CertificateManager:
                 await api.patch_mutating_webhook_configuration(ref.name, patch, field_manager=FIELD_MANAGER)
         except ApiException as error:
             # 409: changed since read; 422: a `test` failed (webhooks reordered) — both mean "read again".
-            if error.status in (409, 422):
+            if classify(error.status) in (ApiError.CONFLICT, ApiError.INVALID):
                 raise Conflict(f"{ref} changed meanwhile") from error
             raise
 
@@ -239,7 +240,7 @@ class CertificateManager:
                 mutating = client.V1MutatingWebhookConfiguration.model_validate(body)
                 await api.create_mutating_webhook_configuration(mutating, field_manager=FIELD_MANAGER)
         except ApiException as error:
-            if error.status == 409:  # another replica created it first
+            if classify(error.status) is ApiError.CONFLICT:  # another replica created it first
                 raise Conflict(f"{ref} created meanwhile") from error
             raise
 
@@ -314,7 +315,7 @@ class CertificateManager:
         try:
             secret = await self._core.read_namespaced_secret(name, namespace)
         except ApiException as error:
-            if error.status == 404:
+            if classify(error.status) is ApiError.NOT_FOUND:
                 return {}, None
             raise
         data = {key: base64.b64decode(value) for key, value in (secret.data or {}).items()}
@@ -344,7 +345,7 @@ class CertificateManager:
                     field_manager=FIELD_MANAGER,
                 )
         except ApiException as error:
-            if error.status == 409:
+            if classify(error.status) is ApiError.CONFLICT:
                 raise Conflict(f"Secret {namespace}/{name} changed meanwhile") from error
             raise
 

@@ -24,13 +24,13 @@ from typing import Any
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.api_errors import ApiError, classify
 from machine_preservation.controller.events import EventRecorder, Regarding
 from machine_preservation.controller.slots import ReconcileSlots, detached
 from machine_preservation.core import plan as p
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node
 from machine_preservation.core.preservation_record import format_timestamp
+from machine_preservation.kube.api_errors import ApiError, classify
 from machine_preservation.kube.clients import JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH
 
 logger = logging.getLogger(__name__)

@@ -21,10 +21,10 @@ from typing import Any
 
 from kubernetes.aio import client
 
-from machine_preservation.controller.api_errors import ApiError, classify
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.gardener import CLUSTER_API_GROUP, CLUSTER_PLURAL
 from machine_preservation.core.mcm_evidence import AUTO_MAX_PATH, EXPIRY_PATH, MACHINE_CRD, MACHINE_SET_CRD, keeps
+from machine_preservation.kube.api_errors import ApiError, classify
 
 logger = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.api_errors import ApiError, classify
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.preservation_record import format_timestamp
+from machine_preservation.kube.api_errors import ApiError, classify
 from machine_preservation.kube.clients import MERGE_PATCH
 
 logger = logging.getLogger(__name__)

@@ -30,7 +30,6 @@ from typing import Any
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.api_errors import ApiError, classify, read_json
 from machine_preservation.controller.informer import Informer
 from machine_preservation.controller.shoot_access import ShootAccessUnavailable
 from machine_preservation.controller.shoots import ShootSupervisor
@@ -41,6 +40,7 @@ from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.shoot import provider_config_errors
 from machine_preservation.core.gardener import ShootFacts
 from machine_preservation.core.webhook_configurations import shoot_path
+from machine_preservation.kube.api_errors import ApiError, classify, read_json
 from machine_preservation.kube.clients import MERGE_PATCH
 
 logger = logging.getLogger(__name__)

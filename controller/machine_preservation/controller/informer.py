@@ -23,8 +23,8 @@ from typing import Any, Generic, TypeVar, cast
 import aiohttp
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.api_errors import NO_ANSWER, ApiError, classify, ensure_ok, read_json
 from machine_preservation.controller.backoff import Backoff
+from machine_preservation.kube.api_errors import NO_ANSWER, ApiError, classify, ensure_ok, read_json
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from kubernetes.aio.leaderelection import electionconfig, leaderelection
 from kubernetes.aio.leaderelection.leaderelectionrecord import LeaderElectionRecord
 from kubernetes.aio.leaderelection.resourcelock.leaselock import LeaseLock
 
-from machine_preservation.controller.api_errors import NO_ANSWER
 from machine_preservation.core.clock import system_clock
+from machine_preservation.kube.api_errors import NO_ANSWER
 
 logger = logging.getLogger(__name__)
 

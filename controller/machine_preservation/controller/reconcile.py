@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 from kubernetes.aio import client
 
-from machine_preservation.controller.api_errors import read_json
 from machine_preservation.controller.apply import (
     Snapshot,
     Writer,
@@ -47,6 +46,7 @@ from machine_preservation.core.lifecycle import (
 )
 from machine_preservation.core.models import Machine, MachineSet, Node, cached_node
 from machine_preservation.core.native import plan_native
+from machine_preservation.kube.api_errors import read_json
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 
 from kubernetes.aio import client
 
-from machine_preservation.controller.api_errors import ApiError, read_json
 from machine_preservation.controller.apply import Writer
 from machine_preservation.controller.caches import Caches, new_caches, shoot_caches
 from machine_preservation.controller.crd_check import ControlFacts, CrdFacts
@@ -54,6 +53,7 @@ from machine_preservation.core.mcm_generation import (
 )
 from machine_preservation.core.models import Machine
 from machine_preservation.core.pool_settings import PoolDefaults
+from machine_preservation.kube.api_errors import ApiError, read_json
 
 logger = logging.getLogger(__name__)
 

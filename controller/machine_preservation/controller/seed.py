@@ -24,7 +24,6 @@ from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.certs.rotation import CA_BUNDLE_KEY
-from machine_preservation.controller.api_errors import NO_ANSWER, ApiError, classify
 from machine_preservation.controller.extensions import EXTENSION_VERSION, ExtensionReconciler, decode_ca_bundle
 from machine_preservation.controller.informer import Informer, Source
 from machine_preservation.controller.leader import LeaderElector, run_elected
@@ -47,6 +46,7 @@ from machine_preservation.core.gardener import (
     read_shoot_facts,
 )
 from machine_preservation.core.mcm_generation import NativePreservationMode
+from machine_preservation.kube.api_errors import NO_ANSWER, ApiError, classify
 from machine_preservation.kube.clients import MERGE_PATCH, new_api_client
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ import yaml
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.api_errors import read_json
+from machine_preservation.kube.api_errors import read_json
 from machine_preservation.kube.clients import api_client
 
 IN_NAMESPACE_API_SERVER_HOST: Final = "kube-apiserver"

@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-import aiohttp
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 from kubernetes.aio.config.config_exception import ConfigException
@@ -26,6 +25,7 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.deletion import EXTENSION_NAME, MachineSetView, ShootExtension
 from machine_preservation.core.gardener import CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
+from machine_preservation.kube.api_errors import NO_ANSWER, ApiError, classify
 from machine_preservation.kube.clients import new_api_client
 
 # The Machine webhook's timeoutSeconds is 10; leave room to answer.
@@ -86,7 +86,7 @@ async def _patiently(call: Callable[[], Awaitable[Any]]) -> Any:
         try:
             return await call()
         except ApiException as error:
-            if error.status != 429 or attempt == BUSY_ATTEMPTS:
+            if classify(error.status) is not ApiError.TOO_MANY_REQUESTS or attempt == BUSY_ATTEMPTS:
                 raise
             await asyncio.sleep(_retry_after(error))
     raise AssertionError("unreachable")
@@ -155,7 +155,7 @@ class KubernetesMachineSets:
             )
         except ApiException as error:
             raise SourceUnavailable(f"reading MachineSets in {namespace!r}: {error.status} {error.reason}") from None
-        except (ConfigException, aiohttp.ClientError, TimeoutError, OSError) as error:
+        except (ConfigException, *NO_ANSWER) as error:
             raise SourceUnavailable(f"reading MachineSets in {namespace!r}: {error}") from None
         return view_from_lists(
             name=name,
@@ -177,10 +177,11 @@ class KubernetesMachineSets:
                 )
             )
         except ApiException as error:
-            if error.status == 404:  # no Cluster resource (or not even its CRD): not a Gardener seed
+            # No Cluster resource (or not even its CRD): not a Gardener seed.
+            if classify(error.status) is ApiError.NOT_FOUND:
                 return None
             raise SourceUnavailable(f"reading the Cluster {namespace!r}: {error.status} {error.reason}") from None
-        except (ConfigException, aiohttp.ClientError, TimeoutError, OSError) as error:
+        except (ConfigException, *NO_ANSWER) as error:
             raise SourceUnavailable(f"reading the Cluster {namespace!r}: {error}") from None
         return cluster if isinstance(cluster, dict) else None
 
@@ -201,10 +202,11 @@ class KubernetesMachineSets:
                 )
             )
         except ApiException as error:
-            if error.status == 404:  # no such Extension: disabled; no Extension kind at all: not Gardener
+            # No such Extension: disabled; no Extension kind at all: not Gardener.
+            if classify(error.status) is ApiError.NOT_FOUND:
                 return ShootExtension(present=False) if _object_missing(error) else None
             raise SourceUnavailable(f"reading {shown}: {error.status} {error.reason}") from None
-        except (ConfigException, aiohttp.ClientError, TimeoutError, OSError) as error:
+        except (ConfigException, *NO_ANSWER) as error:
             raise SourceUnavailable(f"reading {shown}: {error}") from None
         if not isinstance(extension, dict):
             raise SourceUnavailable(f"reading {shown}: unexpected answer from the API server")

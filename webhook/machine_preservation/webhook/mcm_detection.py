@@ -37,6 +37,7 @@ from machine_preservation.core.mcm_generation import (
     NativePreservationMode,
     decide_native_preservation,
 )
+from machine_preservation.kube.api_errors import NO_ANSWER
 from machine_preservation.kube.clients import new_api_client
 
 logger = logging.getLogger(__name__)
@@ -258,7 +259,7 @@ class NativeByNamespace:
                 return await self._read(await self._client(), namespace, self._timeout)
         except TimeoutError:
             logger.warning("MCM's generation in %s: no answer within %g s", namespace, self._timeout)
-        except (ConfigException, aiohttp.ClientError, OSError, ValueError) as error:
+        except (ConfigException, ValueError, *NO_ANSWER) as error:
             logger.warning("MCM's generation in %s: cannot read the cluster: %s", namespace, error)
         except Exception:
             # Evidence not given, whatever the reason: the decision must never fail a request.

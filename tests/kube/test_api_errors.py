@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from machine_preservation.controller.api_errors import ApiError, classify
+from machine_preservation.kube.api_errors import ApiError, classify
 
 
 @pytest.mark.parametrize(

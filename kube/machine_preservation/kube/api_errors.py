@@ -1,6 +1,6 @@
-"""What an answer of the Kubernetes API means to the controller, decided in one place: every status the
-controller tells apart has a meaning here, and everything else is OTHER (kopf's `check_response` does the
-same)."""
+"""What an answer of the Kubernetes API means, decided in one place for every component: each status the
+controller, the webhook or the certificates manager tells apart has a meaning here, everything else is OTHER
+(kopf's `check_response` does the same), and `NO_ANSWER` is what a request raises when there was no answer."""
 
 from __future__ import annotations
 
