@@ -43,6 +43,15 @@ class Writer:
         self.failing_value = ""
         self.written: dict[str, asyncio.Event] = collections.defaultdict(asyncio.Event)
 
+    def answer_events_once_written(self, value: str) -> asyncio.Task[None]:
+        """Answer the Events once the annotation `value` has been written."""
+
+        async def answer() -> None:
+            await self.written[value].wait()
+            self.answer_events.set()
+
+        return asyncio.create_task(answer())
+
     async def record_event(self, _snap: Snapshot, step: p.RecordEvent, *, now: dt.datetime) -> None:
         self.log.append(f"event {step.kind} sent")
         await self.answer_events.wait()
@@ -63,12 +72,7 @@ async def run(writer: Writer, steps: list[p.MachineStep]) -> None:
 
 async def test_the_writes_after_an_event_do_not_wait_for_its_answer() -> None:
     writer = Writer()
-
-    async def answer_after_the_last_write() -> None:
-        await writer.written["2"].wait()
-        writer.answer_events.set()
-
-    answering = asyncio.create_task(answer_after_the_last_write())
+    answering = writer.answer_events_once_written("2")
     await run(writer, [annotate("1"), event(), annotate("2")])
     await answering
     assert writer.log[0] == "annotations 1"
@@ -97,12 +101,7 @@ async def test_a_failed_event_fails_the_plan_once_the_writes_are_made() -> None:
 
 async def test_an_acknowledgement_waits_for_the_events_before_it_and_only_for_those() -> None:
     writer = Writer()
-
-    async def answer_after_the_write_in_between() -> None:
-        await writer.written["2"].wait()
-        writer.answer_events.set()
-
-    answering = asyncio.create_task(answer_after_the_write_in_between())
+    answering = writer.answer_events_once_written("2")  # the write in between
     await run(writer, [annotate("1"), event(), annotate("2"), annotate("ack", after_events=True), event("Node")])
     await answering
     log = writer.log
