@@ -8,6 +8,7 @@ Only the standard library at module level: controller_scale.py's child process i
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ctypes
 import datetime as dt
@@ -91,6 +92,38 @@ def proc_cpu_seconds(pid: int) -> float:
     except OSError:
         return math.nan
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_process(names: Mapping[int, str]) -> dict[int, tuple[str, float]]:
+    """CPU seconds so far of every process on the machine, by pid, with a name: `names` for the pids it holds,
+    else the command's (a kube-apiserver whose arguments mention `seed` is `seed kube-apiserver`; kernel workers,
+    whose names change with their work, are `kworker`)."""
+    result: dict[int, tuple[str, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            comm, _, rest = (entry / "stat").read_text().partition("(")[2].rpartition(")")
+            fields = rest.split()
+            name = names.get(pid) or ("kworker" if comm.startswith("kworker/") else comm)
+            if comm == "kube-apiserver" and b"seed" in (entry / "cmdline").read_bytes():
+                name = "seed kube-apiserver"
+        except OSError:
+            continue  # gone meanwhile
+        result[pid] = (name, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    return result
+
+
+def cpu_used_by_name(
+    before: Mapping[int, tuple[str, float]], after: Mapping[int, tuple[str, float]]
+) -> dict[str, float]:
+    """CPU seconds used between two `cpu_by_process` readings, summed by name (a process started meanwhile
+    counts from zero; one that ended meanwhile is not seen)."""
+    used: dict[str, float] = collections.defaultdict(float)
+    for pid, (name, cpu) in after.items():
+        used[name] += cpu - (before[pid][1] if pid in before else 0.0)
+    return dict(used)
 
 
 def proc_started_monotonic(pid: int) -> float:
@@ -211,6 +244,64 @@ def ready_condition(status: str) -> dict[str, Any]:
         "lastHeartbeatTime": now,
         "lastTransitionTime": now,
     }
+
+
+CPU_STATES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def machine_cpu_ticks() -> dict[str, int]:
+    """The machine's CPU time so far by state (the `cpu` line of /proc/stat, in clock ticks)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    return {state: int(value) for state, value in zip(CPU_STATES, fields, strict=False)}
+
+
+def cores_by_state(before: Mapping[str, int], after: Mapping[str, int], seconds: float) -> dict[str, float]:
+    """Cores spent in each CPU state between two `machine_cpu_ticks` readings `seconds` apart (steal: time the
+    hypervisor gave to others; iowait: idle while waiting on the disk)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    return {state: round((after[state] - before[state]) / tick / seconds, 3) for state in after}
+
+
+class LoopLagProbe:
+    """How late this process's own event loop runs a timer due every 0.1 s (the samples' times are taken by its
+    watch handlers, so a late loop here would show as a slow product), and the machine's CPU states per second
+    (slow windows: steal, iowait, or all cores busy)."""
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self.states: list[tuple[float, dict[str, float]]] = []  # (wall clock, cores per state in the last second)
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        ticks, at = machine_cpu_ticks(), loop.time()
+        while True:
+            due = loop.time() + 0.1
+            await asyncio.sleep(0.1)
+            now = loop.time()
+            self.lags.append(now - due)
+            if now - at >= 1.0:
+                latest = machine_cpu_ticks()
+                self.states.append((round(time.time(), 1), cores_by_state(ticks, latest, now - at)))
+                ticks, at = latest, now
+
+    def __enter__(self) -> LoopLagProbe:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def summary(self) -> dict[str, float]:
+        lags = self.lags or [0.0]
+        return {
+            "samples": len(self.lags),
+            "max_s": round(max(lags), 3),
+            "over_25ms": sum(lag > 0.025 for lag in lags),
+            "over_50ms": sum(lag > 0.05 for lag in lags),
+            "over_100ms": sum(lag > 0.1 for lag in lags),
+        }
 
 
 # --- the failure samples ------------------------------------------------------------------------------------------

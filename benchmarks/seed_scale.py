@@ -85,9 +85,12 @@ from scale_common import (
     PRESERVE,
     SAMPLE_LABEL,
     VERSION,
+    LoopLagProbe,
     MetricsReader,
     Sample,
     SampleRecorder,
+    cpu_by_process,
+    cpu_used_by_name,
     delta,
     gather_limited,
     log,
@@ -349,6 +352,7 @@ class Bench:
         self.samples_a: list[Sample] = []
         self.samples_b: list[Sample] = []
         self.pid = 0
+        self.install: Any = None  # gardener_landscape.Installation, once installed
         self.reader: MetricsReader | None = None
         self.stop_watch = asyncio.Event()
 
@@ -795,25 +799,32 @@ class Bench:
             return
         before = await self.reader.scrape()
         cpu_before = proc_cpu_seconds(self.pid)
+        machine_before = cpu_by_process(self.process_names())
+        machine_started = time.monotonic()
         loads: list[float] = []
-        for sample in samples:
-            shoot = next(s for s in self.shoots if s.namespace == sample.namespace)
-            raw = self.raw_shoots[shoot.apiserver]
-            await raw.patch(
-                f"/api/v1/nodes/{sample.node}/status", {"status": {"conditions": [ready_condition("Unknown")]}}
-            )
-            sample.failed_at = time.time()
-            await self.raw_seed.patch(
-                f"/apis/{GROUP}/{VERSION}/namespaces/{sample.namespace}/machines/{sample.machine}/status",
-                {"status": {"currentStatus": {"phase": "Failed", "lastUpdateTime": rfc3339(dt.datetime.now(dt.UTC))}}},
-            )
-            loads.append(os.getloadavg()[0])
-            await asyncio.sleep(args.fail_interval)
-        deadline = time.monotonic() + args.sample_limit
-        while time.monotonic() < deadline:
-            if all(s.stopped_at is not None for s in samples):
-                break
-            await asyncio.sleep(0.5)
+        with LoopLagProbe() as probe:
+            for sample in samples:
+                shoot = next(s for s in self.shoots if s.namespace == sample.namespace)
+                raw = self.raw_shoots[shoot.apiserver]
+                await raw.patch(
+                    f"/api/v1/nodes/{sample.node}/status", {"status": {"conditions": [ready_condition("Unknown")]}}
+                )
+                sample.failed_at = time.time()
+                await self.raw_seed.patch(
+                    f"/apis/{GROUP}/{VERSION}/namespaces/{sample.namespace}/machines/{sample.machine}/status",
+                    {
+                        "status": {
+                            "currentStatus": {"phase": "Failed", "lastUpdateTime": rfc3339(dt.datetime.now(dt.UTC))}
+                        }
+                    },
+                )
+                loads.append(os.getloadavg()[0])
+                await asyncio.sleep(args.fail_interval)
+            deadline = time.monotonic() + args.sample_limit
+            while time.monotonic() < deadline:
+                if all(s.stopped_at is not None for s in samples):
+                    break
+                await asyncio.sleep(0.5)
         protected = [s.protected_at - s.failed_at for s in samples if s.protected_at is not None]
         preserved = [s.preserved_at - s.failed_at for s in samples if s.preserved_at is not None]
         lags = [s.stopped_at - s.expiry for s in samples if s.stopped_at is not None and s.expiry is not None]
@@ -826,6 +837,18 @@ class Bench:
         f[f"{phase}_writes_per_sample"] = round(sample_writes / len(samples), 1)
         f[f"{phase}_sample_cpu_s"] = round(proc_cpu_seconds(self.pid) - cpu_before, 2)
         f[f"{phase}_loop_lag"] = loop_lag(after, before)
+        f[f"{phase}_script_loop_lag"] = probe.summary()
+        f[f"{phase}_cpu_states"] = probe.states
+        f[f"{phase}_failed_at"] = [round(s.failed_at, 1) for s in samples]  # to place slow samples in the above
+        busiest = sorted(probe.states, key=lambda i: -(i[1]["steal"] + i[1]["iowait"]))[:3]
+        # Who else used the 2 cores meanwhile: the tail of the samples is the API servers' latency under load.
+        machine_after, elapsed = cpu_by_process(self.process_names()), time.monotonic() - machine_started
+        used = cpu_used_by_name(machine_before, machine_after)
+        f[f"{phase}_machine_cores"] = {
+            name: round(cpu / elapsed, 3)
+            for name, cpu in sorted(used.items(), key=lambda i: -i[1])
+            if cpu >= 0.01 * elapsed
+        }
         f[f"{phase}_not_preserved"] = [s.key for s in samples if s.preserved_at is None]
         f[f"{phase}_not_stopped"] = [s.key for s in samples if s.stopped_at is None]
         log(f"[{phase}] FAILED -> PROTECTED (record, CA annotation, taint): {summary(protected)}")
@@ -839,6 +862,16 @@ class Bench:
             f"{f[f'{phase}_sample_cpu_s']} s; the extension's event loop late (samples every 0.1 s): "
             f"{f[f'{phase}_loop_lag']}"
         )
+        log(
+            f"[{phase}] cores used in the sample phase, by process: {f[f'{phase}_machine_cores']}; this script's "
+            f"event loop late: {f[f'{phase}_script_loop_lag']}; the seconds with the most steal + iowait: {busiest}"
+        )
+
+    def process_names(self) -> dict[int, str]:
+        names = {os.getpid(): "benchmark script", self.pid: "extension"}
+        if self.install is not None:
+            names[self.install.webhook.pid] = "webhook"
+        return names
 
     async def _steady(self, phase: str, seconds: float, *, resync_at: float | None) -> None:
         assert self.reader is not None
