@@ -334,7 +334,7 @@ def test_a_look_that_finds_the_node_empty_marks_it_drained() -> None:
     result = plan_after_drain(
         machine=m, node=node(condition=said), drain=drain, drained=True, blocking_pods=(), now=NOW
     )
-    assert write_kinds(result) == ["PatchMachineAnnotations", "SetPreservedCondition"]
+    assert write_kinds(result) == ["SetPreservedCondition", "PatchMachineAnnotations"]
     assert only(result, PatchMachineAnnotations) == PatchMachineAnnotations(
         set={v.PRESERVED_DRAIN_ANNOTATION: "drained"},
         remove=(v.PRESERVED_DRAIN_FAILING_SINCE_ANNOTATION, v.PRESERVED_DRAIN_LAST_ATTEMPT_ANNOTATION),
@@ -383,14 +383,14 @@ def test_condition_after_drain_needs_the_expiry() -> None:
         condition_after_drain(node=node(), drain=DrainNode(), drained=True, blocking_pods=(), now=NOW)
 
 
-def test_plan_after_drain_writes_the_record_then_the_condition_then_events_on_machine_and_node() -> None:
+def test_plan_after_drain_writes_the_condition_then_the_record_then_events_on_machine_and_node() -> None:
     m = preserved_machine(FAILED)
     assert m.preservation is not None
     drain = DrainNode(record=m.preservation, reason="Preserved by user.", expiry=KEPT)
     result = plan_after_drain(machine=m, node=node(), drain=drain, drained=False, blocking_pods=["ns/web-0"], now=NOW)
-    assert write_kinds(result) == ["PatchMachineAnnotations", "SetPreservedCondition"]
-    assert isinstance(result.steps[0], PatchMachineAnnotations)
-    assert result.steps[0].set == {
+    assert write_kinds(result) == ["SetPreservedCondition", "PatchMachineAnnotations"]
+    assert isinstance(result.steps[1], PatchMachineAnnotations)
+    assert result.steps[1].set == {
         v.PRESERVED_DRAIN_ANNOTATION: "failed",
         v.PRESERVED_DRAIN_FAILING_SINCE_ANNOTATION: format_timestamp(NOW),
         v.PRESERVED_DRAIN_LAST_ATTEMPT_ANNOTATION: format_timestamp(NOW),

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from machine_preservation.core import vocabulary as v
+from machine_preservation.core.lifecycle import plan_after_drain
 from machine_preservation.core.models import Machine, Node, NoNode
 from machine_preservation.core.plan import (
     DeleteMachine,
@@ -31,6 +32,7 @@ from machine_preservation.core.plan import (
 from machine_preservation.core.preservation_record import DrainRecord, parse_timestamp
 
 from .lifecycle_helpers import CONFIG, changing_steps, execute, interrupted, of_type, plan, writes
+from .plan_simulator import apply_machine_plan
 from .preservation_objects import ABSENT, HOUR, NOW, machine, node, preserved_condition
 
 VALUES = [ABSENT, "", "now", "when-failed", "false", "auto-preserve", "auto-preserved", "yes", " now"]
@@ -72,16 +74,19 @@ def snapshots(
     draw: st.DrawFn,
     timeouts: tuple[str | None, ...] = (None, "1h", "bad", "-1h"),
     expiries: tuple[dt.datetime | None, ...] = tuple(EXPIRIES),
+    phases: tuple[str, ...] = tuple(PHASES),
+    with_node: bool = False,
+    values: tuple[str, ...] = tuple(VALUES),
 ) -> dict[str, Any]:
-    has_label = draw(st.booleans())
+    has_label = with_node or draw(st.booleans())
     m = machine(
         node="n1" if has_label else "",
-        phase=draw(st.sampled_from(PHASES)),
+        phase=draw(st.sampled_from(phases)),
         expiry=draw(st.sampled_from(expiries)),
         since=draw(st.sampled_from([None, None, NOW - 1000 * HOUR])),  # old enough for the cap to bite
         drain=draw(st.sampled_from(DRAINS)),
         mirrored=draw(st.sampled_from([None, NOW + 5 * HOUR, NOW + 10_000 * HOUR])),
-        preserve=draw(st.sampled_from(VALUES)),
+        preserve=draw(st.sampled_from(values)),
         last_applied=draw(st.sampled_from([ABSENT, ABSENT, "", "now", "when-failed", "false", "auto-preserved"])),
         reported_invalid=draw(st.sampled_from([ABSENT, ABSENT, "garbage", '[["Node","yes"]]', '[["Machine","yes"]]'])),
         timeout=draw(st.sampled_from(timeouts)),
@@ -90,7 +95,7 @@ def snapshots(
     )
     n: Node | None = None
     no_node = NoNode.NO_LABEL
-    if has_label and draw(st.integers(0, 4)) > 0:
+    if has_label and (with_node or draw(st.integers(0, 4)) > 0):
         n = node(
             preserve=draw(st.sampled_from(VALUES)),
             ca=draw(st.sampled_from([ABSENT, "true", "false"])),
@@ -305,6 +310,25 @@ def test_a_crash_after_any_write_converges_to_the_same_state(s: dict[str, Any], 
     _, m_full, n_full = run(s)
     prefix = interrupted(first, crash_after)
     m, n = execute(s["machine"], s["node"], prefix, now=s["now"], drained=s["drained"], blocking_pods=("ns/p",))
+    m, n = converge(s, m, n)
+    assert essentials(m, n) == essentials(m_full, n_full)
+
+
+@settings(PROPERTY, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(snapshots(phases=("Failed",), with_node=True, values=("now", "when-failed")), st.integers(0, 3))
+def test_a_crash_after_any_write_of_a_drains_outcome_converges_to_the_same_state(
+    s: dict[str, Any], crash_after: int
+) -> None:
+    first = plan_of(s)
+    assume(first.drain is not None)
+    assert first.drain is not None
+    _, m_full, n_full = run(s)
+    m, n = apply_machine_plan(machine=s["machine"], node=s["node"], plan=interrupted(first, 99), now=s["now"])
+    assert n is not None
+    outcome = plan_after_drain(
+        machine=m, node=n, drain=first.drain, drained=s["drained"], blocking_pods=("ns/p",), now=s["now"]
+    )
+    m, n = apply_machine_plan(machine=m, node=n, plan=interrupted(outcome, crash_after), now=s["now"])
     m, n = converge(s, m, n)
     assert essentials(m, n) == essentials(m_full, n_full)
 

@@ -203,11 +203,13 @@ def plan_after_drain(
     blocking_pods: Sequence[str],
     now: dt.datetime,
 ) -> MachinePlan:
-    """What the shell writes once a DrainNode ended: the drain record, the condition, the outcome's Events.
+    """What the shell writes once a DrainNode ended: the condition, the drain record, the outcome's Events.
 
-    An eviction attempt always updates the record (its time paces the next attempt after a failure). A look at
-    a node whose evictions were given up (`evict` False) that finds it still blocked writes only when the
-    blocking pods changed, so it costs nothing in steady state.
+    The condition comes first: it is what an operator (and the autoscaler's users) wait for, and the record's
+    drain only paces the next attempt, so if its write fails after the condition's, the next plan drains again
+    and finds the node as it left it (an empty node at once). An eviction attempt always updates the record (its
+    time paces the next attempt after a failure). A look at a node whose evictions were given up (`evict` False)
+    that finds it still blocked writes only when the blocking pods changed, so it costs nothing in steady state.
     """
     record = drain.record
     if record is None:
@@ -224,11 +226,12 @@ def plan_after_drain(
     # The plan wrote `record` before its DrainNode, so the machine holds exactly that record now (`machine` is
     # the object as it was before the plan): only the drain's keys change.
     to_set, to_remove = record_patch(current=record.annotations(), record=dataclasses.replace(record, drain=outcome))
-    if to_set or to_remove:
-        steps.append(PatchMachineAnnotations(set=to_set, remove=to_remove))
     condition = condition_after_drain(node=node, drain=drain, drained=drained, blocking_pods=blocking_pods, now=now)
     if condition is not None:
         steps.append(condition)
+    if to_set or to_remove:
+        steps.append(PatchMachineAnnotations(set=to_set, remove=to_remove))
+    if condition is not None:
         steps += events.drain_outcome(
             machine=machine,
             node=node,
