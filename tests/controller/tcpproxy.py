@@ -1,4 +1,5 @@
-"""A loopback TCP proxy the tests can cut and restore, to play an apiserver restart for one client."""
+"""A loopback TCP proxy the tests can cut and restore, to play an apiserver restart for one client, or slow down
+(`delay`: every chunk from the server is passed on that much later)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ class TcpProxy:
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self.connections = 0
+        self.delay = 0.0  # seconds each chunk from the server waits before it is passed on
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, LOOPBACK, self.port)
@@ -41,14 +43,16 @@ class TcpProxy:
             return
         self._writers.update({writer, up_writer})
 
-        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter, *, answers: bool) -> None:
             with contextlib.suppress(OSError, asyncio.IncompleteReadError):
                 while data := await source.read(65536):
+                    if answers and self.delay:
+                        await asyncio.sleep(self.delay)
                     sink.write(data)
                     await sink.drain()
             sink.transport.abort()
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer, answers=False), pipe(up_reader, writer, answers=True))
         self._writers.difference_update({writer, up_writer})
 
     def kubeconfig(self, *, source: Path, target: Path) -> Path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import datetime as dt
 import uuid
@@ -22,6 +23,7 @@ from kubernetes.aio import client
 from machine_preservation.certs.authority import generate_ca
 from machine_preservation.certs.rotation import CA_BUNDLE_KEY
 from machine_preservation.controller.seed import SeedController, SeedOptions
+from machine_preservation.controller.shoots import ApiServerProbe
 from machine_preservation.core import extension as contract
 from machine_preservation.core import shoot_resources
 from machine_preservation.core.mcm_generation import NativePreservationMode
@@ -31,12 +33,14 @@ from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.gardener_landscape import (
     BareShoot,
     bare_shoot,
+    condition,
     read_extension,
     ready,
     served,
     shoot_webhooks,
 )
 from tests.controller.support import aio_client
+from tests.controller.tcpproxy import TcpProxy
 from tests.polling import eventually_async
 
 WEBHOOK_URL = "https://127.0.0.1:9"  # nothing listens: the shoots' node webhooks fail open (Ignore)
@@ -85,9 +89,12 @@ def ca_pem() -> bytes:
     return new_ca_pem("test-webhook-ca")
 
 
-@pytest.fixture
-async def extension(seed: ControlPlane, api: client.ApiClient, ca_pem: bytes) -> AsyncIterator[Extension]:
-    """The extension process, in this event loop, with its namespace and the certs manager's Secret."""
+@contextlib.asynccontextmanager
+async def running_extension(
+    seed: ControlPlane, api: client.ApiClient, ca_pem: bytes, **options: Any
+) -> AsyncIterator[Extension]:
+    """The extension process, in this event loop, with its namespace and the certs manager's Secret; `options`
+    override SeedOptions."""
     namespace = f"extension-machine-preservation-{uuid.uuid4().hex[:6]}"
     core = client.CoreV1Api(api)
     await core.create_namespace({"metadata": {"name": namespace}})  # type: ignore[arg-type]
@@ -98,7 +105,7 @@ async def extension(seed: ControlPlane, api: client.ApiClient, ca_pem: bytes) ->
             "data": {CA_BUNDLE_KEY: base64.b64encode(ca_pem).decode()},
         },
     )
-    options = SeedOptions(
+    seed_options = SeedOptions(
         namespace=namespace,
         webhook_url=WEBHOOK_URL,
         ca_secret=(namespace, "webhook-certs"),
@@ -109,14 +116,15 @@ async def extension(seed: ControlPlane, api: client.ApiClient, ca_pem: bytes) ->
         heartbeat_period=1.0,
         native_preservation=NativePreservationMode.FALSE,
     )
-    controller = SeedController(options=options)
+    seed_options = dataclasses.replace(seed_options, **options)
+    controller = SeedController(options=seed_options)
     stop = asyncio.Event()
     running = Extension(
         controller=controller,
         namespace=namespace,
         stop=stop,
         task=asyncio.create_task(controller.run(stop)),
-        options=options,
+        options=seed_options,
     )
     try:
         yield running
@@ -124,6 +132,12 @@ async def extension(seed: ControlPlane, api: client.ApiClient, ca_pem: bytes) ->
         running.stop.set()
         assert await asyncio.wait_for(running.task, 60) == 0
         await core.delete_namespace(namespace)
+
+
+@pytest.fixture
+async def extension(seed: ControlPlane, api: client.ApiClient, ca_pem: bytes) -> AsyncIterator[Extension]:
+    async with running_extension(seed, api, ca_pem) as running:
+        yield running
 
 
 async def test_enable_serves_the_shoot_and_delete_cleans_up(
@@ -161,6 +175,38 @@ async def test_enable_serves_the_shoot_and_delete_cleans_up(
         assert shoot_resources.SHOOT_ACCESS_SECRET not in names
         assert shoot_resources.MANAGED_RESOURCE_SECRET not in names
         assert shoot.namespace not in extension.controller.supervisor.namespaces()  # type: ignore[union-attr]
+
+
+async def test_a_slow_shoot_api_server_is_reported_until_it_answers_in_time_again(
+    seed: ControlPlane, api: client.ApiClient, ca_pem: bytes, tmp_path: Path
+) -> None:
+    probe = ApiServerProbe(period=0.5, slow_answer=1.0, timeout=3.0)
+    async with new_shoot(seed, api, tmp_path) as shoot, running_extension(seed, api, ca_pem, shoot_probe=probe):
+        # The extension reaches the shoot's API server through a proxy that can pass its answers on late.
+        proxy = TcpProxy(upstream_port=shoot.plane.apiserver_port)
+        await proxy.start()
+        try:
+            await gardener.publish_generic_token_kubeconfig(
+                api, shoot.namespace, shoot.plane, server=f"https://127.0.0.1:{proxy.port}"
+            )
+            await gardener.apply_extension(api, shoot.namespace)
+            await eventually_async(lambda: served(api, shoot.namespace), limit=30)
+
+            proxy.delay = 1.5  # the watches stay open; only a request tells
+            slow = await eventually_async(lambda: _health(api, shoot.namespace, "ShootAPIServerSlow"), limit=30)
+            assert slow["status"] == "False"
+            assert "The shoot's API server answers slowly (GET /version took 1." in slow["message"]
+
+            proxy.delay = 0.0
+            await eventually_async(lambda: served(api, shoot.namespace, reason="ShootServed"), limit=30)
+        finally:
+            await proxy.cut()
+
+
+async def _health(api: client.ApiClient, namespace: str, reason: str) -> dict[str, Any] | None:
+    """The Extension's ControlPlaneHealthy condition if its reason is `reason`, else None."""
+    found = condition(await read_extension(api, namespace), contract.CONTROL_PLANE_HEALTHY)
+    return found if found.get("reason") == reason else None
 
 
 async def _gone(api: client.ApiClient, namespace: str) -> bool:

@@ -208,16 +208,23 @@ APPLIED = sr.ObjectsApplied(namespace="shoot--p--a", applied=True, message="All 
 NOT_APPLIED = sr.ObjectsApplied(namespace="shoot--p--a", applied=False, message="Could not apply: forbidden")
 
 
+SLOW = "GET /version took 5.2 s"
+
+
 @pytest.mark.parametrize(
-    ("hibernated", "running", "native", "problem", "objects", "served", "reason", "in_message"),
+    ("hibernated", "running", "native", "problem", "objects", "slow", "served", "reason", "in_message"),
     [
-        (True, False, None, "down", None, True, "ShootHibernated", "hibernated"),
-        (False, False, None, "cannot watch nodes: refused", APPLIED, False, "ShootNotServed", "refused"),
-        (False, False, None, "", APPLIED, False, "ShootNotServed", "Starting"),
-        (False, True, False, "", None, False, "ShootObjectsNotApplied", "not there yet"),
-        (False, True, False, "", NOT_APPLIED, False, "ShootObjectsNotApplied", "forbidden"),
-        (False, True, False, "", APPLIED, True, "ShootServed", "Preservation runs."),
-        (False, True, True, "", APPLIED, True, "ShootServed", "natively"),
+        (True, False, None, "down", None, "", True, "ShootHibernated", "hibernated"),
+        (True, True, None, "", APPLIED, SLOW, True, "ShootHibernated", "hibernated"),
+        (False, False, None, "cannot watch nodes: refused", APPLIED, "", False, "ShootNotServed", "refused"),
+        (False, False, None, "cannot watch nodes: refused", APPLIED, SLOW, False, "ShootNotServed", "refused"),
+        (False, False, None, "", APPLIED, "", False, "ShootNotServed", "Starting"),
+        (False, True, False, "", None, "", False, "ShootObjectsNotApplied", "not there yet"),
+        (False, True, False, "", NOT_APPLIED, SLOW, False, "ShootObjectsNotApplied", "forbidden"),
+        (False, True, False, "", APPLIED, SLOW, False, "ShootAPIServerSlow", f"answers slowly ({SLOW})"),
+        (False, True, True, "", APPLIED, SLOW, False, "ShootAPIServerSlow", "preservations wait for it"),
+        (False, True, False, "", APPLIED, "", True, "ShootServed", "Preservation runs."),
+        (False, True, True, "", APPLIED, "", True, "ShootServed", "natively"),
     ],
 )
 def test_shoot_health(
@@ -226,11 +233,14 @@ def test_shoot_health(
     native: bool | None,
     problem: str,
     objects: sr.ObjectsApplied | None,
+    slow: str,
     served: bool,
     reason: str,
     in_message: str,
 ) -> None:
-    health = sr.shoot_health(hibernated=hibernated, running=running, native=native, problem=problem, objects=objects)
+    health = sr.shoot_health(
+        hibernated=hibernated, running=running, native=native, problem=problem, objects=objects, slow=slow
+    )
     assert (health.served, health.reason) == (served, reason)
     assert in_message in health.message
 

@@ -213,6 +213,7 @@ class ExtensionReconciler:
             native=state.native,
             problem=state.problem,
             objects=self.managed_resources.get(f"{namespace}/{shoot_resources.MANAGED_RESOURCE}"),
+            slow=state.slow,
         )
         patch = contract.control_plane_healthy(
             extension,

@@ -30,7 +30,7 @@ from machine_preservation.controller.leader import LeaderElector, run_elected
 from machine_preservation.controller.metrics import Metrics, Probes, metrics_app, start_metrics_server
 from machine_preservation.controller.queue import WorkQueue, run_worker, stop_workers
 from machine_preservation.controller.runtime import DEFAULT_DRAIN_ATTEMPT_TIMEOUT, RuntimeOptions, wait_any
-from machine_preservation.controller.shoots import ShootSupervisor
+from machine_preservation.controller.shoots import ApiServerProbe, ShootSupervisor
 from machine_preservation.controller.slots import ReconcileSlots
 from machine_preservation.controller.views import new_seed_informers
 from machine_preservation.core import extension as contract
@@ -78,6 +78,7 @@ class SeedOptions:
     max_drain_attempt: dt.timedelta = DEFAULT_DRAIN_ATTEMPT_TIMEOUT
     shutdown_grace: float = 30.0
     heartbeat_period: float = float(contract.HEARTBEAT_RENEW_SECONDS)
+    shoot_probe: ApiServerProbe = field(default_factory=ApiServerProbe)  # tells a slow shoot API server
     mcm_recheck_period: float = 60.0
 
 
@@ -194,6 +195,7 @@ class SeedController:
             access_secret=shoot_resources.SHOOT_ACCESS_SECRET,
             metrics=self.metrics,
             recheck_period=options.mcm_recheck_period,
+            probe=options.shoot_probe,
             notify=lambda namespace: conditions.add(namespace),
             slots=slots,
         )

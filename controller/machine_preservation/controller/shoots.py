@@ -4,7 +4,9 @@ Each shoot runs in a task of its own with its own caches, queues and workers, so
 down, slow or rejects our token only stalls itself: its task retries with a backoff of its own, and its problem
 is kept for the shoot's Extension status. While a runtime runs, MCM is inspected again every `recheck_period`; when
 the verdict on native preservation changes (MCM upgraded in that shoot), the shoot's runtime is restarted on the
-new verdict, and no other shoot notices.
+new verdict, and no other shoot notices. And the shoot's API server is asked for its version every `probe_period`:
+watches stay open on a server that answers slowly and a served shoot sends nothing else while no machine fails, so
+only a request tells that every write of the next preservation would wait (reported on the Extension).
 """
 
 from __future__ import annotations
@@ -36,6 +38,35 @@ class ShootState:
     running: bool = False  # a runtime is up and its caches synced
     native: bool | None = None  # MCM preserves natively (None: not inspected yet)
     problem: str = ""  # why it is not running, for people
+    slow: str = ""  # how the shoot's API server answered too late while running, for people
+
+
+@dataclass(frozen=True)
+class ApiServerProbe:
+    """A served shoot's API server is asked for its version every `period`; an answer later than `slow_answer`,
+    or none within `timeout`, reports the shoot as slow until an answer comes in time. 200 shoots: 20 small reads
+    a second, spread over 200 API servers. Asked more often than the client keeps an idle connection (15 s), each
+    probe finds the last one's connection open: 0.4 ms of this process's CPU instead of 2.4 ms with a new TLS
+    connection (0.8 % of a core for 200 shoots)."""
+
+    period: float = 10.0
+    slow_answer: float = 2.0
+    timeout: float = 10.0
+
+    async def verdict(self, target: client.ApiClient) -> str | None:
+        """How the API server answered too late, for people; "" in time; None without an answer (an error)."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            async with asyncio.timeout(self.timeout):
+                await client.VersionApi(target).get_code()
+        except TimeoutError:
+            return f"no answer to GET /version within {self.timeout:g} s"
+        except Exception as error:
+            logger.debug("version probe failed: %s", error)
+            return None
+        took = loop.time() - started
+        return f"GET /version took {took:.1f} s" if took > self.slow_answer else ""
 
 
 @dataclass
@@ -47,6 +78,7 @@ class _Shoot:
     runtime: ShootRuntime | None = None
     native: bool | None = None
     problem: str = "starting"
+    slow: str = ""  # the last probe's verdict (see ShootSupervisor.probe_period)
 
 
 @dataclass
@@ -58,6 +90,7 @@ class ShootSupervisor:
     informers: SeedInformers  # MCM's objects and the Clusters of every shoot, watched once for the seed
     recheck_period: float = 60.0
     health_period: float = 2.0  # how often a shoot's state is looked at for changes
+    probe: ApiServerProbe = field(default_factory=ApiServerProbe)
     # Told the namespace whenever a shoot's state changes (synced, failed), to report it on the Extension.
     notify: Callable[[str], None] = lambda namespace: None
     # Retries of a shoot that cannot be started: 1 s doubling to 5 min.
@@ -84,7 +117,7 @@ class ShootSupervisor:
         failing = runtime.failing()
         if failing:
             return ShootState(native=shoot.native, problem=failing)
-        return ShootState(running=True, native=shoot.native)
+        return ShootState(running=True, native=shoot.native, slow=shoot.slow)
 
     def ensure_running(self, namespace: str, *, kubeconfig_secret: str) -> None:
         """Start the shoot's lifecycle unless it runs; a changed kubeconfig Secret restarts it."""
@@ -187,16 +220,20 @@ class ShootSupervisor:
             await runtime.prepare(await self.control_facts.get())
             shoot.runtime, shoot.native = runtime, runtime.native
             shoot.problem = "waiting for the caches to sync (is the shoot's API server reachable?)"
+            shoot.slow = ""
             stop = asyncio.Event()
-            recheck = asyncio.create_task(self._recheck(shoot, options, runtime.native, restart))
-            relay = asyncio.create_task(_set_when_any(stop, shoot.halt, restart))
-            announce = asyncio.create_task(self._announce_changes(shoot))
+            tasks = (
+                asyncio.create_task(self._recheck(shoot, options, runtime.native, restart)),
+                asyncio.create_task(_set_when_any(stop, shoot.halt, restart)),
+                asyncio.create_task(self._announce_changes(shoot)),
+                asyncio.create_task(self._probe(shoot, target)),
+            )
             try:
                 outcome = await runtime.run(stop=stop, lost=asyncio.Event())
             finally:
-                for task in (recheck, relay, announce):
+                for task in tasks:
                     task.cancel()
-                await asyncio.gather(recheck, relay, announce, return_exceptions=True)
+                await asyncio.gather(*tasks, return_exceptions=True)
             if outcome is Outcome.INFORMER_FAILED:
                 shoot.problem = "a cache stopped following the shoot; restarting"
             return outcome
@@ -222,6 +259,18 @@ class ShootSupervisor:
             if current != last:
                 self.notify(shoot.namespace)
                 last = current
+
+    async def _probe(self, shoot: _Shoot, target: client.ApiClient) -> None:
+        """Ask the shoot's API server every probe period and keep the verdict in `shoot.slow`."""
+        while True:
+            verdict = await self.probe.verdict(target)
+            if verdict is not None:  # None: down, or refusing us (the caches' watches tell that)
+                if verdict and not shoot.slow:
+                    logger.warning("%s: the shoot's API server answers slowly (%s)", shoot.namespace, verdict)
+                elif shoot.slow and not verdict:
+                    logger.info("%s: the shoot's API server answers in time again", shoot.namespace)
+                shoot.slow = verdict
+            await asyncio.sleep(self.probe.period)
 
     async def _recheck(self, shoot: _Shoot, options: RuntimeOptions, native: bool, restart: asyncio.Event) -> None:
         while True:

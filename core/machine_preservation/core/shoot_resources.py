@@ -379,10 +379,18 @@ class ShootHealth:
 
 
 def shoot_health(
-    *, hibernated: bool, running: bool, native: bool | None, problem: str, objects: ObjectsApplied | None
+    *,
+    hibernated: bool,
+    running: bool,
+    native: bool | None,
+    problem: str,
+    objects: ObjectsApplied | None,
+    slow: str = "",
 ) -> ShootHealth:
     """Whether the shoot is served: its lifecycle runs with every cache following the shoot (through the
-    shoot-access token), and its GRM has applied our objects (RBAC, node webhooks, policy)."""
+    shoot-access token), its GRM has applied our objects (RBAC, node webhooks, policy), and its API server answers
+    in time (`slow`: how it did not, for people). A slow API server is not served: every write of a preservation
+    waits for it, so a failed machine is neither protected nor drained in time."""
     if hibernated:
         return ShootHealth(served=True, reason="ShootHibernated", message="The shoot is hibernated.")
     if not running:
@@ -393,6 +401,12 @@ def shoot_health(
             served=False,
             reason="ShootObjectsNotApplied",
             message=f"The node webhooks and RBAC are not applied in the shoot: {detail}",
+        )
+    if slow:
+        return ShootHealth(
+            served=False,
+            reason="ShootAPIServerSlow",
+            message=f"The shoot's API server answers slowly ({slow}): preservations wait for it.",
         )
     observe = " (MCM preserves natively: the extension observes)" if native else ""
     return ShootHealth(served=True, reason="ShootServed", message=f"Preservation runs{observe}.")

@@ -364,10 +364,12 @@ async def update_cluster_shoot(api: client.ApiClient, namespace: str, shoot: Map
     )
 
 
-async def publish_generic_token_kubeconfig(api: client.ApiClient, namespace: str, shoot: ControlPlane) -> str:
+async def publish_generic_token_kubeconfig(
+    api: client.ApiClient, namespace: str, shoot: ControlPlane, *, server: str | None = None
+) -> str:
     """Create the generic token kubeconfig Secret for `shoot` in its namespace and name it on the `Cluster` (which
-    must exist); returns the Secret's name."""
-    secret = generic_token_kubeconfig_secret(namespace, server=shoot.server, ca_pem=shoot.ca.cert_pem)
+    must exist); returns the Secret's name. `server`: another address of the shoot's API server (a proxy)."""
+    secret = generic_token_kubeconfig_secret(namespace, server=server or shoot.server, ca_pem=shoot.ca.cert_pem)
     try:
         await client.CoreV1Api(api).create_namespaced_secret(namespace, client.V1Secret.model_validate(secret))
     except ApiException as error:
