@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -261,7 +262,10 @@ class ShootSupervisor:
                 last = current
 
     async def _probe(self, shoot: _Shoot, target: client.ApiClient) -> None:
-        """Ask the shoot's API server every probe period and keep the verdict in `shoot.slow`."""
+        """Ask the shoot's API server every probe period and keep the verdict in `shoot.slow`. The first probe comes
+        at a random point of the first period: shoots started together (all of them, after a restart) would
+        otherwise probe together, every period."""
+        await asyncio.sleep(random.uniform(0, self.probe.period))
         while True:
             verdict = await self.probe.verdict(target)
             if verdict is not None:  # None: down, or refusing us (the caches' watches tell that)
