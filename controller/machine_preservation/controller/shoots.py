@@ -4,7 +4,7 @@ Each shoot runs in a task of its own with its own caches, queues and workers, so
 down, slow or rejects our token only stalls itself: its task retries with a backoff of its own, and its problem
 is kept for the shoot's Extension status. While a runtime runs, MCM is inspected again every `recheck_period`; when
 the verdict on native preservation changes (MCM upgraded in that shoot), the shoot's runtime is restarted on the
-new verdict, and no other shoot notices. And the shoot's API server is asked for its version every `probe_period`:
+new verdict, and no other shoot notices. And the shoot's API server is asked for its version (`ApiServerProbe`):
 watches stay open on a server that answers slowly and a served shoot sends nothing else while no machine fails, so
 only a request tells that every write of the next preservation would wait (reported on the Extension).
 """
@@ -79,7 +79,7 @@ class _Shoot:
     runtime: ShootRuntime | None = None
     native: bool | None = None
     problem: str = "starting"
-    slow: str = ""  # the last probe's verdict (see ShootSupervisor.probe_period)
+    slow: str = ""  # the last verdict of ShootSupervisor.probe
 
 
 @dataclass
