@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.backoff import Backoff
 from machine_preservation.controller.crd_check import ControlFactsCache
@@ -28,6 +29,7 @@ from machine_preservation.controller.runtime import Outcome, RuntimeOptions, Sho
 from machine_preservation.controller.shoot_access import ShootAccessUnavailable, new_shoot_client
 from machine_preservation.controller.slots import ReconcileSlots
 from machine_preservation.controller.views import SeedInformers
+from machine_preservation.kube.api_errors import NO_ANSWER
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +65,7 @@ class ApiServerProbe:
                 await client.VersionApi(target).get_code()
         except TimeoutError:
             return f"no answer to GET /version within {self.timeout:g} s"
-        except Exception as error:
+        except (ApiException, *NO_ANSWER) as error:  # refused, down or unreachable: the watches tell that
             logger.debug("version probe failed: %s", error)
             return None
         took = loop.time() - started
