@@ -296,6 +296,13 @@ def pods_of_node(node: str, count: int) -> list[tuple[str, dict[str, Any]]]:
     return pods
 
 
+# What every real Node carries from its kubelet and kube-controller-manager's TTL controller (neither runs here).
+NODE_ANNOTATIONS = {
+    "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+    "node.alpha.kubernetes.io/ttl": "0",
+}
+
+
 def node_status(machine: str) -> dict[str, Any]:
     """What a kubelet reports, roughly its size (conditions, capacity, addresses, info, images)."""
     conditions = [ready_condition("True")]
@@ -606,10 +613,8 @@ class Bench:
                     labels = {POOL_LABEL: POOL, "kubernetes.io/hostname": node, "kubernetes.io/os": "linux"}
                     if node in samples:
                         labels[SAMPLE_LABEL] = samples[node]
-                    await raw.create(
-                        "/api/v1/nodes",
-                        {"metadata": {"name": node, "labels": labels}, "spec": {"providerID": f"fake:///{node}"}},
-                    )
+                    metadata = {"name": node, "labels": labels, "annotations": NODE_ANNOTATIONS}
+                    await raw.create("/api/v1/nodes", {"metadata": metadata, "spec": {"providerID": f"fake:///{node}"}})
                     await raw.patch(f"/api/v1/nodes/{node}/status", node_status(node))
 
                 jobs.append(create_node)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import uuid
 from collections.abc import AsyncIterator
 
@@ -23,7 +24,7 @@ from machine_preservation.controller.events import EventRecorder, Regarding
 from machine_preservation.core import plan as p
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.lifecycle import plan_after_drain
-from machine_preservation.core.models import Machine, MachineSet, Node
+from machine_preservation.core.models import Machine, MachineSet, Node, cached_node
 from machine_preservation.core.preservation_record import start_record
 from tests.controller.support import (
     GROUP,
@@ -33,6 +34,7 @@ from tests.controller.support import (
     get_machine,
     machine_set_owner,
     read_node_model,
+    read_raw,
 )
 
 NOW = dt.datetime(2026, 11, 21, 12, 0, 0, tzinfo=dt.UTC)
@@ -231,6 +233,87 @@ async def test_taint_add_and_remove_never_clobber_other_taints_or_unschedulable(
     node = await read_node(api, node_name)
     assert [t.key for t in node.spec.taints] == ["user/maintenance"]
     assert node.spec.unschedulable is True
+
+
+async def node_changes_since(api: client.ApiClient, name: str, version: str) -> int:
+    """How many times the Node changed after `version`: its watch from there, read until the server ends it."""
+    response = await client.CoreV1Api(api).list_node_without_preload_content(
+        field_selector=f"metadata.name={name}", watch=True, resource_version=version, timeout_seconds=1
+    )
+    body = await response.read()
+    return sum(json.loads(line)["type"] == "MODIFIED" for line in body.splitlines() if line.strip())
+
+
+async def cached(core: client.CoreV1Api, name: str) -> Node:
+    """The Node as the controller's cache keeps it."""
+    return cached_node(await read_raw(core.read_node_without_preload_content(name)))
+
+
+CA_OURS = {v.CA_SCALE_DOWN_DISABLED_ANNOTATION: "true", v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION: "true"}
+
+
+async def test_a_nodes_annotations_then_its_taint_are_one_write_at_the_snapshots_version(
+    api: client.ApiClient, writer: Writer, node_name: str
+) -> None:
+    core = client.CoreV1Api(api)
+    user_taint = {"key": "user/maintenance", "effect": "NoExecute"}
+    await create_node(core, node_name, annotations={"user": "x", v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION: "true"})
+    await core.patch_node(node_name, {"spec": {"taints": [user_taint]}})
+    machine = Machine.model_validate({"metadata": {"name": "m", "labels": {"node": node_name}}})
+    start = [
+        p.PatchNodeAnnotations(set=CA_OURS, remove=(v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION,)),
+        p.SetPreservedTaint(present=True),
+    ]
+
+    # Someone writes the node after our snapshot: nothing of the pair is written, and the reconcile is retried.
+    stale = Snapshot(machine=machine, node=await read_node(api, node_name))
+    await core.patch_node(node_name, {"metadata": {"annotations": {"other": "y"}}})
+    with pytest.raises(StepFailed) as failed:
+        await execute_machine_plan(writer=writer, snap=stale, steps=start, now=NOW)
+    assert failed.value.conflict
+    node = await read_node(api, node_name)
+    assert v.CA_SCALE_DOWN_DISABLED_ANNOTATION not in node.metadata.annotations
+    assert [t.key for t in node.spec.taints] == ["user/maintenance"]
+
+    # From the cache's copy (which keeps only our annotations): both in one change, the others' keys and taint kept.
+    snap = Snapshot(machine=machine, node=await cached(core, node_name))
+    assert snap.node is not None
+    assert "user" not in snap.node.metadata.annotations
+    before = snap.node_version
+    await execute_machine_plan(writer=writer, snap=snap, steps=start, now=NOW)
+    assert await node_changes_since(api, node_name, before) == 1
+    node = await read_node(api, node_name)
+    assert node.metadata.annotations == {"user": "x", "other": "y", **CA_OURS}
+    assert [(t.key, t.time_added) for t in node.spec.taints] == [("user/maintenance", None), (PRESERVED["key"], NOW)]
+    assert snap.node_version == node.metadata.resource_version
+
+    # The stop: our keys and our taint go together, the rest stays.
+    snap = Snapshot(machine=machine, node=node)
+    stop = [p.PatchNodeAnnotations(remove=tuple(CA_OURS)), p.SetPreservedTaint(present=False)]
+    await execute_machine_plan(writer=writer, snap=snap, steps=stop, now=NOW)
+    assert await node_changes_since(api, node_name, node.metadata.resource_version) == 1
+    node = await read_node(api, node_name)
+    assert node.metadata.annotations == {"user": "x", "other": "y"}
+    assert [t.key for t in node.spec.taints] == ["user/maintenance"]
+
+
+async def test_a_node_without_annotations_gets_them_and_the_taint_in_two_writes(
+    api: client.ApiClient, writer: Writer, node_name: str
+) -> None:
+    core = client.CoreV1Api(api)
+    await create_node(core, node_name)
+    await core.patch_node(node_name, {"spec": {"taints": None}})
+    machine = Machine.model_validate({"metadata": {"name": "m", "labels": {"node": node_name}}})
+    snap = Snapshot(machine=machine, node=await cached(core, node_name))
+    assert snap.node is not None
+    assert not snap.node.metadata.has_annotations
+    before = snap.node_version
+    steps = [p.PatchNodeAnnotations(set=CA_OURS), p.SetPreservedTaint(present=True)]
+    await execute_machine_plan(writer=writer, snap=snap, steps=steps, now=NOW)
+    assert await node_changes_since(api, node_name, before) == 2
+    node = await read_node(api, node_name)
+    assert node.metadata.annotations == CA_OURS
+    assert [t.key for t in node.spec.taints] == [PRESERVED["key"]]
 
 
 async def test_preserved_condition_is_merged_by_type(api: client.ApiClient, writer: Writer, node_name: str) -> None:

@@ -38,16 +38,17 @@ from tests.controller.support import (
 from tests.polling import eventually_async
 
 # Writes of an uninterrupted run: preserve (the record with the machine's annotations, Events, the record's
-# announcement done, the mirrored expiry, the node's annotations, taint, condition "being drained", eviction,
-# the drain record, condition, Events) and stop (machine and node annotations, condition, taint, mirrored
-# expiry, record, Events).
-PRESERVE_WRITES = range(1, 14)
-STOP_WRITES = range(1, 9)
-# Expiry of a Failed machine: node annotations, condition, taint, delete (with its record), Events (machine, node).
-EXPIRY_WRITES = range(1, 7)
+# announcement done, the mirrored expiry, the node's annotations with its taint (one write), condition "being
+# drained", eviction, the drain record, condition, Events) and stop (machine annotations, node annotations with the
+# taint, condition, mirrored expiry, record, Events).
+PRESERVE_WRITES = range(1, 13)
+STOP_WRITES = range(1, 8)
+# Expiry of a Failed machine: node annotations with the taint, condition, delete (with its record), Events (machine,
+# node).
+EXPIRY_WRITES = range(1, 6)
 # Lowering the max to 0: the MachineSet releases (annotation, event, status), then the machine stops (as
 # STOP_WRITES), then the MachineSet's status follows.
-RELEASE_WRITES = range(1, 13)
+RELEASE_WRITES = range(1, 12)
 
 
 class Crash(BaseException):

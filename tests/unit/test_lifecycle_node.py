@@ -450,7 +450,7 @@ def test_condition_still_preserved_without_a_record_is_cleaned_up() -> None:
     # (no expiry, no cause) to report as stopped.
     n = node(ca="true", ca_marker="true", tainted=True, condition=preserved_condition(message=UNTIL_KEPT))
     result = plan(machine(phase=RUNNING, preserve="when-failed"), n)
-    assert write_kinds(result) == ["SetPreservedCondition", "SetPreservedTaint"]
+    assert write_kinds(result) == ["SetPreservedTaint", "SetPreservedCondition"]
     assert only(result, SetPreservedCondition).reason == v.ConditionReason.PRESERVATION_STOPPED
     assert event_reasons(result) == []
 

@@ -119,8 +119,8 @@ CASES = {
         ),
         [
             PatchNodeAnnotations(remove=(CA, MCM_MARKER)),
-            stopped_condition(),
             TAINT_REMOVED,
+            stopped_condition(),
             record_removed(ADDED_CA, DRAIN),
         ],
         ON_BOTH,
@@ -128,7 +128,7 @@ CASES = {
     "when-failed, Failed, node healthy again: the phase is not moved": Case(
         machine(phase=FAILED, preserve="when-failed", expiry=KEPT),
         node(ready="True", tainted=True, condition=preserved_condition(message=UNTIL_KEPT)),
-        [stopped_condition(), TAINT_REMOVED, record_removed()],
+        [TAINT_REMOVED, stopped_condition(), record_removed()],
         ON_BOTH,
     ),
     "auto, Failed, being drained, mirrored, priority raised: the auto value stays": Case(
@@ -149,20 +149,20 @@ CASES = {
                 message=f"Preserved node is being drained. {UNTIL_KEPT}",
             ),
         ),
-        [PRIORITY_RESTORED, stopped_condition(EARLIER), TAINT_REMOVED, MIRROR_CLEARED, record_removed()],
+        [PRIORITY_RESTORED, TAINT_REMOVED, stopped_condition(EARLIER), MIRROR_CLEARED, record_removed()],
         ON_BOTH,
         MIRROR,
     ),
     "now, Failed, expired: not deleted, the annotation stays": Case(
         machine(phase=FAILED, preserve="now", expiry=NOW - HOUR),
         node(tainted=True, condition=preserved_condition(message=UNTIL_KEPT)),
-        [stopped_condition(), TAINT_REMOVED, record_removed()],
+        [TAINT_REMOVED, stopped_condition(), record_removed()],
         ON_BOTH,
     ),
     "false, Failed, still preserved: not deleted": Case(
         machine(phase=FAILED, preserve="false", expiry=KEPT),
         node(tainted=True, condition=preserved_condition(message=UNTIL_KEPT)),
-        [stopped_condition(), TAINT_REMOVED, record_removed()],
+        [TAINT_REMOVED, stopped_condition(), record_removed()],
         ON_BOTH,
     ),
     "now, Running, no node": Case(
@@ -181,7 +181,7 @@ CASES = {
     "leftover of a stop: condition True without a record": Case(
         machine(phase=FAILED, preserve="now"),
         node(tainted=True, condition=preserved_condition(message=UNTIL_KEPT)),
-        [stopped_condition(), TAINT_REMOVED],
+        [TAINT_REMOVED, stopped_condition()],
     ),
     "leftover of a stop: taint without a record": Case(machine(phase=FAILED), node(tainted=True), [TAINT_REMOVED]),
     "leftover of a stop: condition stopped already, taint without a record": Case(

@@ -241,8 +241,8 @@ def test_when_failed_machine_recovered_stops_and_keeps_its_annotation() -> None:
     assert write_kinds(result) == [
         "PatchMachineAnnotations",
         "PatchNodeAnnotations",
-        "SetPreservedCondition",
         "SetPreservedTaint",
+        "SetPreservedCondition",
         "PatchMachineAnnotations",
     ]
     first, last = machine_patches(result)
@@ -303,8 +303,8 @@ def test_false_stops_and_a_failed_machine_is_deleted() -> None:
     result = plan(m, n)
     assert write_kinds(result) == [
         "PatchNodeAnnotations",
-        "SetPreservedCondition",
         "SetPreservedTaint",
+        "SetPreservedCondition",
         "DeleteMachine",
     ]
     assert "The Failed machine is deleted." in of_type(result, RecordEvent)[0].message
@@ -330,8 +330,8 @@ def test_expiry_on_failed_machine_cleans_the_node_and_deletes_it(value: str) -> 
     result = plan(m, node(**preserved_running_node(tainted=True)))
     assert write_kinds(result) == [
         "PatchNodeAnnotations",
-        "SetPreservedCondition",
         "SetPreservedTaint",
+        "SetPreservedCondition",
         "DeleteMachine",
     ]
     assert event_reasons(result) == EXPIRED

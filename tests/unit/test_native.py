@@ -64,12 +64,12 @@ def test_hand_over_writes_the_mirror_first_and_removes_the_record_last() -> None
     result = native(m, preserved_node())
     assert writes(result) == [
         SetPreserveExpiry(expiry=KEPT),
-        SetPreservedTaint(present=False),  # MCM v0.62 cordons instead and would never remove it
         # Our marker becomes MCM's, so that MCM's stop removes the CA annotation as its own.
         PatchNodeAnnotations(
             set={v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION: "true"},
             remove=(v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION,),
         ),
+        SetPreservedTaint(present=False),  # MCM v0.62 cordons instead and would never remove it
         PatchMachineAnnotations(remove=(*RECORD_KEYS, v.PRESERVED_ADDED_CA_ANNOTATION, v.PRESERVED_DRAIN_ANNOTATION)),
     ]
     # nothing else on the node: condition and CA annotation use MCM's keys and messages
@@ -308,8 +308,8 @@ def test_hand_over_removes_our_taint_which_mcm_does_not_know() -> None:
     result = native(m, preserved_node())
     assert [type(step).__name__ for step in writes(result)] == [
         "SetPreserveExpiry",
-        "SetPreservedTaint",
         "PatchNodeAnnotations",
+        "SetPreservedTaint",
         "PatchMachineAnnotations",
     ]
     assert only(result, SetPreservedTaint) == SetPreservedTaint(present=False)

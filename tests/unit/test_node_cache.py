@@ -192,3 +192,23 @@ def test_the_vocabulary_lists_every_annotation() -> None:
 
     assert named
     assert named == v.ANNOTATIONS
+
+
+@pytest.mark.parametrize(
+    ("annotations", "expected"),
+    [
+        (None, False),
+        ({}, False),
+        (FOREIGN_ANNOTATIONS, True),  # none kept, but the map exists
+        ({v.CA_SCALE_DOWN_DISABLED_ANNOTATION: "true"}, True),
+    ],
+)
+def test_the_cached_node_knows_whether_the_node_has_annotations(
+    annotations: dict[str, str] | None, expected: bool
+) -> None:
+    metadata: dict[str, Any] = {"name": "n", "resourceVersion": "7"}
+    if annotations is not None:
+        metadata["annotations"] = annotations
+    cached = cached_node({"metadata": metadata})
+    assert cached.metadata.has_annotations is expected
+    assert Node.model_validate({"metadata": metadata}).metadata.has_annotations is expected

@@ -1,12 +1,13 @@
 """The executor: each step of a core plan (core/plan.py), for a Machine, a MachineSet or a MachineDeployment,
-as one idempotent API write.
+as one idempotent API write (a Node's annotations and taint, one after the other, as one).
 
 Writes that depend on the snapshot the plan was computed from carry that snapshot's
 resourceVersion (a merge patch with `metadata.resourceVersion`, answered 409 when stale), and the
 resourceVersion is carried forward from each response, so a plan never acts on a state that has
 changed underneath it; the reconcile is then retried from fresh caches. Taints are changed with a
 JSON patch whose `test` ops pin exactly the list entry or list state we saw, so a concurrent taint
-change is never overwritten. The Preserved condition is a strategic merge patch keyed by type (it
+change is never overwritten; where a plan changes a Node's annotations and then its taint, both go in one JSON
+patch at the snapshot's resourceVersion. The Preserved condition is a strategic merge patch keyed by type (it
 touches no other condition). Steps run in order; the first failure stops the plan (ObjectGone or StepFailed,
 which the worker loop turns into "done" or a retry with backoff).
 """
@@ -177,40 +178,42 @@ class Writer:
         snap.node_version = (result.metadata.resource_version if result.metadata else None) or ""
 
     async def set_preserved_taint(self, snap: Snapshot, step: p.SetPreservedTaint, *, now: dt.datetime) -> None:
+        operations = _taint_operations(self._node(snap), step, node_version=snap.node_version, now=now)
+        if operations:
+            await self._json_patch_node(snap, operations)
+
+    async def patch_node_annotations_and_taint(
+        self, snap: Snapshot, step: NodeAnnotationsAndTaint, *, now: dt.datetime
+    ) -> None:
+        """Both steps in one JSON patch at the snapshot's resourceVersion (as the annotations' merge patch alone
+        is): one round trip to the shoot and one Node change instead of two. Only for a node whose annotations
+        map exists (`_paired`): a key cannot be added to a missing map."""
         node = self._node(snap)
-        taints = node.spec.taints
-        ours = [
-            i for i, t in enumerate(taints) if t.key == v.PRESERVED_TAINT_KEY and t.effect == v.PRESERVED_TAINT_EFFECT
+        annotations = step.annotations
+        operations: list[dict[str, Any]] = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": snap.node_version}
         ]
-        operations: list[dict[str, Any]]
-        if step.present:
-            if ours:
-                return
-            taint = {
-                "key": v.PRESERVED_TAINT_KEY,
-                "effect": v.PRESERVED_TAINT_EFFECT,
-                "timeAdded": format_timestamp(now),
-            }
-            if taints:
-                # Append: whatever else is in the list now stays as it is.
-                operations = [{"op": "add", "path": "/spec/taints/-", "value": taint}]
-            else:
-                operations = [
-                    {"op": "test", "path": "/metadata/resourceVersion", "value": snap.node_version},
-                    {"op": "add", "path": "/spec/taints", "value": [taint]},
-                ]
-        else:
-            if not ours:
-                return
-            operations = []
-            for index in reversed(ours):  # highest index first, so earlier indices stay valid
-                operations += [
-                    {"op": "test", "path": f"/spec/taints/{index}/key", "value": v.PRESERVED_TAINT_KEY},
-                    {"op": "test", "path": f"/spec/taints/{index}/effect", "value": v.PRESERVED_TAINT_EFFECT},
-                    {"op": "remove", "path": f"/spec/taints/{index}"},
-                ]
+        operations += [
+            {"op": "add", "path": f"/metadata/annotations/{_pointer(key)}", "value": value}
+            for key, value in annotations.set.items()
+        ]
+        # A key the snapshot does not have is not there at its resourceVersion (removing it would fail the patch).
+        operations += [
+            {"op": "remove", "path": f"/metadata/annotations/{_pointer(key)}"}
+            for key in annotations.remove
+            if key in node.metadata.annotations and key not in annotations.set
+        ]
+        # The test above pins the taints too: theirs need not repeat it.
+        operations += [
+            op
+            for op in _taint_operations(node, step.taint, node_version=snap.node_version, now=now)
+            if op["path"] != "/metadata/resourceVersion"
+        ]
+        await self._json_patch_node(snap, operations)
+
+    async def _json_patch_node(self, snap: Snapshot, operations: list[dict[str, Any]]) -> None:
         result = await client.CoreV1Api(self.target).patch_node(
-            node.metadata.name, operations, _content_type=JSON_PATCH
+            self._node(snap).metadata.name, operations, _content_type=JSON_PATCH
         )
         snap.node_version = (result.metadata.resource_version if result.metadata else None) or ""
 
@@ -299,9 +302,53 @@ class Writer:
         return snap.node
 
 
+def _taint_operations(
+    node: Node, step: p.SetPreservedTaint, *, node_version: str, now: dt.datetime
+) -> list[dict[str, Any]]:
+    """The JSON patch that adds or removes our taint (none when the node is as the step wants it). Its `test` ops
+    pin exactly the list entries or the empty list it saw, so a concurrent change to the taints fails the patch
+    (422) instead of being overwritten; an append needs no pin."""
+    taints = node.spec.taints
+    ours = [i for i, t in enumerate(taints) if t.key == v.PRESERVED_TAINT_KEY and t.effect == v.PRESERVED_TAINT_EFFECT]
+    if step.present:
+        if ours:
+            return []
+        taint = {"key": v.PRESERVED_TAINT_KEY, "effect": v.PRESERVED_TAINT_EFFECT, "timeAdded": format_timestamp(now)}
+        if taints:
+            # Append: whatever else is in the list now stays as it is.
+            return [{"op": "add", "path": "/spec/taints/-", "value": taint}]
+        return [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": node_version},
+            {"op": "add", "path": "/spec/taints", "value": [taint]},
+        ]
+    operations: list[dict[str, Any]] = []
+    for index in reversed(ours):  # highest index first, so earlier indices stay valid
+        operations += [
+            {"op": "test", "path": f"/spec/taints/{index}/key", "value": v.PRESERVED_TAINT_KEY},
+            {"op": "test", "path": f"/spec/taints/{index}/effect", "value": v.PRESERVED_TAINT_EFFECT},
+            {"op": "remove", "path": f"/spec/taints/{index}"},
+        ]
+    return operations
+
+
+def _pointer(key: str) -> str:
+    """A map key as one JSON pointer token (RFC 6901: `~` and `/` escaped)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+@dataclass(frozen=True)
+class NodeAnnotationsAndTaint:
+    """Two adjacent steps of a plan written as one (see `_paired`)."""
+
+    annotations: p.PatchNodeAnnotations
+    taint: p.SetPreservedTaint
+
+
 # What a step writes: a Machine plan's steps act on its Snapshot; a status step on the object it is the status of.
 Target = Snapshot | MachineSet | MachineDeployment
 Step = p.MachineStep | p.PatchMachineSetStatus | p.PatchMachineDeploymentStatus
+# What one write does: a step, or two steps written as one.
+Write = Step | NodeAnnotationsAndTaint
 
 
 async def execute(*, writer: Writer, writes: Sequence[tuple[Target, Step]], now: dt.datetime) -> None:
@@ -325,7 +372,7 @@ async def execute(*, writer: Writer, writes: Sequence[tuple[Target, Step]], now:
 async def _write_in_order(
     *, writer: Writer, writes: Sequence[tuple[Target, Step]], now: dt.datetime, events: list[asyncio.Task[None]]
 ) -> None:
-    for target, step in writes:
+    for target, step in _paired(writes):
         if isinstance(step, p.RecordEvent):
             events.append(detached(_write(writer=writer, target=target, step=step, now=now)))
             continue
@@ -333,6 +380,26 @@ async def _write_in_order(
             await _answered(writer=writer, writes=writes, events=events)
             _raise_first_failure(events)
         await _write(writer=writer, target=target, step=step, now=now)
+
+
+def _paired(writes: Sequence[tuple[Target, Step]]) -> list[tuple[Target, Write]]:
+    """The writes, with a Node's annotations followed by its taint made one write where the Node has an
+    annotations map (a start's protection, a stop's clean-up)."""
+    paired: list[tuple[Target, Write]] = []
+    for target, step in writes:
+        if (
+            isinstance(step, p.SetPreservedTaint)
+            and paired
+            and paired[-1][0] is target
+            and isinstance(annotations := paired[-1][1], p.PatchNodeAnnotations)
+            and isinstance(target, Snapshot)
+            and target.node is not None
+            and target.node.metadata.has_annotations
+        ):
+            paired[-1] = (target, NodeAnnotationsAndTaint(annotations=annotations, taint=step))
+        else:
+            paired.append((target, step))
+    return paired
 
 
 async def _answered(*, writer: Writer, writes: Sequence[tuple[Target, Step]], events: list[asyncio.Task[None]]) -> None:
@@ -351,7 +418,7 @@ def _raise_first_failure(events: list[asyncio.Task[None]]) -> None:
             raise error
 
 
-async def _write(*, writer: Writer, target: Target, step: Step, now: dt.datetime) -> None:
+async def _write(*, writer: Writer, target: Target, step: Write, now: dt.datetime) -> None:
     try:
         lend = writer.slots.lent() if in_the_target_cluster(step) else contextlib.nullcontext()
         async with lend:
@@ -359,7 +426,7 @@ async def _write(*, writer: Writer, target: Target, step: Step, now: dt.datetime
     except ApiException as error:
         if classify(error.status) is ApiError.NOT_FOUND and not isinstance(step, p.RecordEvent):
             raise ObjectGone(f"{type(step).__name__}: {error.reason}") from error
-        guarded = isinstance(step, p.SetPreservedTaint)
+        guarded = isinstance(step, (p.SetPreservedTaint, NodeAnnotationsAndTaint))
         raise StepFailed(step, error, conflict=_is_conflict(error, guarded_json_patch=guarded)) from error
 
 
@@ -383,14 +450,16 @@ async def execute_machine_set_plan(
     await execute(writer=writer, writes=writes, now=now)
 
 
-def in_the_target_cluster(step: Step) -> bool:
+def in_the_target_cluster(step: Write) -> bool:
     """Whether the step writes to the target cluster (a shoot's API server) rather than the control cluster."""
     if isinstance(step, p.RecordEvent):
         return step.kind == "Node"
-    return isinstance(step, (p.PatchNodeAnnotations, p.SetPreservedTaint, p.SetPreservedCondition))
+    return isinstance(
+        step, (p.PatchNodeAnnotations, p.SetPreservedTaint, p.SetPreservedCondition, NodeAnnotationsAndTaint)
+    )
 
 
-async def _execute_one(*, writer: Writer, target: Target, step: Step, now: dt.datetime) -> None:
+async def _execute_one(*, writer: Writer, target: Target, step: Write, now: dt.datetime) -> None:
     match target, step:
         case MachineSet(), p.PatchMachineSetStatus():
             await writer.patch_machine_set_status(target, step)
@@ -408,6 +477,8 @@ async def _execute_one(*, writer: Writer, target: Target, step: Step, now: dt.da
             await writer.patch_node_annotations(target, step)
         case Snapshot(), p.SetPreservedTaint():
             await writer.set_preserved_taint(target, step, now=now)
+        case Snapshot(), NodeAnnotationsAndTaint():
+            await writer.patch_node_annotations_and_taint(target, step, now=now)
         case Snapshot(), p.SetPreservedCondition():
             await writer.set_preserved_condition(target, step)
         case Snapshot(), p.RecordEvent():

@@ -480,6 +480,10 @@ def _stop_or_idle(context: MachineContext, verdict: _Verdict) -> list[MachineSte
             )
             if not _is_empty(node_patch):
                 steps.append(node_patch)
+        # Right after the annotations: the executor writes the two as one.
+        if node.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT):
+            steps.append(SetPreservedTaint(present=False))
+        if stopping:
             stopped = conditions.condition_step(
                 current=current,
                 status=conditions.FALSE,
@@ -489,8 +493,6 @@ def _stop_or_idle(context: MachineContext, verdict: _Verdict) -> list[MachineSte
             )
             if current is not None and stopped is not None:
                 steps.append(stopped)
-        if node.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT):
-            steps.append(SetPreservedTaint(present=False))
     if record is not None and decision.delete_machine:
         steps.append(DeleteMachine())  # with its record: a failed delete is retried, never re-preserved
     elif record is not None:

@@ -51,9 +51,17 @@ class ObjectMeta(KubeModel):
     generation: int = 0
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
+    # Whether the object has any annotation, given where `annotations` keeps only some (`cached_node`); see
+    # `has_annotations`.
+    annotated: bool | None = None
     creation_timestamp: dt.datetime | None = None
     deletion_timestamp: dt.datetime | None = None
     owner_references: list[OwnerReference] = Field(default_factory=list)
+
+    @property
+    def has_annotations(self) -> bool:
+        """Whether the object has an annotations map at all (a JSON patch can add a key only to one that exists)."""
+        return bool(self.annotations) if self.annotated is None else self.annotated
 
     def controller_owner(self) -> OwnerReference | None:
         return next((ref for ref in self.owner_references if ref.controller), None)
@@ -112,9 +120,9 @@ def cached_node(raw: Mapping[str, Any]) -> Node:
     One controller keeps every Node of every shoot of a seed (4,000 for 200 shoots of 20 machines), and a whole
     model of a Gardener node retains ~19 KiB, mostly labels, other components' annotations and the kubelet's
     condition messages, none of which a plan reads. Kept: name, uid, resourceVersion, deletionTimestamp; the
-    annotations the vocabulary names; the spec; the Preserved condition (less its heartbeat); the Ready condition
-    and any other condition that is True (a node is unhealthy by a condition only while it is True) as type and
-    status only. Keys and the few condition words are interned, so nodes share them.
+    annotations the vocabulary names and whether there are any; the spec; the Preserved condition (less its
+    heartbeat); the Ready condition and any other condition that is True (a node is unhealthy by a condition only
+    while it is True) as type and status only. Keys and the few condition words are interned, so nodes share them.
     """
     metadata = mapping_of(raw.get("metadata"))
     annotations = mapping_of(metadata.get("annotations"))
@@ -124,6 +132,7 @@ def cached_node(raw: Mapping[str, Any]) -> Node:
         "resourceVersion": metadata.get("resourceVersion", ""),
         "deletionTimestamp": metadata.get("deletionTimestamp"),
         "annotations": {sys.intern(k): value for k, value in annotations.items() if k in v.ANNOTATIONS},
+        "annotated": bool(annotations),
     }
     conditions = [
         kept

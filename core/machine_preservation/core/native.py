@@ -61,8 +61,6 @@ def _hand_over(*, machine: Machine, node: Node | None, config: PreservationConfi
         steps.append(SetPreserveExpiry(expiry=expiry))
     if node is not None and not is_machines_node(machine=machine, node=node):
         node = None
-    if node is not None and node.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT):
-        steps.append(SetPreservedTaint(present=False))
     if node is not None and v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION in node.metadata.annotations:
         steps.append(
             PatchNodeAnnotations(
@@ -70,6 +68,9 @@ def _hand_over(*, machine: Machine, node: Node | None, config: PreservationConfi
                 remove=(v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION,),
             )
         )
+    # Right after the annotations: the executor writes the two as one.
+    if node is not None and node.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT):
+        steps.append(SetPreservedTaint(present=False))
     annotations = machine.metadata.annotations
     respell = (
         {v.PRESERVE_ANNOTATION: v.UPSTREAM_AUTO_PRESERVE_VALUE}
