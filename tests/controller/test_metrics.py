@@ -7,7 +7,9 @@ import asyncio
 import datetime as dt
 import time
 
+import aiohttp
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import generate_latest
 
@@ -150,6 +152,31 @@ def test_the_shoots_of_a_seed_report_into_one_registry_and_leave_it_when_they_st
     )
     assert 'namespace="shoot--a",phase="Failed"' not in scraped
     assert 'machine_preservation_queue_depth{queue="machines"} 4.0' in scraped
+
+
+async def test_api_errors_count_failed_requests_and_not_the_answers_the_product_acts_on() -> None:
+    statuses = {"gone": 404, "taken": 409, "forbidden": 403, "broken": 500, "busy": 429, "fine": 200}
+
+    async def answer(request: web.Request) -> web.Response:
+        return web.Response(status=statuses[request.match_info["name"]])
+
+    app = web.Application()
+    app.router.add_route("*", "/api/v1/nodes/{name}", answer)
+    metrics = Metrics()
+    traced = [metrics.trace_config(cluster="shoot")]
+    async with TestServer(app, host="127.0.0.1") as server, aiohttp.ClientSession(trace_configs=traced) as session:
+        for name in statuses:
+            async with session.get(server.make_url(f"/api/v1/nodes/{name}")) as response:
+                assert response.status == statuses[name]
+        port = server.port
+    with pytest.raises(aiohttp.ClientConnectionError):  # nobody listens there any more: no answer
+        async with aiohttp.ClientSession(trace_configs=traced) as session:
+            await session.get(f"http://127.0.0.1:{port}/api/v1/nodes/fine")
+    scraped = generate_latest(metrics.registry).decode()
+    errors = 'machine_preservation_api_errors_total{cluster="shoot",resource="nodes",verb="get"}'
+    assert f"{errors} 3.0" in scraped, "403, 500 and the refused connection"
+    for code in statuses.values():
+        assert f'api_requests_total{{cluster="shoot",code="{code}",resource="nodes",verb="get"}} 1.0' in scraped
 
 
 def hold_the_loop(seconds: float) -> None:

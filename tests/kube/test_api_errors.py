@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from machine_preservation.kube.api_errors import ApiError, classify
+from machine_preservation.kube.api_errors import ApiError, classify, is_failure
 
 
 @pytest.mark.parametrize(
@@ -23,3 +23,24 @@ from machine_preservation.kube.api_errors import ApiError, classify
 )
 def test_each_status_has_one_meaning(status: int | None, meaning: ApiError) -> None:
     assert classify(status) is meaning
+
+
+@pytest.mark.parametrize(
+    ("status", "failure"),
+    [
+        (200, False),
+        (201, False),
+        (404, False),  # gone: the caller is done with it
+        (409, False),  # taken or stale: the caller retries from fresh state
+        (410, False),  # a watch relists
+        (429, False),  # a PodDisruptionBudget says "not now"
+        (400, True),
+        (401, True),
+        (403, True),
+        (422, True),
+        (500, True),
+        (503, True),
+    ],
+)
+def test_a_failure_is_an_answer_no_caller_asked_for(status: int, failure: bool) -> None:
+    assert is_failure(status) is failure

@@ -30,6 +30,7 @@ from machine_preservation.core.decision import expiry_of
 from machine_preservation.core.models import Machine
 from machine_preservation.core.native import observed_expiry
 from machine_preservation.core.preserve_value import is_auto_value
+from machine_preservation.kube.api_errors import is_failure
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +101,8 @@ class Metrics:
         )
         self.api_errors = Counter(
             "machine_preservation_api_errors_total",
-            "Kubernetes API requests that failed (HTTP >= 400 or no response), by cluster, verb and resource.",
+            "Kubernetes API requests that failed: no answer, or refused (400, 401, 403, 422) or a server error (5xx);"
+            " not the answers the product acts on (404, 409, 410, 429), which api_requests_total counts by code.",
             ["cluster", "verb", "resource"],
             registry=r,
         )
@@ -151,7 +153,7 @@ class Metrics:
             verb, resource = request_verb_and_resource(params.method, params.url.path, params.url.query_string)
             code = params.response.status
             self.api_requests.labels(cluster=cluster, verb=verb, resource=resource, code=str(code)).inc()
-            if code >= 400:
+            if is_failure(code):
                 self.api_errors.labels(cluster=cluster, verb=verb, resource=resource).inc()
 
         async def on_exception(

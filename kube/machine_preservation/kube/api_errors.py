@@ -38,6 +38,17 @@ def classify(status: int | None) -> ApiError:
     return _BY_STATUS.get(status or 0, ApiError.OTHER)
 
 
+# Answers that are an outcome the caller acts on (the object is gone, the name or version taken, a PDB's "not
+# now", a watch to relist): the API did what it does. Every other status of 400 or more says the request failed.
+OUTCOMES: Final = frozenset({ApiError.NOT_FOUND, ApiError.CONFLICT, ApiError.TOO_MANY_REQUESTS, ApiError.GONE})
+
+
+def is_failure(status: int) -> bool:
+    """Whether an answer's status says the request failed (refused as bad or invalid, forbidden, unauthorized, a
+    server error), as opposed to a success or one of the OUTCOMES."""
+    return status >= 400 and classify(status) not in OUTCOMES
+
+
 # What a request raises when the API server gave no answer: it is unreachable, dropped the connection or did
 # not answer in time. A retry may succeed; nothing was decided about the request.
 NO_ANSWER: Final = (TimeoutError, aiohttp.ClientError, OSError)
