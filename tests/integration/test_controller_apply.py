@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import json
@@ -361,6 +362,15 @@ async def test_repeated_events_are_aggregated_into_one_series(
     )
     node_events = (await client.CoreV1Api(api).list_namespaced_event("default")).items
     assert any(e.involved_object.name == node_name and e.involved_object.kind == "Node" for e in node_events)
+
+
+async def test_repeats_recorded_at_once_are_each_counted(api: client.ApiClient, writer: Writer, namespace: str) -> None:
+    await create_machine(client.CustomObjectsApi(api), namespace, "m")
+    snap = await machine_snapshot(api, namespace, "m")
+    step = p.RecordEvent(kind="Machine", name="m", type="Normal", reason="PreservationStarted", message="again")
+    await asyncio.gather(*(writer.record_event(snap, step, now=NOW) for _ in range(6)))
+    (event,) = (await client.CoreV1Api(api).list_namespaced_event(namespace)).items
+    assert event.count == 6
 
 
 async def test_a_plan_stops_at_the_first_failure(

@@ -1,8 +1,8 @@
 """Kubernetes Events (core/v1, what `kubectl describe` shows) with aggregation of repeats.
 
 An Event's name is derived from what it says (object, type, reason, message), so a repeat finds the
-existing Event (409 on create) and bumps its `count` and `lastTimestamp` instead of adding a new
-object; this needs no memory in the process and survives restarts. Node events go to the `default`
+existing Event (409 on create) and bumps its `count` and `lastTimestamp` at the version it read instead of
+adding a new object; this needs no memory in the process and survives restarts. Node events go to the `default`
 namespace, as the kubelet's do.
 
 core/v1 rather than events.k8s.io/v1: the aio client serialises `eventTime` (MicroTime) through
@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 CONTROLLER_NAME = "machine-preservation-controller"
 NODE_EVENT_NAMESPACE = "default"
+# Reads and counts of a repeat before its conflict fails the plan (which records it again when retried).
+REPEAT_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,17 @@ class EventRecorder:
                 raise
         if once:
             return
-        existing = await api.read_namespaced_event(name, namespace)
-        repeat = {"count": (existing.count or 1) + 1, "lastTimestamp": format_timestamp(now)}
-        await api.patch_namespaced_event(name, namespace, repeat, _content_type=MERGE_PATCH)
+        for attempt in range(1, REPEAT_ATTEMPTS + 1):
+            existing = await api.read_namespaced_event(name, namespace)
+            # At the version read: two repeats counted at once (a plan's Events are sent together) both count.
+            repeat = {
+                "metadata": {"resourceVersion": existing.metadata.resource_version},
+                "count": (existing.count or 1) + 1,
+                "lastTimestamp": format_timestamp(now),
+            }
+            try:
+                await api.patch_namespaced_event(name, namespace, repeat, _content_type=MERGE_PATCH)
+                return
+            except ApiException as error:
+                if classify(error.status) is not ApiError.CONFLICT or attempt == REPEAT_ATTEMPTS:
+                    raise
