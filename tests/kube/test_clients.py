@@ -38,6 +38,11 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             "https://api.example",
             Proxy("http://proxy.corp:3128", {"Proxy-Authorization": "Basic dXNlcjpzZWNyZXQ="}),
         ),
+        (  # percent-encoded credentials are sent decoded: "us@r" and "p:ss"
+            {"https_proxy": "http://us%40r:p%3Ass@proxy.corp:3128/"},
+            "https://api.example",
+            Proxy("http://proxy.corp:3128/", {"Proxy-Authorization": "Basic dXNAcjpwOnNz"}),
+        ),
     ],
 )
 def test_the_environments_proxy_for_a_server(

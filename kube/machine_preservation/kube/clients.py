@@ -11,12 +11,12 @@ urllib reads them); netrc is not read (client-go does not read it either).
 from __future__ import annotations
 
 import os
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-import yarl
 from kubernetes.aio import client, config
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -32,18 +32,19 @@ class Proxy:
 
 def environment_proxy(server: str) -> Proxy | None:
     """The proxy the environment names for requests to `server`, if any (None when NO_PROXY exempts its host)."""
-    url = yarl.URL(server)
+    url = urllib.parse.urlsplit(server)
     proxies = urllib.request.getproxies_environment()
-    if url.host is None or urllib.request.proxy_bypass(url.host):
+    if url.hostname is None or urllib.request.proxy_bypass(url.hostname):
         return None
     named = proxies.get(url.scheme)
     if not named:
         return None
-    proxy = yarl.URL(named)
-    if proxy.user is None:
-        return Proxy(url=str(proxy), headers={})
-    credentials = aiohttp.encode_basic_auth(proxy.user, proxy.password or "")
-    return Proxy(url=str(proxy.with_user(None)), headers={"Proxy-Authorization": credentials})
+    proxy = urllib.parse.urlsplit(named)
+    if proxy.username is None:
+        return Proxy(url=named, headers={})
+    bare = proxy._replace(netloc=proxy.netloc.rpartition("@")[2]).geturl()
+    user, password = urllib.parse.unquote(proxy.username), urllib.parse.unquote(proxy.password or "")
+    return Proxy(url=bare, headers={"Proxy-Authorization": aiohttp.encode_basic_auth(user, password)})
 
 
 def api_client(

@@ -32,7 +32,6 @@ from typing import Any, Final
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
-from yarl import URL
 
 from machine_preservation.webhook.metrics import WebhookMetrics
 
@@ -95,7 +94,8 @@ class TLSSite(web.BaseSite):
 
     @property
     def name(self) -> str:
-        return str(URL.build(scheme="https", host=self._host or "0.0.0.0", port=self._port))
+        host = self._host or "0.0.0.0"
+        return f"https://[{host}]:{self._port}" if ":" in host else f"https://{host}:{self._port}"
 
     async def start(self) -> None:
         await super().start()
