@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -107,3 +109,27 @@ def test_stop_never_kills_a_recycled_pid(tmp_path: Path) -> None:
     assert stop_control_plane(directory) is True
     assert _alive(os.getpid())
     assert not directory.exists()
+
+
+def test_a_control_plane_runs_with_the_feature_gates_it_is_given(
+    control_plane: ControlPlane, toolchain: Toolchain, tmp_path: Path
+) -> None:
+    plane = ControlPlane(
+        directory=tmp_path / "gated",
+        bin_dir=toolchain.bin_dir,
+        etcd_servers=control_plane.etcd_url,
+        etcd_prefix="/gated",
+        controller_manager=False,
+        feature_gates={"DetectCacheInconsistency": False},
+    )
+    plane.start()
+    try:
+        context = ssl.create_default_context(cafile=str(plane.pki_dir / "ca.crt"))
+        context.load_cert_chain(plane.pki_dir / "admin.crt", plane.pki_dir / "admin.key")
+        url = f"{plane.server}/metrics"
+        with urllib.request.urlopen(url, context=context, timeout=30) as response:
+            metrics = response.read().decode()
+    finally:
+        plane.stop()
+    gate = [line for line in metrics.splitlines() if line.startswith('kubernetes_feature_enabled{name="DetectCache')]
+    assert gate == ['kubernetes_feature_enabled{name="DetectCacheInconsistency",stage="BETA"} 0'], gate

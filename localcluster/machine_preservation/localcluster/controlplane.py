@@ -21,7 +21,7 @@ import socket
 import ssl
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,6 +103,8 @@ class ControlPlane:
     extra_api_audiences: tuple[str, ...] = ()
     # kube-controller-manager (namespace deletion, garbage collection, service-account tokens); off saves memory.
     controller_manager: bool = True
+    # kube-apiserver feature gates to set, e.g. {"DetectCacheInconsistency": False}.
+    feature_gates: Mapping[str, bool] = field(default_factory=dict)
     etcd_port: int = 0
     apiserver_port: int = 0
     _processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -297,6 +299,7 @@ class ControlPlane:
                 "--allow-privileged=true",
                 "--endpoint-reconciler-type=none",
                 "--profiling=false",
+                *self._feature_gate_args(),
                 *self._audit_args(),
             ],
         )
@@ -307,6 +310,12 @@ class ControlPlane:
             return status == 200
 
         self._wait("kube-apiserver", process, ready, deadline)
+
+    def _feature_gate_args(self) -> list[str]:
+        if not self.feature_gates:
+            return []
+        gates = ",".join(f"{name}={str(on).lower()}" for name, on in sorted(self.feature_gates.items()))
+        return [f"--feature-gates={gates}"]
 
     def _audit_args(self) -> list[str]:
         if self.audit_policy is None:

@@ -78,7 +78,13 @@ def install_seed_crds(kubeconfig: Path, *, operator: bool = True, timeout: float
 
 
 def start_shoot_control_plane(
-    seed: ControlPlane, directory: Path, *, name: str, controller_manager: bool = False, timeout: float = 120.0
+    seed: ControlPlane,
+    directory: Path,
+    *,
+    name: str,
+    controller_manager: bool = False,
+    feature_gates: Mapping[str, bool] | None = None,
+    timeout: float = 120.0,
 ) -> ControlPlane:
     """A shoot's kube-apiserver: its own CA and port, stored in the seed's etcd under `/shoots/<name>`, accepting
     tokens for the audience `gardener` (gardener-resource-manager requests those). Without kube-controller-manager
@@ -91,6 +97,7 @@ def start_shoot_control_plane(
         etcd_prefix=f"/shoots/{name}",
         extra_api_audiences=(SHOOT_AUDIENCE,),
         controller_manager=controller_manager,
+        feature_gates=dict(feature_gates or {}),
     )
     shoot.start(timeout=timeout)
     return shoot

@@ -25,7 +25,7 @@ import json
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -63,10 +63,13 @@ def seed_plane(
     bin_dir: Path,
     mcm_version: str = DEFAULT_MCM_VERSION,
     audit_policy: dict[str, object] | None = None,
+    feature_gates: Mapping[str, bool] | None = None,
 ) -> Iterator[ControlPlane]:
     """A started seed control plane with MCM's CRDs of `mcm_version` (plus the Shoot and `Cluster` CRDs) and MCM's
     ClusterRole; stopped afterwards. Gardener's other seed CRDs come with `seed_client`."""
-    plane = ControlPlane(directory=directory, bin_dir=bin_dir, audit_policy=audit_policy)
+    plane = ControlPlane(
+        directory=directory, bin_dir=bin_dir, audit_policy=audit_policy, feature_gates=dict(feature_gates or {})
+    )
     plane.start()
     try:
         install_crds(plane.kubeconfig, mcm_version=mcm_version)
