@@ -404,6 +404,55 @@ def test_plan_after_drain_writes_the_condition_then_the_record_then_events_on_ma
     assert {e.type for e in of_type(success, RecordEvent)} == {"Normal"}
 
 
+def test_a_drain_retried_after_its_records_conflict_writes_the_condition_again_and_sends_the_events() -> None:
+    # An attempt wrote "drained" and then its record write met a conflict (MCM writes the Machine's status after
+    # every Node change): the retry starts as a first attempt, says "being drained" alongside, and its outcome
+    # must say "drained" again and send the Events, which the failed attempt never sent.
+    m = preserved_machine(FAILED)
+    n = node(ca="true", ca_marker="true", tainted=True, condition=preserved_condition(message=DRAINED))
+    retry = plan(m, n)
+    assert retry.drain is not None
+    assert only(retry, SetPreservedCondition).message.startswith(v.DRAINING_MESSAGE)
+    outcome = plan_after_drain(machine=m, node=n, drain=retry.drain, drained=True, blocking_pods=(), now=NOW)
+    assert write_kinds(outcome) == ["SetPreservedCondition", "PatchMachineAnnotations"]
+    assert only(outcome, SetPreservedCondition).message == DRAINED
+    assert event_reasons(outcome) == [
+        ("Machine", v.EventReason.PRESERVED_NODE_DRAINED),
+        ("Node", v.EventReason.PRESERVED_NODE_DRAINED),
+    ]
+
+
+def test_the_events_of_an_outcome_already_in_the_condition_go_with_the_record_that_is_new() -> None:
+    m = preserved_machine(FAILED)
+    assert m.preservation is not None
+    drain = DrainNode(record=m.preservation, reason="Preserved by user.", expiry=KEPT)
+    n = node(condition=preserved_condition(message=DRAINED))
+    outcome = plan_after_drain(machine=m, node=n, drain=drain, drained=True, blocking_pods=(), now=NOW)
+    assert write_kinds(outcome) == ["PatchMachineAnnotations"]
+    assert event_reasons(outcome) == [
+        ("Machine", v.EventReason.PRESERVED_NODE_DRAINED),
+        ("Node", v.EventReason.PRESERVED_NODE_DRAINED),
+    ]
+    # A failure as the record already has it, with the same pods: the record's time moves, no Event.
+    still = preserved_machine(FAILED, drain=failing(NOW - HOUR, NOW - MINUTE))
+    assert still.preservation is not None
+    blocked = node(
+        condition=preserved_condition(
+            status="False", message=f"{NOT_DRAINED} Pods blocking the drain: ns/a.", transition=NOW - HOUR
+        )
+    )
+    again = plan_after_drain(
+        machine=still,
+        node=blocked,
+        drain=DrainNode(record=still.preservation, reason="Preserved by user.", expiry=KEPT),
+        drained=False,
+        blocking_pods=["ns/a"],
+        now=NOW,
+    )
+    assert write_kinds(again) == ["PatchMachineAnnotations"]
+    assert event_reasons(again) == []
+
+
 def test_the_start_is_announced_before_the_mirror_whose_write_may_conflict() -> None:
     # A 409 on the mirror ends the plan after the record is written; the retry finds the record and does not
     # announce the start, so the Events must already be out.

@@ -49,7 +49,7 @@ from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.decision import RELEASED, PreservationDecision, decide_preservation
 from machine_preservation.core.durations import duration_or_default
 from machine_preservation.core.invalid_values import report_invalid_values
-from machine_preservation.core.models import Machine, Node, NoNode
+from machine_preservation.core.models import Machine, Node, NodeCondition, NoNode
 from machine_preservation.core.plan import (
     DeleteMachine,
     DrainNode,
@@ -59,6 +59,7 @@ from machine_preservation.core.plan import (
     PatchNodeAnnotations,
     RecordEvent,
     SetMachinePhase,
+    SetPreservedCondition,
     SetPreservedTaint,
     SetPreserveExpiry,
 )
@@ -226,12 +227,17 @@ def plan_after_drain(
     # The plan wrote `record` before its DrainNode, so the machine holds exactly that record now (`machine` is
     # the object as it was before the plan): only the drain's keys change.
     to_set, to_remove = record_patch(current=record.annotations(), record=dataclasses.replace(record, drain=outcome))
-    condition = condition_after_drain(node=node, drain=drain, drained=drained, blocking_pods=blocking_pods, now=now)
+    condition = condition_after_drain(
+        node=_as_left_by(node, drain.alongside), drain=drain, drained=drained, blocking_pods=blocking_pods, now=now
+    )
     if condition is not None:
         steps.append(condition)
     if to_set or to_remove:
         steps.append(PatchMachineAnnotations(set=to_set, remove=to_remove))
-    if condition is not None:
+    # The Events go with a new condition or a new kind of outcome in the record: an attempt whose condition was
+    # written but whose record was not (a conflict) left the condition as this one writes it, and its Events unsent.
+    kind_changed = (record.drain.outcome if record.drain else None) != (outcome.outcome if outcome else None)
+    if condition is not None or kind_changed:
         steps += events.drain_outcome(
             machine=machine,
             node=node,
@@ -240,6 +246,23 @@ def plan_after_drain(
             gave_up_after=drain.timeout if not drained and not drain.evict else None,
         )
     return MachinePlan(steps=tuple(steps))
+
+
+def _as_left_by(node: Node, written: Sequence[MachineStep]) -> Node:
+    """`node` with the Preserved condition the drain's `alongside` steps wrote (the "being drained" one), which the
+    outcome's condition replaces."""
+    step = next((s for s in reversed(written) if isinstance(s, SetPreservedCondition)), None)
+    if step is None:
+        return node
+    condition = NodeCondition(
+        type=v.PRESERVED_CONDITION_TYPE,
+        status=step.status,
+        reason=step.reason,
+        message=step.message,
+        last_transition_time=step.last_transition_time,
+    )
+    others = [c for c in node.status.conditions if c.type != v.PRESERVED_CONDITION_TYPE]
+    return node.model_copy(update={"status": node.status.model_copy(update={"conditions": [*others, condition]})})
 
 
 def is_machines_node(*, machine: Machine, node: Node) -> bool:
