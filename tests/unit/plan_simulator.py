@@ -9,8 +9,9 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping, Sequence
 
+from machine_preservation.core import conditions
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.models import Machine, MachineSet, Node, NodeCondition, Taint
+from machine_preservation.core.models import Machine, MachineSet, Node, Taint
 from machine_preservation.core.plan import (
     DeleteMachine,
     MachinePlan,
@@ -72,15 +73,7 @@ def apply_node_step(node: Node, step: MachineStep, now: dt.datetime) -> Node:
         taints = kept + ours if step.present else kept
         return node.model_copy(update={"spec": node.spec.model_copy(update={"taints": taints})})
     if isinstance(step, SetPreservedCondition):
-        condition = NodeCondition(
-            type=v.PRESERVED_CONDITION_TYPE,
-            status=step.status,
-            reason=step.reason,
-            message=step.message,
-            last_transition_time=step.last_transition_time,
-        )
-        others = [c for c in node.status.conditions if c.type != v.PRESERVED_CONDITION_TYPE]
-        return node.model_copy(update={"status": node.status.model_copy(update={"conditions": [*others, condition]})})
+        return conditions.written(node, step)
     return node
 
 

@@ -178,7 +178,7 @@ class Writer:
         snap.node_version = (result.metadata.resource_version if result.metadata else None) or ""
 
     async def set_preserved_taint(self, snap: Snapshot, step: p.SetPreservedTaint, *, now: dt.datetime) -> None:
-        operations = _taint_operations(self._node(snap), step, node_version=snap.node_version, now=now)
+        operations = _taint_operations(self._node(snap), step, pin=snap.node_version, now=now)
         if operations:
             await self._json_patch_node(snap, operations)
 
@@ -203,12 +203,7 @@ class Writer:
             for key in annotations.remove
             if key in node.metadata.annotations and key not in annotations.set
         ]
-        # The test above pins the taints too: theirs need not repeat it.
-        operations += [
-            op
-            for op in _taint_operations(node, step.taint, node_version=snap.node_version, now=now)
-            if op["path"] != "/metadata/resourceVersion"
-        ]
+        operations += _taint_operations(node, step.taint, pin=None, now=now)  # pinned by the test above
         await self._json_patch_node(snap, operations)
 
     async def _json_patch_node(self, snap: Snapshot, operations: list[dict[str, Any]]) -> None:
@@ -303,11 +298,12 @@ class Writer:
 
 
 def _taint_operations(
-    node: Node, step: p.SetPreservedTaint, *, node_version: str, now: dt.datetime
+    node: Node, step: p.SetPreservedTaint, *, pin: str | None, now: dt.datetime
 ) -> list[dict[str, Any]]:
     """The JSON patch that adds or removes our taint (none when the node is as the step wants it). Its `test` ops
-    pin exactly the list entries or the empty list it saw, so a concurrent change to the taints fails the patch
-    (422) instead of being overwritten; an append needs no pin."""
+    pin exactly the list entries or the empty list it saw (by the resourceVersion `pin`, unless the patch is pinned
+    already), so a concurrent change to the taints fails the patch (422) instead of being overwritten; an append
+    needs no pin."""
     taints = node.spec.taints
     ours = [i for i, t in enumerate(taints) if t.key == v.PRESERVED_TAINT_KEY and t.effect == v.PRESERVED_TAINT_EFFECT]
     if step.present:
@@ -317,10 +313,8 @@ def _taint_operations(
         if taints:
             # Append: whatever else is in the list now stays as it is.
             return [{"op": "add", "path": "/spec/taints/-", "value": taint}]
-        return [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": node_version},
-            {"op": "add", "path": "/spec/taints", "value": [taint]},
-        ]
+        pinned = [] if pin is None else [{"op": "test", "path": "/metadata/resourceVersion", "value": pin}]
+        return [*pinned, {"op": "add", "path": "/spec/taints", "value": [taint]}]
     operations: list[dict[str, Any]] = []
     for index in reversed(ours):  # highest index first, so earlier indices stay valid
         operations += [

@@ -127,6 +127,20 @@ def condition_after_drain(
     )
 
 
+def written(node: Node, step: SetPreservedCondition) -> Node:
+    """`node` as the step leaves it: the Preserved condition replaced, the others kept (the strategic merge patch
+    is keyed by type)."""
+    condition = NodeCondition(
+        type=v.PRESERVED_CONDITION_TYPE,
+        status=step.status,
+        reason=step.reason,
+        message=step.message,
+        last_transition_time=step.last_transition_time,
+    )
+    others = [c for c in node.status.conditions if c.type != v.PRESERVED_CONDITION_TYPE]
+    return node.model_copy(update={"status": node.status.model_copy(update={"conditions": [*others, condition]})})
+
+
 def _transition_time(current: NodeCondition | None, status: str, now: dt.datetime) -> dt.datetime:
     if current is not None and current.status == status and current.last_transition_time is not None:
         return current.last_transition_time

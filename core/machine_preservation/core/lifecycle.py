@@ -49,7 +49,7 @@ from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.decision import RELEASED, PreservationDecision, decide_preservation
 from machine_preservation.core.durations import duration_or_default
 from machine_preservation.core.invalid_values import report_invalid_values
-from machine_preservation.core.models import Machine, Node, NodeCondition, NoNode
+from machine_preservation.core.models import Machine, Node, NoNode
 from machine_preservation.core.plan import (
     DeleteMachine,
     DrainNode,
@@ -252,17 +252,7 @@ def _as_left_by(node: Node, written: Sequence[MachineStep]) -> Node:
     """`node` with the Preserved condition the drain's `alongside` steps wrote (the "being drained" one), which the
     outcome's condition replaces."""
     step = next((s for s in reversed(written) if isinstance(s, SetPreservedCondition)), None)
-    if step is None:
-        return node
-    condition = NodeCondition(
-        type=v.PRESERVED_CONDITION_TYPE,
-        status=step.status,
-        reason=step.reason,
-        message=step.message,
-        last_transition_time=step.last_transition_time,
-    )
-    others = [c for c in node.status.conditions if c.type != v.PRESERVED_CONDITION_TYPE]
-    return node.model_copy(update={"status": node.status.model_copy(update={"conditions": [*others, condition]})})
+    return node if step is None else conditions.written(node, step)
 
 
 def is_machines_node(*, machine: Machine, node: Node) -> bool:
