@@ -18,6 +18,7 @@ from machine_preservation.controller.metrics import (
     Probes,
     metrics_app,
     preserved_counts,
+    preserved_nodes_gone,
     request_verb_and_resource,
 )
 from machine_preservation.core import vocabulary as v
@@ -99,6 +100,19 @@ def test_with_native_mcm_the_counts_come_from_mcms_expiry_and_ignore_our_records
     assert preserved_counts(machines, now=NOW, config=CONFIG, native=False) == {("manual", "Running"): 1}
 
 
+def test_preserved_machines_whose_node_is_gone_are_counted_while_preserved() -> None:
+    def record(expiry: dt.datetime, gone: dt.datetime | None) -> Machine:
+        kept = PreservationRecord(
+            since=NOW - dt.timedelta(hours=1), until=expiry, by=v.PreservedBy.USER, node_gone_since=gone
+        )
+        return Machine.model_validate({"metadata": {"name": "m", "annotations": kept.annotations()}})
+
+    later, earlier = NOW + dt.timedelta(hours=1), NOW - dt.timedelta(seconds=1)
+    machines = [record(later, NOW), record(later, None), record(earlier, NOW), record(later, NOW)]
+    assert preserved_nodes_gone(machines, now=NOW, config=CONFIG) == 2
+    assert preserved_nodes_gone([], now=NOW, config=CONFIG) == 0
+
+
 def test_an_expiry_beyond_the_cap_counts_until_the_cap_only() -> None:
     record = PreservationRecord(
         since=NOW - dt.timedelta(hours=2), until=NOW + dt.timedelta(days=3650), by=v.PreservedBy.USER
@@ -123,7 +137,11 @@ def test_an_expiry_beyond_the_cap_counts_until_the_cap_only() -> None:
 def test_the_gauge_is_read_at_scrape_time() -> None:
     metrics = Metrics()
     current: list[Machine] = []
-    metrics.watch_preserved("shoot--a", lambda: preserved_counts(current, now=NOW, config=CONFIG, native=False))
+    metrics.watch_preserved(
+        "shoot--a",
+        lambda: preserved_counts(current, now=NOW, config=CONFIG, native=False),
+        lambda: preserved_nodes_gone(current, now=NOW, config=CONFIG),
+    )
     assert b"machine_preservation_preserved_machines{" not in generate_latest(metrics.registry)
     current.append(machine("a", phase="Failed", expiry=NOW + dt.timedelta(hours=1), value="now"))
     scraped = generate_latest(metrics.registry).decode()
@@ -132,18 +150,20 @@ def test_the_gauge_is_read_at_scrape_time() -> None:
 
 def test_the_shoots_of_a_seed_report_into_one_registry_and_leave_it_when_they_stop() -> None:
     metrics = Metrics()
-    old_a = metrics.watch_preserved("shoot--a", lambda: {("manual", "Failed"): 1})
-    metrics.watch_preserved("shoot--b", lambda: {("auto", "Failed"): 2})
+    old_a = metrics.watch_preserved("shoot--a", lambda: {("manual", "Failed"): 1}, lambda: 1)
+    metrics.watch_preserved("shoot--b", lambda: {("auto", "Failed"): 2}, lambda: 0)
     forget_a = metrics.watch_queue("machines", lambda: 3, scope="shoot--a")
     metrics.watch_queue("machines", lambda: 4, scope="shoot--b")
     metrics.watch_queue("extensions", lambda: 1)
     scraped = generate_latest(metrics.registry).decode()
     assert 'machine_preservation_preserved_machines{namespace="shoot--a",phase="Failed",reason="manual"} 1.0' in scraped
     assert 'machine_preservation_preserved_machines{namespace="shoot--b",phase="Failed",reason="auto"} 2.0' in scraped
+    assert 'machine_preservation_preserved_nodes_gone{namespace="shoot--a"} 1.0' in scraped
+    assert 'machine_preservation_preserved_nodes_gone{namespace="shoot--b"} 0.0' in scraped
     assert 'machine_preservation_queue_depth{queue="machines"} 7.0' in scraped, "summed over the shoots"
     assert 'machine_preservation_queue_depth{queue="extensions"} 1.0' in scraped
 
-    metrics.watch_preserved("shoot--a", lambda: {("manual", "Running"): 5})  # shoot a's runtime restarted
+    metrics.watch_preserved("shoot--a", lambda: {("manual", "Running"): 5}, lambda: 0)  # shoot a's runtime restarted
     old_a()  # the old runtime's clean-up runs after the new one started
     forget_a()
     scraped = generate_latest(metrics.registry).decode()

@@ -136,6 +136,34 @@ async def _scenario(plane: ControlPlane, seed: client.ApiClient, a: Shoot, b: Sh
     for shoot in (a, b):
         assert f'namespace="{shoot.namespace}",phase="Failed",reason="manual"}} 1.0' in scraped
 
+    # A `now`-preserved healthy machine of shoot b outlives its Node, deleted in the shoot: MCM's delete is denied
+    # by the seed's webhook, the controller notes the Node gone and stops writing to it.
+    kept = names[b.namespace][1]
+    await annotate_node(b, kept, "now")
+
+    async def preserved_now() -> dict[str, str] | None:
+        record = annotations_of(await machine(seed, b.namespace, kept))
+        return record if v.PRESERVED_UNTIL_ANNOTATION in record else None
+
+    now_record = await eventually_async(preserved_now, limit=30, interval=0.2)
+    await client.CoreV1Api(b.api).delete_node(kept)
+
+    async def node_gone() -> dict[str, str] | None:
+        record = annotations_of(await machine(seed, b.namespace, kept))
+        return record if v.PRESERVED_NODE_GONE_SINCE_ANNOTATION in record else None
+
+    gone_record = await eventually_async(node_gone, limit=30, interval=0.2)
+    assert gone_record[v.PRESERVED_UNTIL_ANNOTATION] == now_record[v.PRESERVED_UNTIL_ANNOTATION]
+
+    async def denied() -> bool:
+        return "denied the request" in b.mcm.log_tail(400)
+
+    await eventually_async(denied, limit=30)
+    await asyncio.sleep(5.0)  # MCM tries again: the machine stays
+    found = await machine(seed, b.namespace, kept)
+    assert found is not None
+    assert not found["metadata"].get("deletionTimestamp")
+
     # Shoot b's API server goes away: shoot a is served on time all the same, b's Extension says so.
     await asyncio.to_thread(b.mcm.stop)
     await asyncio.to_thread(b.grm.stop)

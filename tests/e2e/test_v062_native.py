@@ -291,3 +291,41 @@ async def test_the_webhook_still_judges_values_and_guards_the_ca_annotation(
     assert (await real_mcm.node(name) or {})["metadata"]["annotations"][v.PRESERVE_ANNOTATION] == "now"
 
     assert await product.controller_writes(real_mcm.namespace) == []
+
+
+async def test_mcm_deletes_a_natively_preserved_machine_whose_node_is_deleted(
+    real_mcm: RealMcm, product: Product
+) -> None:
+    """What v0.62.1 does itself: a Node deleted under a machine MCM preserves takes the machine with it (MCM's
+    `triggerMachineDeletion` does not look at the preservation). Our deletion guard stands down for MCM's own
+    preservations (no record of ours) and keeps only preservations handed over from us (tests/unit)."""
+    await product.start(native="auto")
+    await real_mcm.create_pool("native", replicas=2)
+    machines = await real_mcm.wait_for_pool("native", 2)
+    victim = machines[0]["metadata"]["name"]
+    await annotate_node(real_mcm, victim, {v.PRESERVE_ANNOTATION: "now"})
+    expiry = await preserved_by_mcm(real_mcm, victim, phase="Running")
+
+    await client.CoreV1Api(real_mcm.api).delete_node(victim)
+    deleted_at = time.monotonic()
+
+    async def deleting() -> bool:
+        return real_mcm.recorder.first(victim, event_type="DELETED") is not None or any(
+            e.deleting for e in real_mcm.recorder.events if e.name == victim
+        )
+
+    await eventually_async(deleting, limit=30, interval=0.2)
+    assert dt.datetime.now(dt.UTC) < expiry, "MCM went for it long before its own expiry"
+    print(f"{victim}: deleting {time.monotonic() - deleted_at:.1f} s after its Node was deleted")
+
+    async def replaced() -> bool:
+        names = {m["metadata"]["name"] for m in await real_mcm.machines("native")}
+        return victim not in names and len(names) == 2
+
+    await eventually_async(replaced, limit=120, interval=0.5)
+    assert real_mcm.recorder.history(victim)[-1] == "deleted"
+    # Our guard stood down: the machine carried no record of ours, and MCM's delete went through at once.
+    deletes = [w for w in await product.writes_by(product.mcm_user) if w.name == victim and w.operation == "delete"]
+    assert deletes, "MCM deleted the machine of the deleted Node"
+    assert [w.code for w in deletes if w.code >= 400] == []
+    product.check_running()

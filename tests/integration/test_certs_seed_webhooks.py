@@ -196,7 +196,7 @@ async def test_the_certs_manager_creates_keeps_and_updates_the_seed_configuratio
             assert (await manager.sync_once()).injected == (f"validating/{release}",)
             live = registration.read_validating_webhook_configuration(release)
             conditions = next(w for w in live.webhooks if w.name == DELETION).match_conditions
-            assert [c.name for c in conditions] == ["deleted-by-mcm", "machine-failed", "not-a-dry-run"]
+            assert [c.name for c in conditions] == ["deleted-by-mcm", "machine-failed-or-preserved", "not-a-dry-run"]
             assert bundles(live) == [trusted, trusted]
             # GRM's syncs of the upgraded chart leave it so.
             kubectl(toolchain, control_plane.kubeconfig, "replace", documents=reapplied(documents))

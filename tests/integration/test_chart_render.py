@@ -718,7 +718,7 @@ def test_machine_webhooks_judge_only_the_control_namespace(
         assert hook["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == namespace, hook["name"]
 
 
-def test_deletion_guard_is_only_called_for_mcms_deletes_of_failed_machines(
+def test_deletion_guard_is_only_called_for_mcms_deletes_of_failed_or_preserved_machines(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
     conditions = {
@@ -727,9 +727,15 @@ def test_deletion_guard_is_only_called_for_mcms_deletes_of_failed_machines(
     }
     assert conditions == {
         "deleted-by-mcm": f"request.userInfo.username in ['{SEED_MCM}']",
-        "machine-failed": (
-            "(oldObject != null && has(oldObject.status) && has(oldObject.status.currentStatus) && "
-            "has(oldObject.status.currentStatus.phase) && oldObject.status.currentStatus.phase == 'Failed')"
+        "machine-failed-or-preserved": (
+            "((oldObject != null && has(oldObject.status) && has(oldObject.status.currentStatus) && "
+            "has(oldObject.status.currentStatus.phase) && oldObject.status.currentStatus.phase == 'Failed') || "
+            + " || ".join(
+                "(oldObject != null && has(oldObject.metadata.annotations) && "
+                f"'{key}' in oldObject.metadata.annotations)"
+                for key in vocabulary.PRESERVATION_RECORD_ANNOTATIONS
+            )
+            + ")"
         ),
     }
 

@@ -32,6 +32,7 @@ from tests.controller.support import (
     is_unpreserved,
     machine_model,
     machine_set_owner,
+    machines_of,
     new_node,
     owner_reference,
     read_node_model,
@@ -541,9 +542,17 @@ async def test_a_machine_without_a_node_gets_only_the_expiry(
         m = await eventually_async(preserved)
         assert v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION not in m.metadata.annotations
 
+        if node_label:  # a Running machine whose Node is gone: noted, and said once
+            assert v.PRESERVED_NODE_GONE_SINCE_ANNOTATION in m.metadata.annotations
+            gone = (await reasons_about(api, namespace, "Machine", "m")).get("PreservedNodeGone", [])
+            assert len(gone) == 1
+
         await annotate_machine(api, namespace, "m", {P: None})
 
         async def stopped() -> bool:
+            # Its Node gone, the end of the preservation completes the delete MCM asked for.
+            if node_label:
+                return "m" not in await machines_of(api, namespace)
             return is_unpreserved(await machine(api, namespace, "m"))
 
         await eventually_async(stopped)

@@ -535,7 +535,7 @@ def test_seed_webhooks(rendered: list[dict[str, Any]], toolchain: Toolchain) -> 
     # The same CEL as the standalone chart's Machine webhooks (which a test compares with the webhook's builder).
     theirs = standalone.webhooks_by_name(standalone.template(toolchain.helm))
     their_deletion = {c["name"]: c["expression"] for c in theirs[deletion["name"]]["matchConditions"]}
-    assert conditions["machine-failed"] == their_deletion["machine-failed"]
+    assert conditions["machine-failed-or-preserved"] == their_deletion["machine-failed-or-preserved"]
     their_preserve = {c["name"]: c["expression"] for c in theirs[preserve["name"]]["matchConditions"]}
     assert preserve_conditions["preserve-annotations-change"] == their_preserve["preserve-annotations-change"]
     for ours in webhooks.values():

@@ -50,6 +50,7 @@ def machine(
     failed_at: dt.datetime | None = None,
     owner: str = "ms1",
     deleting: bool = False,
+    node_gone_since: dt.datetime | None = None,
 ) -> Machine:
     body: dict[str, Any] = {
         "metadata": {
@@ -77,7 +78,12 @@ def machine(
     if expiry is not None:
         # The record of a preservation that started `since` (default: a 72h one that ends at `expiry`).
         record = PreservationRecord(
-            since=since or expiry - 72 * HOUR, until=expiry, by=by, drain=drain, added_ca_annotation=added_ca
+            since=since or expiry - 72 * HOUR,
+            until=expiry,
+            by=by,
+            drain=drain,
+            added_ca_annotation=added_ca,
+            node_gone_since=node_gone_since,
         )
         body["metadata"]["annotations"].update(record.annotations())
     if deleting:

@@ -22,13 +22,13 @@ from machine_preservation.core.admission.deletion import (
     cluster_to_read,
     extension_to_read,
     judge_machine_deletion,
-    last_known_node,
     machine_set_to_read,
 )
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.gardener import ShootLifecycle, shoot_lifecycle
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
 from machine_preservation.core.preservation_record import PreservationRecord
+from machine_preservation.core.preserve_value import last_known_node
 
 NOW = dt.datetime(2026, 11, 21, 12, 0, tzinfo=dt.UTC)
 MCM = "system:serviceaccount:kube-system:machine-controller-manager"
@@ -189,10 +189,53 @@ def _rows() -> list[Any]:
         pytest.param(PRESERVED, {"username": "alice"}, Outcome.NOT_GUARDED, id="a-user-is-never-blocked"),
         pytest.param(PRESERVED, {"username": CONTROLLER}, Outcome.NOT_GUARDED, id="the-controller-is-not-guarded"),
         pytest.param(
-            machine(phase="Running", preserved=ACTIVE), {}, Outcome.NOT_GUARDED, id="a-healthy-machine-is-not-guarded"
+            machine(phase="Running", annotations={P: "now"}),
+            {},
+            Outcome.NOT_GUARDED,
+            id="a-healthy-machine-without-our-record-is-not-guarded",
         ),
         pytest.param(
             machine(phase="Unknown", annotations={P: "now"}), {}, Outcome.NOT_GUARDED, id="unknown-is-not-failed"
+        ),
+        # A preserved machine is guarded in every phase: MCM deletes the Machine of a deleted Node.
+        pytest.param(
+            machine(phase="Running", preserved=ACTIVE), {}, Outcome.PRESERVED, id="a-preserved-healthy-machine-is-kept"
+        ),
+        pytest.param(
+            machine(phase="Unknown", preserved=ACTIVE), {}, Outcome.PRESERVED, id="a-preserved-unknown-machine-is-kept"
+        ),
+        pytest.param(
+            machine(phase="", preserved=ACTIVE), {}, Outcome.PRESERVED, id="a-preserved-machine-without-a-phase"
+        ),
+        pytest.param(
+            machine(phase="Running", preserved=(NOW - dt.timedelta(hours=3), NOW)),
+            {},
+            Outcome.EXPIRED,
+            id="a-healthy-machine-whose-preservation-ran-out",
+        ),
+        pytest.param(
+            machine(phase="Running", preserved=ACTIVE),
+            {"settings_": NATIVE},
+            Outcome.PRESERVED,
+            id="native-keeps-guarding-our-record-on-a-healthy-machine",
+        ),
+        pytest.param(
+            machine(phase="Running", preserved=ACTIVE, labels={FORCE_DELETION_LABEL: "True"}),
+            {},
+            Outcome.FORCE_DELETION,
+            id="a-preserved-healthy-machine-marked-for-forced-deletion",
+        ),
+        pytest.param(
+            machine(phase="Running", preserved=ACTIVE),
+            {"machine_set": view(machine_set(replicas=0), [machine(phase="Running", preserved=ACTIVE)])},
+            Outcome.MACHINE_SET_SURPLUS,
+            id="scale-to-zero-takes-a-preserved-healthy-machine",
+        ),
+        pytest.param(
+            machine(phase="Running", preserved=ACTIVE),
+            {"machine_set": view(machine_set(replicas=1), [machine(phase="Running", preserved=ACTIVE), healthy("h1")])},
+            Outcome.PRESERVED,
+            id="a-preserved-healthy-machine-is-not-replaced-while-the-count-keeps-it",
         ),
         pytest.param(
             machine(annotations={P: "now"}),
@@ -415,7 +458,8 @@ def test_every_reason_to_pass_or_deny(candidate: Machine, context: dict[str, Any
     assert verdict.allowed == assessment.allowed
     if not verdict.allowed:
         assert verdict.code == 403
-        assert f'machine "{candidate.metadata.name}" is Failed and ' in verdict.message
+        phase = f"{candidate.phase} and " if candidate.phase else ""
+        assert f'machine "{candidate.metadata.name}" is {phase}' in verdict.message
         assert f"to release it, annotate the machine (or its node) with {P}=false" in verdict.message
 
 
@@ -552,7 +596,8 @@ def test_reads_are_only_made_when_the_machine_alone_does_not_decide() -> None:
     assert read(PRESERVED) == "ms"  # the replica counts
     assert read(machine(annotations={P: "now"})) == "ms"
     assert read(PRESERVED, "alice") == ""
-    assert read(machine(phase="Running", preserved=ACTIVE)) == ""
+    assert read(machine(phase="Running", annotations={P: "now"})) == ""
+    assert read(machine(phase="Running", preserved=ACTIVE)) == "ms"  # a preserved healthy machine is kept too
     assert read(machine(annotations={P: "now"}), settings_=NATIVE) == ""
     assert read(PRESERVED, settings_=NATIVE) == "ms"
     assert read(machine(preserved=ACTIVE, labels={FORCE_DELETION_LABEL: "True"})) == ""
@@ -728,7 +773,8 @@ def test_every_denial_names_the_machine_and_how_to_release_it(
     for candidate in namespace.machines:
         assessment = assess(candidate, machine_set=namespace, cluster=cluster)
         if not assessment.allowed:
-            assert assessment.message.startswith(f'machine "{candidate.metadata.name}" is Failed and ')
+            phase = f"{candidate.phase} and " if candidate.phase else ""
+            assert assessment.message.startswith(f'machine "{candidate.metadata.name}" is {phase}')
             assert assessment.message.endswith(f"{P}=false; a user's delete is not blocked")
 
 

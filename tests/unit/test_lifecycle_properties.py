@@ -91,6 +91,7 @@ def snapshots(
         reported_invalid=draw(st.sampled_from([ABSENT, ABSENT, "garbage", '[["Node","yes"]]', '[["Machine","yes"]]'])),
         timeout=draw(st.sampled_from(timeouts)),
         deleting=draw(st.integers(0, 9)) == 0,
+        node_gone_since=draw(st.sampled_from([None, None, NOW - HOUR])),
         **draw(PRIORITY_SETTINGS),
     )
     n: Node | None = None
@@ -268,10 +269,13 @@ def test_patches_never_set_and_remove_the_same_key(s: dict[str, Any]) -> None:
 
 @PROPERTY
 @given(snapshots())
-def test_warnings_only_for_invalid_values(s: dict[str, Any]) -> None:
+def test_warnings_only_for_invalid_values_failed_drains_and_gone_nodes(s: dict[str, Any]) -> None:
     for event in of_type(plan_of(s), RecordEvent):
         assert event.type in ("Normal", "Warning")
-        if event.type == "Warning":
+        if event.type == "Warning" and event.reason == v.EventReason.PRESERVED_NODE_GONE:
+            assert s["node"] is None
+            assert s["no_node"] is NoNode.NOT_FOUND
+        elif event.type == "Warning":
             assert event.reason in (v.EventReason.INVALID_PRESERVE_VALUE, v.EventReason.PRESERVED_NODE_DRAIN_FAILED)
 
 

@@ -374,10 +374,110 @@ def test_deleted_machine_gets_no_plan(m: object) -> None:
 
 # The node label names a node that does not exist: the machine's value, expiry only
 def test_missing_node_uses_machine_value_and_sets_only_the_record() -> None:
-    result = plan(machine(phase=FAILED, preserve="now", last_applied="false"), NoNode.NOT_FOUND)
+    result = plan(machine(phase=FAILED, preserve="now"), NoNode.NOT_FOUND)
     assert write_kinds(result) == START
-    assert record_written(result) == announcing(dataclasses.replace(STARTED_RECORD, added_ca_annotation=False))
+    gone = dataclasses.replace(STARTED_RECORD, added_ca_annotation=False, node_gone_since=NOW)
+    assert record_written(result) == announcing(gone)
     assert 'Node "n1" not found' in of_type(result, RecordEvent)[0].message
+    assert event_reasons(result)[-1] == ("Machine", v.EventReason.PRESERVED_NODE_GONE)
+
+
+def test_with_the_node_gone_the_machines_own_value_counts() -> None:
+    # Nobody can annotate a Node that is gone: a user's value on the machine takes over from the node's.
+    result = plan(machine(phase=FAILED, preserve="now", last_applied="false"), NoNode.NOT_FOUND)
+    assert record_written(result)[v.PRESERVED_BY_ANNOTATION] == "user"
+    assert v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION in machine_patches(result)[0].remove
+    released = machine(phase=FAILED, preserve="false", last_applied="now", expiry=KEPT, node_gone_since=NOW, **ours())
+    assert any(isinstance(w, DeleteMachine) for w in writes(plan(released, NoNode.NOT_FOUND)))
+
+
+def test_a_gone_nodes_recorded_false_still_wins_over_no_word() -> None:
+    result = plan(machine(phase=FAILED, last_applied="false"), NoNode.NOT_FOUND)
+    assert record_written(result) == {}
+
+
+# The Node of a preserved machine is deleted (a person, a cloud-controller-manager): the machine stays preserved
+# by the value the Node carried, nothing is written to the Node, and the record says since when it is gone.
+@pytest.mark.parametrize(
+    ("phase", "value"), [(RUNNING, "now"), (UNKNOWN, "now"), (FAILED, "now"), (FAILED, "when-failed")]
+)
+def test_a_preserved_machines_node_gone_keeps_the_preservation(phase: str, value: str) -> None:
+    kept = machine(phase=phase, last_applied=value, expiry=KEPT, **ours())
+    result = plan(kept, NoNode.NOT_FOUND)
+    assert writes(result) == [
+        PatchMachineAnnotations(set={v.PRESERVED_NODE_GONE_SINCE_ANNOTATION: "2026-08-20T10:00:00Z"})
+    ]
+    event = only(result, RecordEvent)
+    assert (event.kind, event.type, event.reason) == ("Machine", "Warning", v.EventReason.PRESERVED_NODE_GONE)
+    assert 'Node "n1" of the preserved machine is gone' in event.message
+    assert "until 2026-08-20 15:00:00 +0000 UTC" in event.message
+    assert f"{v.PRESERVE_ANNOTATION}=false" in event.message
+    assert result.drain is None
+    assert result.requeue_after == KEPT - NOW
+    # Seen again (the marker written): nothing to write, nothing to say, and the expiry still wakes it.
+    again = plan(machine(phase=phase, last_applied=value, expiry=KEPT, node_gone_since=NOW, **ours()), NoNode.NOT_FOUND)
+    assert again.steps == ()
+    assert again.requeue_after == KEPT - NOW
+
+
+@pytest.mark.parametrize("phase", [PENDING, v.MachinePhase.CRASH_LOOP_BACK_OFF, ""])
+def test_a_machine_being_created_has_no_node_gone_but_none_registered_yet(phase: str) -> None:
+    result = plan(machine(phase=phase, preserve="now", expiry=KEPT, **steady_priority()), NoNode.NOT_FOUND)
+    assert result.steps == ()
+
+
+def test_a_preservation_whose_node_is_gone_ends_at_its_expiry() -> None:
+    gone = machine(phase=FAILED, last_applied="now", expiry=NOW, node_gone_since=NOW - HOUR, **ours())
+    result = plan(gone, NoNode.NOT_FOUND)
+    assert writes(result) == [DeleteMachine()]
+    assert [(e.kind, e.reason) for e in of_type(result, RecordEvent)] == [
+        ("Machine", v.EventReason.PRESERVATION_EXPIRED)
+    ]
+    # MCM asked to delete the machine when its Node went: the end of the preservation completes that, in any phase.
+    running = machine(phase=RUNNING, last_applied="now", expiry=NOW, node_gone_since=NOW - HOUR, **ours())
+    stopped = plan(running, NoNode.NOT_FOUND)
+    assert writes(stopped) == [DeleteMachine()]
+    assert "The machine, whose Node is gone, is deleted." in only(stopped, RecordEvent).message
+    # Releasing (the extension disabled) leaves it to MCM, as everything else.
+    released = plan(running, NoNode.NOT_FOUND, released=True)
+    assert DeleteMachine() not in writes(released)
+    assert removal_of(running) in writes(released)
+
+
+def test_a_node_that_comes_back_is_preserved_again_by_the_value_it_carried() -> None:
+    # A new Node object of the same name (the VM registered again) carries no annotation of the user's.
+    back = machine(phase=RUNNING, last_applied="now", expiry=KEPT, node_gone_since=NOW - HOUR, **ours())
+    result = plan(back, node())
+    assert write_kinds(result) == [
+        "PatchNodeAnnotations",
+        "PatchMachineAnnotations",
+        "SetPreservedCondition",
+    ]
+    assert only(result, PatchNodeAnnotations) == PatchNodeAnnotations(set={**CA_SET, v.PRESERVE_ANNOTATION: "now"})
+    assert machine_patches(result) == [PatchMachineAnnotations(remove=(v.PRESERVED_NODE_GONE_SINCE_ANNOTATION,))]
+    assert event_reasons(result) == [
+        ("Machine", v.EventReason.PRESERVED_NODE_RETURNED),
+        ("Node", v.EventReason.PRESERVED_NODE_RETURNED),
+    ]
+    # Executed, the machine and its node are where any preserved machine is: nothing more to write.
+    m, n = execute(back, node(), result)
+    assert writes(plan(m, n)) == []
+
+
+def test_a_failed_machines_node_that_comes_back_is_tainted_and_drained() -> None:
+    back = machine(phase=FAILED, last_applied="when-failed", expiry=KEPT, node_gone_since=NOW - HOUR, **ours())
+    result = plan(back, node())
+    assert write_kinds(result)[:3] == ["PatchNodeAnnotations", "SetPreservedTaint", "PatchMachineAnnotations"]
+    assert result.drain is not None
+    assert result.drain.record is not None
+    assert result.drain.record.node_gone_since is None
+
+
+def test_a_node_that_comes_back_saying_false_releases_the_machine() -> None:
+    back = machine(phase=FAILED, last_applied="now", expiry=KEPT, node_gone_since=NOW - HOUR, **ours())
+    result = plan(back, node(preserve="false"))
+    assert any(isinstance(w, DeleteMachine) for w in writes(result))
+    assert event_reasons(result)[-2:] == STOPPED
 
 
 def test_missing_node_stop_removes_the_preserve_annotation_then_the_record() -> None:

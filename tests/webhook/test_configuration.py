@@ -62,10 +62,13 @@ def test_machine_and_shoot_webhooks_fail_closed_by_default() -> None:
         "name": "deleted-by-mcm",
         "expression": f"request.userInfo.username in ['{MCM[0]}']",
     }
-    # Only Failed machines reach the guard: an outage never blocks MCM's deletes of healthy machines.
+    # Only Failed machines and those carrying our record reach the guard: an outage never blocks MCM's deletes of
+    # the healthy machines nobody preserves.
     failed = deletion["matchConditions"][1]
-    assert failed["name"] == "machine-failed"
+    assert failed["name"] == "machine-failed-or-preserved"
     assert "oldObject.status.currentStatus.phase == 'Failed'" in failed["expression"]
+    for key in v.PRESERVATION_RECORD_ANNOTATIONS:
+        assert f"'{key}' in oldObject.metadata.annotations" in failed["expression"]
     assert shoot["rules"][0]["apiGroups"] == ["core.gardener.cloud"]
     assert c.shoot_webhook(client=SERVICE, failure_policy="Ignore")["failurePolicy"] == "Ignore"
 

@@ -80,11 +80,21 @@ async def test_users_and_the_controller_always_pass_without_a_read(webhook: Webh
     assert (webhook.machine_sets.reads, webhook.machine_sets.cluster_reads) == ([], [])
 
 
-async def test_expired_or_healthy_machines_may_go_without_a_read(webhook: Webhook) -> None:
+async def test_expired_or_unpreserved_healthy_machines_may_go_without_a_read(webhook: Webhook) -> None:
     expired = preserved(since=NOW - dt.timedelta(hours=3), until=NOW - dt.timedelta(minutes=1))
     assert (await webhook.review(PATH, delete(expired)))["allowed"]
-    assert (await webhook.review(PATH, delete(preserved(phase="Running"))))["allowed"]
+    assert (await webhook.review(PATH, delete(machine("m1", {v.PRESERVE_ANNOTATION: "now"}, phase="Running"))))[
+        "allowed"
+    ]
     assert (webhook.machine_sets.reads, webhook.machine_sets.cluster_reads) == ([], [])
+
+
+async def test_a_preserved_healthy_machine_is_kept_whose_node_mcm_saw_deleted(webhook: Webhook) -> None:
+    # MCM deletes the Machine of every deleted Node: a machine we keep is guarded in any phase.
+    response = await webhook.review(PATH, delete(preserved(phase="Running")))
+    assert response["allowed"] is False
+    assert 'machine "m1" is Running and preserved until' in response["status"]["message"]
+    assert f"{v.PRESERVE_ANNOTATION}=false" in response["status"]["message"]
 
 
 async def test_a_pending_machine_is_denied(webhook: Webhook) -> None:
@@ -304,7 +314,7 @@ async def test_the_extension_is_read_only_for_a_denial_and_only_as_the_extension
     for allowed_anyway in (
         delete(leftover, ADMIN),
         delete(machine(phase="Failed")),
-        delete(preserved(phase="Running")),
+        delete(machine("m1", {v.PRESERVE_ANNOTATION: "now"}, phase="Running")),
     ):
         assert (await webhook.review(PATH, allowed_anyway))["allowed"] is True
     source.clusters = {NAMESPACE: cluster(spec={"hibernation": {"enabled": True}})}

@@ -129,6 +129,23 @@ podAntiAffinity:
 ({{ . }} != null && has({{ . }}.status) && has({{ . }}.status.currentStatus) && has({{ . }}.status.currentStatus.phase) && {{ . }}.status.currentStatus.phase == 'Failed')
 {{- end -}}
 
+{{- /* Failed, or carrying any key of our preservation record (core/vocabulary.py PRESERVATION_RECORD_ANNOTATIONS). */ -}}
+{{- define "gemp.cel.failedOrPreserved" -}}
+{{- $obj := . -}}
+{{- $parts := list -}}
+{{- range (list
+  "node.machine.sapcloud.io/preserved-since"
+  "node.machine.sapcloud.io/preserved-until"
+  "node.machine.sapcloud.io/preserved-by"
+  "node.machine.sapcloud.io/preserved-added-scale-down-disabled"
+  "node.machine.sapcloud.io/preserved-drain"
+  "node.machine.sapcloud.io/preserved-drain-failing-since"
+  "node.machine.sapcloud.io/preserved-drain-last-attempt"
+  "node.machine.sapcloud.io/preserved-announcement-pending"
+  "node.machine.sapcloud.io/preserved-node-gone-since") }}{{ $parts = append $parts (include "gemp.cel.hasAnnotation" (dict "obj" $obj "key" .)) }}{{ end -}}
+({{ include "gemp.cel.failed" $obj }} || {{ join " || " $parts }})
+{{- end -}}
+
 {{/* The preserve annotation and the controller-owned markers (core/vocabulary.py). */}}
 {{- define "gemp.preserveRelatedAnnotations" -}}
 {{- list
@@ -141,6 +158,7 @@ podAntiAffinity:
   "node.machine.sapcloud.io/preserved-drain-failing-since"
   "node.machine.sapcloud.io/preserved-drain-last-attempt"
   "node.machine.sapcloud.io/preserved-announcement-pending"
+  "node.machine.sapcloud.io/preserved-node-gone-since"
   "node.machine.sapcloud.io/last-applied-node-preserve-value"
   "cluster-autoscaler.kubernetes.io/scale-down-disabled-by-mcm"
   "node.machine.sapcloud.io/scale-down-disabled-by-preservation"

@@ -67,9 +67,10 @@ webhooks:
       # force-deletions, not gardenlet's.
       - name: deleted-by-mcm
         expression: {{ "request.userInfo.username.startsWith('system:serviceaccount:shoot--') && request.userInfo.username.endsWith(':machine-controller-manager')" | toJson }}
-      # Only Failed machines are ever kept, so an outage never blocks MCM deleting healthy ones.
-      - name: machine-failed
-        expression: {{ include "gemp.cel.failed" "oldObject" | toJson }}
+      # Only Failed machines and machines carrying our preservation record (in any phase: MCM deletes the
+      # Machine of a deleted Node) are ever kept, so an outage never blocks MCM deleting the others.
+      - name: machine-failed-or-preserved
+        expression: {{ include "gemp.cel.failedOrPreserved" "oldObject" | toJson }}
     failurePolicy: Fail
     matchPolicy: Equivalent
     sideEffects: None

@@ -168,6 +168,23 @@ app.kubernetes.io/component: {{ .component }}
 ({{ . }} != null && has({{ . }}.status) && has({{ . }}.status.currentStatus) && has({{ . }}.status.currentStatus.phase) && {{ . }}.status.currentStatus.phase == 'Failed')
 {{- end -}}
 
+{{- /* Failed, or carrying any key of our preservation record (core/vocabulary.py PRESERVATION_RECORD_ANNOTATIONS). */ -}}
+{{- define "mp.cel.failedOrPreserved" -}}
+{{- $obj := . -}}
+{{- $parts := list -}}
+{{- range (list
+  "node.machine.sapcloud.io/preserved-since"
+  "node.machine.sapcloud.io/preserved-until"
+  "node.machine.sapcloud.io/preserved-by"
+  "node.machine.sapcloud.io/preserved-added-scale-down-disabled"
+  "node.machine.sapcloud.io/preserved-drain"
+  "node.machine.sapcloud.io/preserved-drain-failing-since"
+  "node.machine.sapcloud.io/preserved-drain-last-attempt"
+  "node.machine.sapcloud.io/preserved-announcement-pending"
+  "node.machine.sapcloud.io/preserved-node-gone-since") }}{{ $parts = append $parts (include "mp.cel.hasAnnotation" (dict "obj" $obj "key" .)) }}{{ end -}}
+({{ include "mp.cel.failed" $obj }} || {{ join " || " $parts }})
+{{- end -}}
+
 {{- define "mp.cel.workersPresent" -}}
 (has({{ . }}.spec) && has({{ . }}.spec.provider) && has({{ . }}.spec.provider.workers))
 {{- end -}}
@@ -188,6 +205,7 @@ app.kubernetes.io/component: {{ .component }}
   "node.machine.sapcloud.io/preserved-drain-failing-since"
   "node.machine.sapcloud.io/preserved-drain-last-attempt"
   "node.machine.sapcloud.io/preserved-announcement-pending"
+  "node.machine.sapcloud.io/preserved-node-gone-since"
   "node.machine.sapcloud.io/last-applied-node-preserve-value"
   "cluster-autoscaler.kubernetes.io/scale-down-disabled-by-mcm"
   "node.machine.sapcloud.io/scale-down-disabled-by-preservation"

@@ -59,6 +59,7 @@ def request_verb_and_resource(method: str, path: str, query: str) -> tuple[str, 
 
 
 PreservedCounts = Callable[[], Mapping[tuple[str, str], int]]
+NodesGone = Callable[[], int]
 Unwatch = Callable[[], None]
 K = TypeVar("K")
 
@@ -74,7 +75,7 @@ class Metrics:
     histograms add up over shoots, queue depths are summed, preserved machines are labelled with the namespace."""
 
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
-    _preserved: dict[str, PreservedCounts] = field(default_factory=dict)  # namespace -> its counts
+    _preserved: dict[str, tuple[PreservedCounts, NodesGone]] = field(default_factory=dict)  # namespace -> counts
     _queues: dict[tuple[str, str], Callable[[], int]] = field(default_factory=dict)  # (queue, scope) -> depth
 
     def __post_init__(self) -> None:
@@ -128,11 +129,13 @@ class Metrics:
             await asyncio.sleep(interval)
             self.loop_lag.observe(max(loop.time() - started - interval, 0.0))
 
-    def watch_preserved(self, namespace: str, counts: PreservedCounts) -> Unwatch:
-        """Report the namespace's preserved machines by (reason, phase), computed from its cache at scrape time,
-        until the returned function is called (its runtime stopped; a newer runtime's counts stay)."""
-        self._preserved[namespace] = counts
-        return lambda: _forget(self._preserved, namespace, counts)
+    def watch_preserved(self, namespace: str, counts: PreservedCounts, nodes_gone: NodesGone) -> Unwatch:
+        """Report the namespace's preserved machines by (reason, phase), and how many of them have lost their Node,
+        computed from its cache at scrape time, until the returned function is called (its runtime stopped; a
+        newer runtime's counts stay)."""
+        watched = (counts, nodes_gone)
+        self._preserved[namespace] = watched
+        return lambda: _forget(self._preserved, namespace, watched)
 
     def watch_queue(self, name: str, depth: Callable[[], int], *, scope: str = "") -> Unwatch:
         """Report the keys waiting in queue `name`, summed over every scope (shoot namespace) that has one."""
@@ -191,8 +194,19 @@ def preserved_counts(
     return counts
 
 
+def preserved_nodes_gone(machines: Iterable[Machine], *, now: dt.datetime, config: PreservationConfig) -> int:
+    """Our preserved machines whose Node is gone (their record says since when)."""
+    return sum(
+        1
+        for machine in machines
+        if (record := machine.preservation) is not None
+        and record.node_gone_since is not None
+        and not record.expired(now=now, max_timeout=config.max_preserve_timeout)
+    )
+
+
 class _PreservedCollector(Collector):
-    def __init__(self, by_namespace: Mapping[str, PreservedCounts]) -> None:
+    def __init__(self, by_namespace: Mapping[str, tuple[PreservedCounts, NodesGone]]) -> None:
         self._by_namespace = by_namespace
 
     def collect(self) -> Iterable[Metric]:
@@ -201,10 +215,17 @@ class _PreservedCollector(Collector):
             "Machines currently preserved, by namespace (the shoot's, in a seed), reason (manual or auto) and phase.",
             labels=["namespace", "reason", "phase"],
         )
-        for namespace, counts in sorted(self._by_namespace.items()):
+        gone = GaugeMetricFamily(
+            "machine_preservation_preserved_nodes_gone",
+            "Preserved machines whose Node object is gone (deleted); they stay preserved until their expiry.",
+            labels=["namespace"],
+        )
+        for namespace, (counts, nodes_gone) in sorted(self._by_namespace.items()):
             for (reason, phase), count in sorted(counts().items()):
                 family.add_metric([namespace, reason, phase], count)
+            gone.add_metric([namespace], nodes_gone())
         yield family
+        yield gone
 
 
 @dataclass

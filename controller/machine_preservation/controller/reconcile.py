@@ -41,6 +41,7 @@ from machine_preservation.core.lifecycle import (
     MachineContext,
     health_to_confirm,
     labelled_node,
+    not_deleted,
     plan_after_drain,
     plan_machine,
 )
@@ -111,10 +112,10 @@ class MachineReconciler:
             self.node_pods.release(key)
             return None
         now = self.clock()
-        node = self.caches.nodes.get(machine.node_name) if machine.node_name else None
+        node = not_deleted(self.caches.nodes.get(machine.node_name) if machine.node_name else None)
         if not (self.native or self.released) and health_to_confirm(machine=machine, node=node, config=self.config):
             async with self.slots.lent():  # waits for the shoot's API server
-                node = await self.live_nodes.get(machine.node_name)
+                node = not_deleted(await self.live_nodes.get(machine.node_name))
         failed = machine.phase == v.MachinePhase.FAILED
         if failed and node is not None and not (self.native or self.released):
             async with self.slots.lent():  # a first list waits for the shoot's API server

@@ -28,7 +28,7 @@ from machine_preservation.controller.crd_check import ControlFacts, CrdFacts
 from machine_preservation.controller.drain import Drainer
 from machine_preservation.controller.events import EventRecorder
 from machine_preservation.controller.handlers import Queues, wire_handlers
-from machine_preservation.controller.metrics import Metrics, Unwatch, preserved_counts
+from machine_preservation.controller.metrics import Metrics, Unwatch, preserved_counts, preserved_nodes_gone
 from machine_preservation.controller.node_pods import NodePods
 from machine_preservation.controller.pools import PoolSettingsReader
 from machine_preservation.controller.queue import WorkQueue, run_worker, stop_workers
@@ -232,6 +232,7 @@ class ShootRuntime:
         return self.metrics.watch_preserved(
             self.options.namespace,
             lambda: preserved_counts(caches.machines.values(), now=system_clock(), config=config, native=native),
+            lambda: preserved_nodes_gone(caches.machines.values(), now=system_clock(), config=config),
         )
 
     def _start_workers(self, queues: Queues, node_pods: NodePods) -> list[asyncio.Task[None]]:

@@ -75,7 +75,7 @@ def started(
 
 
 def stopped(
-    *, machine: Machine, node: Node | None, cause: StopCause, deleting: bool, expiry: dt.datetime
+    *, machine: Machine, node: Node | None, cause: StopCause, deleting: bool, node_gone: bool, expiry: dt.datetime
 ) -> tuple[RecordEvent, ...]:
     """`expiry`: when the preservation that stops was to end."""
     if cause == StopCause.EXPIRED:
@@ -87,8 +87,10 @@ def stopped(
     else:
         reason = v.EventReason.PRESERVATION_STOPPED
         message = _STOP_MESSAGES[cause]
-    if deleting:
+    if deleting and machine.phase == v.MachinePhase.FAILED:
         message += " The Failed machine is deleted."
+    elif deleting and node_gone:
+        message += " The machine, whose Node is gone, is deleted."
     return on_machine_and_node(
         machine=machine, node=node, event_type=v.EventType.NORMAL, reason=reason, message=message
     )
@@ -109,6 +111,40 @@ def node_of_another_machine(*, machine: Machine, node: Node) -> tuple[RecordEven
             message=message,
             once=True,
         ),
+    )
+
+
+def node_gone(*, machine: Machine, since: dt.datetime, expiry: dt.datetime) -> tuple[RecordEvent, ...]:
+    """The preserved machine's Node is gone: once per disappearance (named by when it was noticed), on the Machine."""
+    message = (
+        f'Node "{machine.node_name}" of the preserved machine is gone. The machine stays preserved until '
+        f"{go_time_string(expiry)}: machine-controller-manager's deletes of it are denied, and a Node of that name "
+        f"that registers again is preserved. To release it, annotate the machine with {v.PRESERVE_ANNOTATION}=false."
+    )
+    return (
+        RecordEvent(
+            kind="Machine",
+            name=machine.metadata.name,
+            type=v.EventType.WARNING,
+            reason=v.EventReason.PRESERVED_NODE_GONE,
+            message=message,
+            once=True,
+            key=f"node gone since {format_timestamp(since)}",
+        ),
+    )
+
+
+def node_returned(*, machine: Machine, node: Node, since: dt.datetime, expiry: dt.datetime) -> tuple[RecordEvent, ...]:
+    """A Node of the gone Node's name registered again; `since`: when the old one was noticed gone."""
+    message = f'Node "{node.metadata.name}" is back: the preservation until {go_time_string(expiry)} applies to it.'
+    return on_machine_and_node(
+        machine=machine,
+        node=node,
+        event_type=v.EventType.NORMAL,
+        reason=v.EventReason.PRESERVED_NODE_RETURNED,
+        message=message,
+        once=True,
+        key=f"node back, gone since {format_timestamp(since)}",
     )
 
 

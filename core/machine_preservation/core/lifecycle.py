@@ -68,6 +68,7 @@ from machine_preservation.core.preserve_value import (
     EffectivePreserveValue,
     ValueOrigin,
     effective_preserve_value,
+    last_known_node,
     parse_preserve_value,
 )
 from machine_preservation.core.priority import priority_patch
@@ -79,9 +80,16 @@ __all__ = [
     "is_machines_node",
     "labelled_node",
     "node_is_healthy",
+    "not_deleted",
     "plan_after_drain",
     "plan_machine",
 ]
+
+
+# The phases of a machine whose Node has registered (MCM moves a machine out of Pending once its Node is Ready).
+_HAD_A_NODE = frozenset(
+    {v.MachinePhase.RUNNING, v.MachinePhase.UNKNOWN, v.MachinePhase.FAILED, v.MachinePhase.IN_PLACE_UPDATING}
+)
 
 
 @dataclass(frozen=True)
@@ -89,8 +97,9 @@ class MachineContext:
     """Everything one machine's plan looks at."""
 
     machine: Machine
-    # The Node the machine's `node` label names, or why there is none: without a Node the machine's own value
-    # is in force and only the record is written or removed.
+    # The Node the machine's `node` label names, or why there is none: without a Node only the Machine is written.
+    # The value in force is then the machine's own, or, where the label names a Node that is gone, the node's
+    # value as last applied to the machine (a Node that is gone said nothing new since).
     node: Node | NoNode
     config: PreservationConfig
     now: dt.datetime
@@ -119,6 +128,13 @@ class MachineContext:
         return self.node if isinstance(self.node, Node) else None
 
 
+def not_deleted(node: Node | None) -> Node | None:
+    """The Node, unless it is being deleted: then it is gone for the plan (nothing is written to it, nothing drained).
+    MCM puts a finalizer on every Node and removes it only once the Node's Machine is deleted, so the Node of a
+    preserved machine that someone deleted stays, marked for deletion, for as long as the machine is kept."""
+    return node if node is None or node.metadata.deletion_timestamp is None else None
+
+
 def labelled_node(*, machine: Machine, found: Node | None) -> Node | NoNode:
     """The node value of a plan: `found` is the Node the machine's `node` label names (None if not found)."""
     if found is not None:
@@ -140,7 +156,10 @@ def plan_machine(context: MachineContext) -> MachinePlan:
         steps += events.node_of_another_machine(machine=machine, node=node)
         context = dataclasses.replace(context, node=NoNode.NO_LABEL)
         node = None
-    effective = effective_preserve_value(machine=machine, node=node)
+    value_node = _value_node(context, node)
+    effective = effective_preserve_value(machine=machine, node=value_node)
+    if value_node is not node:  # a recorded value that no Node carries now: nothing on a Node to report
+        effective = dataclasses.replace(effective, invalid=tuple(i for i in effective.invalid if i.kind != "Node"))
     phase = machine.phase
 
     def decide() -> PreservationDecision:
@@ -167,6 +186,12 @@ def plan_machine(context: MachineContext) -> MachinePlan:
         steps += [SetMachinePhase(phase=v.MachinePhase.RUNNING), *events.recovered(machine=machine, node=node)]
         phase = v.MachinePhase.RUNNING
         decision = decide()
+    record = machine.preservation
+    node_gone = context.node is NoNode.NOT_FOUND and record is not None and record.node_gone_since is not None
+    if node_gone and not decision.preserve and not context.released:
+        # MCM asked to delete the machine when its Node went, and was denied while we kept it: the end of the
+        # preservation completes that delete, whatever the phase (MCM's next try may be minutes away).
+        decision = dataclasses.replace(decision, delete_machine=True)
     machine_patch, invalid_events = (
         (PatchMachineAnnotations(), ())  # the Machine goes: nothing to write on it
         if decision.delete_machine
@@ -176,6 +201,7 @@ def plan_machine(context: MachineContext) -> MachinePlan:
             decision=decision,
             ceiling=context.unpreserved_priority_ceiling,
             released=context.released,
+            machine_speaks=_machine_speaks(context),
         )
     )
     verdict = _Verdict(
@@ -255,6 +281,31 @@ def _as_left_by(node: Node, written: Sequence[MachineStep]) -> Node:
     return node if step is None else conditions.written(node, step)
 
 
+def _machine_speaks(context: MachineContext) -> bool:
+    """The Node is gone and the machine carries a user's value: nobody can annotate a Node that is gone, so the
+    machine's word counts (and its record of the node's value goes)."""
+    raw = context.machine.metadata.annotations.get(v.PRESERVE_ANNOTATION)
+    return context.node is NoNode.NOT_FOUND and raw in v.USER_PRESERVE_VALUES
+
+
+def _value_node(context: MachineContext, node: Node | None) -> Node | None:
+    """The Node whose preserve annotation counts. A Node that is gone is taken as the machine recorded it (unless the
+    machine speaks for it), and so is one that came back (a Node of the same name registered again: a new object,
+    which carries no annotation of the user's) until the plan has written the value back onto it."""
+    if context.node is NoNode.NOT_FOUND:
+        return None if _machine_speaks(context) else last_known_node(context.machine)
+    record = context.machine.preservation
+    if node is None or record is None or record.node_gone_since is None:
+        return node
+    if v.PRESERVE_ANNOTATION in node.metadata.annotations:
+        return node  # the new Node says something of its own
+    known = last_known_node(context.machine)
+    if known is None or not known.metadata.annotations:
+        return node
+    annotations = {**node.metadata.annotations, **known.metadata.annotations}
+    return node.model_copy(update={"metadata": node.metadata.model_copy(update={"annotations": annotations})})
+
+
 def is_machines_node(*, machine: Machine, node: Node) -> bool:
     """Whether `node` backs `machine`: their providerIDs agree. Where either is not set yet, nothing tells them
     apart and the label is taken at its word."""
@@ -307,6 +358,7 @@ def _machine_annotations(
     decision: PreservationDecision,
     ceiling: int,
     released: bool = False,
+    machine_speaks: bool = False,
 ) -> tuple[PatchMachineAnnotations, tuple[RecordEvent, ...]]:
     """All Machine annotation changes of this plan as one write, and the Events that go with it.
 
@@ -323,6 +375,8 @@ def _machine_annotations(
         changes.append(PatchMachineAnnotations(remove=present))
     elif effective.node_in_control:
         changes.append(_sync_from_node(machine=machine, effective=effective))
+    elif machine_speaks and v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION in annotations:
+        changes.append(PatchMachineAnnotations(remove=(v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION,)))
     changes.append(
         priority_patch(
             machine=machine, preserved=decision.preserve, auto=effective.value == v.PreserveValue.AUTO, ceiling=ceiling
@@ -378,6 +432,13 @@ def _preserve(
     failed = verdict.phase == v.MachinePhase.FAILED
     if not failed and record.drain is not None:
         record = dataclasses.replace(record, drain=None)  # the drain belongs to one failure
+    # A Node that is gone is noticed in the record (where operators and the deletion guard look) and announced once.
+    # A machine being created (Pending, CrashLoopBackOff, no phase yet) has no Node yet: nothing is gone.
+    gone_events: tuple[RecordEvent, ...] = ()
+    if context.node is NoNode.NOT_FOUND and verdict.phase in _HAD_A_NODE and record.node_gone_since is None:
+        gone_since = now.astimezone(dt.UTC).replace(microsecond=0)
+        record = dataclasses.replace(record, node_gone_since=gone_since)
+        gone_events = events.node_gone(machine=machine, since=gone_since, expiry=expiry)
     if decision.starts:
         record = dataclasses.replace(record, announcement_pending=True)
     ca_patch = _ca_annotation_on_preserve(node) if node is not None else PatchNodeAnnotations()
@@ -401,13 +462,22 @@ def _preserve(
     if config.mirror_status and machine.mirrored_expiry != expiry:
         steps.append(SetPreserveExpiry(expiry=expiry))
     steps += verdict.invalid_events
+    steps += gone_events
     if node is None:
         return _acknowledged(steps, announced), None, None
 
+    back_since = record.node_gone_since
+    ca_patch = PatchNodeAnnotations(
+        set={**ca_patch.set, **_value_back_on_node(context, verdict)}, remove=ca_patch.remove
+    )
     if not _is_empty(ca_patch):
         steps.append(ca_patch)
     if failed != node.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT):
         steps.append(SetPreservedTaint(present=failed))
+    if back_since is not None:
+        record = dataclasses.replace(record, node_gone_since=None)
+        steps.append(PatchMachineAnnotations(remove=(v.PRESERVED_NODE_GONE_SINCE_ANNOTATION,)))
+        steps += events.node_returned(machine=machine, node=node, since=back_since, expiry=expiry)
 
     reason = conditions.reason_for(effective.value)
     current = node.preserved_condition
@@ -463,6 +533,17 @@ def _preserve(
     return _acknowledged(steps, announced), None, None
 
 
+def _value_back_on_node(context: MachineContext, verdict: _Verdict) -> dict[str, str]:
+    """For a Node back after it was gone: the preserve value it was preserved by, to write back onto it before the
+    record forgets that it was gone (else the next plan would read the annotation's absence as "stop")."""
+    record, node, effective = context.machine.preservation, context.existing_node, verdict.effective
+    if node is None or record is None or record.node_gone_since is None or verdict.decision.remove_annotations:
+        return {}
+    if v.PRESERVE_ANNOTATION in node.metadata.annotations or effective.source != ValueOrigin.NODE:
+        return {}
+    return {v.PRESERVE_ANNOTATION: effective.node_raw} if effective.node_raw else {}
+
+
 def _acknowledged(steps: list[MachineStep], announced: bool) -> list[MachineStep]:
     """The writes with the removal of the pending announcement last: it waits for the Events to be recorded, and
     no other write needs to wait for it, so the node is protected without waiting for them."""
@@ -490,6 +571,9 @@ def _stop_or_idle(context: MachineContext, verdict: _Verdict) -> list[MachineSte
                 effective=effective,
                 decision=decision,
                 added_ca=record is not None and record.added_ca_annotation,
+            )
+            node_patch = PatchNodeAnnotations(
+                set={**node_patch.set, **_value_back_on_node(context, verdict)}, remove=node_patch.remove
             )
             if not _is_empty(node_patch):
                 steps.append(node_patch)
@@ -520,6 +604,7 @@ def _stop_or_idle(context: MachineContext, verdict: _Verdict) -> list[MachineSte
             node=node,
             cause=decision.stop_cause,
             deleting=decision.delete_machine,
+            node_gone=context.node is NoNode.NOT_FOUND,
             expiry=record.expiry(max_timeout=config.max_preserve_timeout),
         )
     return steps
@@ -558,6 +643,7 @@ def _node_annotations_on_stop(
         # someone took the annotation over since). MCM's marker counts too: an earlier version of the product
         # wrote it, or MCM's rollout did, which would remove the annotation itself once the rollout completes.
         remove += [key for key in (v.CA_SCALE_DOWN_DISABLED_ANNOTATION, *markers) if key in annotations]
-    if decision.remove_annotations and effective.source == ValueOrigin.NODE and effective.node_raw:
+    on_node = effective.node_raw and v.PRESERVE_ANNOTATION in annotations  # not a value only recorded for it
+    if decision.remove_annotations and effective.source == ValueOrigin.NODE and on_node:
         remove.append(v.PRESERVE_ANNOTATION)
     return PatchNodeAnnotations(remove=tuple(remove))

@@ -160,7 +160,7 @@ class NoNode(Enum):
 
     # No `node` label, or one naming another machine's Node (which is left alone).
     NO_LABEL = "no node label"
-    # The `node` label names a Node that does not exist.
+    # The `node` label names a Node that does not exist (or is being deleted: `lifecycle.not_deleted`).
     NOT_FOUND = "node not found"
 
 

@@ -69,6 +69,7 @@ class PreservationRecord:
     damaged: bool = False
     added_ca_annotation: bool = False  # this preservation put the CA annotation on the node (or took it over)
     announcement_pending: bool = False  # its PreservationStarted Events are not recorded yet
+    node_gone_since: dt.datetime | None = None  # the machine's Node is gone since then (None: it exists)
 
     def expiry(self, *, max_timeout: dt.timedelta) -> dt.datetime:
         """When the preservation ends: `until`, but never later than `since + max_timeout`."""
@@ -90,6 +91,8 @@ class PreservationRecord:
             written[v.PRESERVED_ANNOUNCEMENT_PENDING_ANNOTATION] = "true"
         if self.drain is not None:
             written.update(self.drain.annotations())
+        if self.node_gone_since is not None:
+            written[v.PRESERVED_NODE_GONE_SINCE_ANNOTATION] = format_timestamp(self.node_gone_since)
         return written
 
 
@@ -118,6 +121,12 @@ def read_record(annotations: Mapping[str, str]) -> PreservationRecord | None:
         drain=_read_drain(annotations),
         added_ca_annotation=annotations.get(v.PRESERVED_ADDED_CA_ANNOTATION) == "true",
         announcement_pending=annotations.get(v.PRESERVED_ANNOUNCEMENT_PENDING_ANNOTATION) == "true",
+        # A damaged time reads as "gone since the epoch": the Node is still missing, and nothing is announced again.
+        node_gone_since=(
+            parse_timestamp(annotations[v.PRESERVED_NODE_GONE_SINCE_ANNOTATION]) or _EPOCH
+            if v.PRESERVED_NODE_GONE_SINCE_ANNOTATION in annotations
+            else None
+        ),
     )
 
 

@@ -5,7 +5,8 @@ Rules (upstream MCM's, except for `""` and the auto value):
   `""` overrides the machine's annotation) or when the machine's last-applied record is non-empty
   (then a removed node annotation means "stop": effective value `""`);
 - otherwise the machine's own annotation counts;
-- a missing node object leaves the machine's value in force;
+- a missing node object leaves the machine's value in force, together with the node's value as last applied to
+  the machine (`last_known_node`): a Node that is gone said nothing new since;
 - an invalid value (anything outside the allowed set) is treated as absent and reported; so is the auto value
   on a Node (the controller writes it on Machines only, so on a Node someone else wrote it);
 - the auto value on the machine survives a node in control that expresses no preference (`""`, or a
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.models import Machine, Node
+from machine_preservation.core.models import Machine, Node, ObjectMeta
 
 _VALUES = {
     **{value.value: value for value in v.PreserveValue},
@@ -88,3 +89,13 @@ def effective_preserve_value(*, machine: Machine, node: Node | None) -> Effectiv
     if node_in_control and not (node_value == v.PreserveValue.NONE and machine_value == v.PreserveValue.AUTO):
         return EffectivePreserveValue(node_value, ValueOrigin.NODE, True, tuple(invalid), node_raw)
     return EffectivePreserveValue(machine_value, ValueOrigin.MACHINE, node_in_control, tuple(invalid), node_raw)
+
+
+def last_known_node(machine: Machine) -> Node | None:
+    """The machine's node as far as the machine records it: its name and last-applied preserve value. It stands in
+    for a Node that is gone, and for the webhook, which cannot see the shoot's Nodes. None: no node label."""
+    if not machine.node_name:
+        return None
+    last_applied = machine.metadata.annotations.get(v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION, "")
+    annotations = {v.PRESERVE_ANNOTATION: last_applied} if last_applied else {}
+    return Node(metadata=ObjectMeta(name=machine.node_name, annotations=annotations))

@@ -84,6 +84,9 @@ PRESERVED_DRAIN_LAST_ATTEMPT_ANNOTATION: Final = "node.machine.sapcloud.io/prese
 # "true" from the record's first write until its PreservationStarted Events are recorded: a controller that
 # dies in between announces the start after its restart (absent on records of earlier versions: announced).
 PRESERVED_ANNOUNCEMENT_PENDING_ANNOTATION: Final = "node.machine.sapcloud.io/preserved-announcement-pending"
+# RFC 3339: since when the preserved machine's Node is gone (deleted by a person or a cloud-controller-manager);
+# absent while it exists. A Node of that name registering again is the same machine's, and takes the preservation.
+PRESERVED_NODE_GONE_SINCE_ANNOTATION: Final = "node.machine.sapcloud.io/preserved-node-gone-since"
 
 PRESERVATION_RECORD_ANNOTATIONS: Final = (
     PRESERVED_SINCE_ANNOTATION,
@@ -94,6 +97,7 @@ PRESERVATION_RECORD_ANNOTATIONS: Final = (
     PRESERVED_DRAIN_FAILING_SINCE_ANNOTATION,
     PRESERVED_DRAIN_LAST_ATTEMPT_ANNOTATION,
     PRESERVED_ANNOUNCEMENT_PENDING_ANNOTATION,
+    PRESERVED_NODE_GONE_SINCE_ANNOTATION,
 )
 DRAIN_RECORD_ANNOTATIONS: Final = (
     PRESERVED_DRAIN_ANNOTATION,
@@ -153,6 +157,8 @@ class EventReason(StrEnum):
     AUTO_PRESERVATION_RELEASED = "AutoPreservationReleased"
     PRESERVATION_HANDED_OVER = "PreservationHandedOver"
     NODE_OF_ANOTHER_MACHINE = "NodeOfAnotherMachine"
+    PRESERVED_NODE_GONE = "PreservedNodeGone"
+    PRESERVED_NODE_RETURNED = "PreservedNodeReturned"
 
 
 class EventType(StrEnum):

@@ -7,7 +7,8 @@ the chart's webhook configurations with these builders. The narrowing they encod
   annotation changes (CEL `matchConditions`), never for kubelets (group `system:nodes`), MCM or the
   controller, with `failurePolicy: Ignore` and `timeoutSeconds` ≤ 5, so a webhook outage cannot block nodes;
 - Machine and Shoot rules may fail closed; the deletion guard is only called for MCM's own deletes of
-  Failed machines, so an outage never blocks MCM deleting healthy ones;
+  Failed machines and of machines carrying our preservation record, so an outage never blocks MCM deleting
+  the healthy machines nobody preserves;
 - Machine rules are namespaced: the chart pins them to their control namespace (`control_namespace_selector`),
   so several installs in one cluster each judge only their own.
 """
@@ -133,6 +134,12 @@ def _failed(obj: str) -> str:
         f"has({obj}.status.currentStatus.phase) && {obj}.status.currentStatus.phase == "
         f"{cel_string(v.MachinePhase.FAILED)})"
     )
+
+
+def _failed_or_preserved(obj: str) -> str:
+    """CEL: the object is Failed, or carries any key of our preservation record (in any phase)."""
+    record = " || ".join(has_annotation(obj, key) for key in v.PRESERVATION_RECORD_ANNOTATIONS)
+    return f"({_failed(obj)} || {record})"
 
 
 def control_namespace_selector(namespace: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -333,7 +340,8 @@ def machine_deletion_webhook(
     timeout_seconds: int = 10,
     namespace_selector: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Validating, Machines DELETE, called for MCM's deletes of Failed machines only (only those are kept)."""
+    """Validating, Machines DELETE, called for MCM's deletes of Failed machines and of machines carrying our
+    preservation record only (only those are kept)."""
     return _webhook(
         name=MACHINE_DELETION_WEBHOOK,
         client=client,
@@ -345,7 +353,7 @@ def machine_deletion_webhook(
         ],
         match_conditions=[
             _condition("deleted-by-mcm", f"request.userInfo.username in {username_list(mcm_usernames)}"),
-            _condition("machine-failed", _failed("oldObject")),
+            _condition("machine-failed-or-preserved", _failed_or_preserved("oldObject")),
         ],
         failure_policy=failure_policy,
         timeout_seconds=timeout_seconds,

@@ -1,9 +1,12 @@
-"""Whether MCM may delete a Machine now: never when the delete would only *replace* a Failed machine we keep.
+"""Whether MCM may delete a Machine now: never when the delete would only *replace* a machine we keep.
 
-Who is guarded: DELETEs by one of MCM's identities of a machine in phase Failed. MCM's identities are its exact
-usernames and its ServiceAccount in the machine's own namespace (settings.mcm_service_accounts: Gardener runs one
-MCM per shoot namespace), so one shoot's MCM is nobody special to another shoot's machines. A user's delete, the
-controller's, and any delete of a machine that is not Failed always pass, without reading anything.
+Who is guarded: DELETEs by one of MCM's identities of a machine in phase Failed or carrying our preservation
+record, in any phase. MCM deletes the Machine of every Node that is deleted (v0.61.3 and v0.62.1, whoever deletes
+the Node: a person, a cloud-controller-manager for a stopped VM), so a preserved healthy machine needs the guard as
+much as a Failed one. MCM's identities are its exact usernames and its ServiceAccount in the machine's own
+namespace (settings.mcm_service_accounts: Gardener runs one MCM per shoot namespace), so one shoot's MCM is nobody
+special to another shoot's machines. A user's delete, the controller's, and a delete of a machine that is neither
+Failed nor preserved always pass, without reading anything.
 
 Which machines we keep:
 - a *preserved* one: its preservation record (in the Machine's annotations) has not run out. The expiry in
@@ -62,7 +65,7 @@ from machine_preservation.core.auto_preservation import is_being_replaced, plan_
 from machine_preservation.core.durations import format_go_duration
 from machine_preservation.core.extension import EXTENSION_TYPE, Extension, is_migrated
 from machine_preservation.core.gardener import ClusterView, read_cluster, shoot_lifecycle
-from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, ObjectMeta
+from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
 from machine_preservation.core.pool_settings import (
     PoolDefaults,
     SettingOrigin,
@@ -72,7 +75,7 @@ from machine_preservation.core.pool_settings import (
     resolve_preserve_timeout,
 )
 from machine_preservation.core.preservation_record import PreservationRecord, format_timestamp, read_record
-from machine_preservation.core.preserve_value import ValueOrigin, effective_preserve_value
+from machine_preservation.core.preserve_value import ValueOrigin, effective_preserve_value, last_known_node
 from machine_preservation.core.priority import parse_priority
 
 # MCM's marker for a machine to be deleted at once (no drain); Gardener sets it on hibernation and deletion.
@@ -145,7 +148,7 @@ class ShootExtension:
 class Outcome(StrEnum):
     """Why a delete passes or is denied."""
 
-    NOT_GUARDED = "not-guarded"  # not MCM's identity, or the machine is not Failed
+    NOT_GUARDED = "not-guarded"  # not MCM's identity, or the machine is neither Failed nor preserved
     NOT_OURS = "not-ours"  # MCM preserves natively and the machine carries no record of ours
     ALREADY_DELETED = "already-deleted"  # a repeated delete changes nothing: the machine is going already
     FORCE_DELETION = "force-deletion"
@@ -191,26 +194,19 @@ class Assessment:
         return allow() if self.allowed else deny(self.message)
 
 
-def last_known_node(machine: Machine) -> Node | None:
-    """The machine's node as far as the machine records it: its last-applied preserve value."""
-    if not machine.node_name:
-        return None
-    last_applied = machine.metadata.annotations.get(v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION, "")
-    annotations = {v.PRESERVE_ANNOTATION: last_applied} if last_applied else {}
-    return Node(metadata=ObjectMeta(name=machine.node_name, annotations=annotations))
-
-
 def _first_look(
     *, machine: Machine, username: str, settings: AdmissionSettings, now: dt.datetime, namespace: str | None
 ) -> Assessment | PreservationRecord | None:
     """A pass decided by the machine alone, else its record (None: none yet)."""
     if namespace is None:
         namespace = machine.metadata.namespace
-    if not settings.is_mcm(username, namespace=namespace) or machine.phase != v.MachinePhase.FAILED:
+    if not settings.is_mcm(username, namespace=namespace):
         return Assessment(Outcome.NOT_GUARDED)
-    if machine.metadata.deletion_timestamp is not None:
-        return Assessment(Outcome.ALREADY_DELETED)
     record = read_record(machine.metadata.annotations)
+    if record is None and machine.phase != v.MachinePhase.FAILED:
+        return Assessment(Outcome.NOT_GUARDED)
+    if machine.metadata.deletion_timestamp is not None or machine.phase == v.MachinePhase.TERMINATING:
+        return Assessment(Outcome.ALREADY_DELETED)
     if record is None and settings.mcm_native_preservation:
         return Assessment(Outcome.NOT_OURS)
     subject = f'machine "{machine.metadata.name}"'
@@ -427,9 +423,8 @@ def _denial(
         )
     if record is not None:
         until = format_timestamp(record.expiry(max_timeout=settings.max_preserve_timeout))
-        return Assessment(
-            Outcome.PRESERVED, f"{subject} is Failed and preserved until {until}{replacing}; {_RELEASE_HINT}"
-        )
+        phase = f"{machine.phase} and " if machine.phase else ""
+        return Assessment(Outcome.PRESERVED, f"{subject} is {phase}preserved until {until}{replacing}; {_RELEASE_HINT}")
     kept_for = _kept_for(machine, view, cluster, settings)
     asked = _asks_for_preservation(machine)
     if asked is not None:
