@@ -6,8 +6,8 @@ Setup, all on 127.0.0.1 and stopped at the end (the processes die with this scri
 - the seed: etcd + kube-apiserver + kube-controller-manager with MCM v0.61.3's CRDs and Gardener's seed CRDs
   (`gardener_landscape.seed_plane`, `seed_client`);
 - K real shoot kube-apiservers (`--shoot-apiservers`, default 4) on the seed's etcd
-  (`gardener.start_shoot_control_plane`); shoot i's generic token kubeconfig points at server i mod K, so each
-  server stands for N/K shoots. In each, the extension's ServiceAccount `kube-system/machine-preservation` and
+  (`gardener.start_shoot_control_plane`); shoot i's Service name resolves to server i mod K, so each server
+  stands for N/K shoots. In each, the extension's ServiceAccount `kube-system/machine-preservation` and
   its RBAC (`core.shoot_resources.rbac_objects`, what our ManagedResource would put there);
 - per shoot, what gardenlet prepares: the namespace with its labels, the `Cluster` (one pool, no machines), the
   generic token kubeconfig Secret;
@@ -79,7 +79,7 @@ from machine_preservation.controller.informer import Informer, Source
 from machine_preservation.core import shoot_resources
 from machine_preservation.core.extension import CONTROL_PLANE_HEALTHY
 from machine_preservation.kube.clients import MERGE_PATCH, new_api_client
-from machine_preservation.localcluster import gardener
+from machine_preservation.localcluster import gardener, hosts
 from machine_preservation.localcluster import product as processes
 from machine_preservation.localcluster.controlplane import ControlPlane, _die_with_parent
 from machine_preservation.localcluster.gardener_landscape import Installation, installation, seed_client, seed_plane
@@ -612,9 +612,14 @@ async def measure(
         plane = stack.enter_context(seed_plane(directory=directory / "seed", bin_dir=toolchain.bin_dir))
         seed = await stack.enter_async_context(seed_client(plane))
         shoot_apis: list[ControlPlane] = []
-        for k in range(min(args.shoot_apiservers, args.shoots)):
+        servers = min(args.shoot_apiservers, args.shoots)
+        for k in range(servers):
             shoot_api = await asyncio.to_thread(
-                gardener.start_shoot_control_plane, plane, directory / f"shoot-api-{k}", name=f"api{k}"
+                gardener.start_shoot_control_plane,
+                plane,
+                directory / f"shoot-api-{k}",
+                name=f"api{k}",
+                namespaces=namespaces[k::servers],
             )
             stack.callback(shoot_api.stop)
             shoot_apis.append(shoot_api)
@@ -797,6 +802,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def worker(args: argparse.Namespace) -> int:
     """The benchmark itself; SIGTERM (sent when the supervising script dies) stops it with its cleanup."""
+    hosts.make_private()  # the shoots' Service names (before any thread starts)
     results: dict[str, Any] = {"notes": [], "product": product_version()}
     before = process_table()
 

@@ -173,20 +173,23 @@ class RawKube:
 
 
 class ShootProxy:
-    """127.0.0.1:port -> the API server, TLS passed through. Modes: pass, down (connections refused, open ones
-    cut), slow (every chunk from the API server forwarded `delay` s late)."""
+    """A loopback address of its own, port 443 -> the API server, TLS passed through; the shoot's Service name
+    resolves to it. Modes: pass, down (connections refused, open ones cut), slow (every chunk from the API server
+    forwarded `delay` s late)."""
 
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self.port = 0
+    def __init__(self, upstream: str, upstream_port: int) -> None:
+        from machine_preservation.localcluster import hosts
+
+        self.upstream, self.upstream_port = upstream, upstream_port
+        self.address = hosts.free_loopback_address()
+        self.port = hosts.SHOOT_API_SERVER_PORT
         self.mode = "pass"
         self.delay = 5.0
         self.server: asyncio.Server | None = None
         self.connections: set[asyncio.StreamWriter] = set()
 
     async def start(self, port: int = 0) -> None:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", port or self.port, reuse_address=True)
-        self.port = self.server.sockets[0].getsockname()[1]
+        self.server = await asyncio.start_server(self._serve, self.address, port or self.port, reuse_address=True)
 
     async def set_mode(self, mode: str, delay: float = 5.0) -> None:
         self.mode, self.delay = mode, delay
@@ -207,7 +210,7 @@ class ShootProxy:
             writer.transport.abort()
             return
         try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+            up_reader, up_writer = await asyncio.open_connection(self.upstream, self.upstream_port)
         except OSError:
             writer.transport.abort()
             return
@@ -373,7 +376,7 @@ class Bench:
 
     async def setup(self) -> None:
         from machine_preservation.kube.clients import new_api_client
-        from machine_preservation.localcluster import gardener
+        from machine_preservation.localcluster import gardener, hosts
         from machine_preservation.localcluster.gardener_landscape import seed_client, seed_plane
         from machine_preservation.localcluster.toolchain import ensure_toolchain
 
@@ -393,11 +396,17 @@ class Bench:
         self.stack.push_async_callback(self.raw_seed.close)
 
         async def start_apiserver(k: int) -> Any:
+            served = [
+                gardener.shoot_namespace_name("b", shoot_name(i))
+                for i in range(args.shoots)
+                if i % args.shoot_apiservers == k
+            ]
             plane = await asyncio.to_thread(
                 gardener.start_shoot_control_plane,
                 self.plane,
                 self.directory / f"api{k:02d}",
                 name=f"api{k:02d}",
+                namespaces=served,
                 feature_gates=APISERVER_GATES,
             )
             self.stack.push_async_callback(asyncio.to_thread, plane.stop)
@@ -435,8 +444,10 @@ class Bench:
                 node_prefix=shoot_name(i),
             )
             if i in unreachable:
-                shoot.proxy = ShootProxy(self.apiservers[shoot.apiserver].apiserver_port)
+                plane = self.apiservers[shoot.apiserver]
+                shoot.proxy = ShootProxy(plane.address, plane.apiserver_port)
                 await shoot.proxy.start()
+                hosts.set_host(hosts.api_server_service(shoot.namespace), shoot.proxy.address)
                 self.stack.push_async_callback(shoot.proxy.close)
             self.shoots.append(shoot)
         self._choose_samples()
@@ -529,7 +540,7 @@ class Bench:
         args, raw, ns = self.args, self.raw_seed, shoot.namespace
         await gardener.create_shoot_namespace(self.seed, ns)
         plane = self.apiservers[shoot.apiserver]
-        server = f"https://127.0.0.1:{shoot.proxy.port}" if shoot.proxy else plane.server
+        server = gardener.out_of_cluster_api_server(ns)  # as gardenlet writes it: the extension uses only its CA
         kubeconfig = gardener.generic_token_kubeconfig_secret(ns, server=server, ca_pem=plane.ca.cert_pem)
         await raw.create(f"/api/v1/namespaces/{ns}/secrets", kubeconfig)
         workers = [
@@ -1354,6 +1365,9 @@ def main() -> int:
         fit_args = parser.parse_args()
         return fit(fit_args.fit, fit_args.terms.split(","))
     args = parse_args()
+    from machine_preservation.localcluster import hosts
+
+    hosts.make_private()  # the shoots' Service names (before any thread starts)
     figures = Figures()
     figures.values["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     figures.values["product_version"] = product_version()

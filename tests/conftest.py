@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,9 +10,19 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
+from machine_preservation.localcluster import hosts
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.crds import install_crds
+from machine_preservation.localcluster.hosts import HostsError
 from machine_preservation.localcluster.toolchain import Toolchain, ensure_toolchain
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Shoot API servers are reached by their Service names, as in a seed (localcluster.hosts): through a private
+    # copy of /etc/hosts, which a process can only set up while it has one thread. Where that is not possible (not
+    # root), the tests that start a shoot say why.
+    with contextlib.suppress(HostsError):
+        hosts.make_private()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

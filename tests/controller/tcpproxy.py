@@ -13,16 +13,21 @@ from machine_preservation.localcluster.controlplane import LOOPBACK, free_port
 
 
 class TcpProxy:
-    def __init__(self, *, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self.port = free_port()
+    """Listens on `address`:`port` (default: 127.0.0.1 and a free port), passes on to `upstream`:`upstream_port`."""
+
+    def __init__(
+        self, *, upstream_port: int, upstream: str = LOOPBACK, address: str = LOOPBACK, port: int | None = None
+    ) -> None:
+        self.upstream, self.upstream_port = upstream, upstream_port
+        self.address = address
+        self.port = port or free_port()
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self.connections = 0
         self.delay = 0.0  # seconds each chunk from the server waits before it is passed on
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, LOOPBACK, self.port)
+        self._server = await asyncio.start_server(self._serve, self.address, self.port)
 
     async def cut(self) -> None:
         """Stop listening and drop every open connection (what clients see when the apiserver dies)."""
@@ -37,7 +42,7 @@ class TcpProxy:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         try:
-            up_reader, up_writer = await asyncio.open_connection(LOOPBACK, self.upstream_port)
+            up_reader, up_writer = await asyncio.open_connection(self.upstream, self.upstream_port)
         except OSError:
             writer.close()
             return
@@ -59,6 +64,6 @@ class TcpProxy:
         """A copy of `source` whose server is this proxy."""
         document = yaml.safe_load(source.read_text())
         for entry in document["clusters"]:
-            entry["cluster"]["server"] = f"https://{LOOPBACK}:{self.port}"
+            entry["cluster"]["server"] = f"https://{self.address}:{self.port}"
         target.write_text(yaml.safe_dump(document))
         return target

@@ -29,7 +29,7 @@ from machine_preservation.core import extension as contract
 from machine_preservation.core import shoot_resources
 from machine_preservation.core.mcm_generation import NativePreservationMode
 from machine_preservation.kube.clients import MERGE_PATCH
-from machine_preservation.localcluster import gardener
+from machine_preservation.localcluster import gardener, hosts
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.gardener_landscape import (
     BareShoot,
@@ -185,13 +185,17 @@ async def test_a_slow_shoot_api_server_is_reported_until_it_answers_in_time_agai
     # several delayed chunks (the TLS handshake's and the answer's).
     probe = ApiServerProbe(period=0.5, slow_answer=1.0, timeout=10.0)
     async with new_shoot(seed, api, tmp_path) as shoot, running_extension(seed, api, ca_pem, shoot_probe=probe):
-        # The extension reaches the shoot's API server through a proxy that can pass its answers on late.
-        proxy = TcpProxy(upstream_port=shoot.plane.apiserver_port)
+        # The extension reaches the shoot's API server, at its Service's name, through a proxy that can pass its
+        # answers on late.
+        proxy = TcpProxy(
+            upstream=shoot.plane.address,
+            upstream_port=shoot.plane.apiserver_port,
+            address=hosts.free_loopback_address(),
+            port=hosts.SHOOT_API_SERVER_PORT,
+        )
         await proxy.start()
+        hosts.set_host(hosts.api_server_service(shoot.namespace), proxy.address)
         try:
-            await gardener.publish_generic_token_kubeconfig(
-                api, shoot.namespace, shoot.plane, server=f"https://127.0.0.1:{proxy.port}"
-            )
             await gardener.apply_extension(api, shoot.namespace)
             await eventually_async(lambda: served(api, shoot.namespace), limit=30)
 

@@ -24,6 +24,7 @@ from kubernetes import config as sync_config
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
+from machine_preservation.controller.shoot_access import in_seed_server
 from machine_preservation.kube.clients import new_api_client
 from machine_preservation.localcluster import gardener
 from machine_preservation.localcluster.controlplane import ControlPlane
@@ -51,7 +52,9 @@ def shoot(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
         core = sync_client.CoreV1Api(api_client)
         core.create_namespace(sync_client.V1Namespace.model_validate(gardener.shoot_namespace_manifest(namespace)))
         directory = tmp_path_factory.mktemp("shoot")
-        plane = gardener.start_shoot_control_plane(control_plane, directory / "plane", name=namespace)
+        plane = gardener.start_shoot_control_plane(
+            control_plane, directory / "plane", name=namespace, namespaces=[namespace]
+        )
         grm = GrmRunner(seed=control_plane, shoot=plane, namespace=namespace, directory=directory / "grm")
         try:
             grm.start()
@@ -226,10 +229,15 @@ async def test_gardenlet_stand_in_writes_what_an_extension_reads(
     cluster = await gardener.update_cluster_shoot(api, ns, hibernated)
     assert cluster["spec"]["shoot"]["spec"]["hibernation"] == {"enabled": True}
 
-    # The generic kubeconfig plus a token of a shoot-access Secret reach the shoot, as an extension combines them.
+    # The generic kubeconfig's CA plus a token of a shoot-access Secret reach the shoot at its Service, as an
+    # extension combines them: the kubeconfig's own server is the out-of-cluster address (Istio TLS termination).
     core = client.CoreV1Api(api)
     generic = yaml.safe_load(base64.b64decode((await core.read_namespaced_secret(secret_name, ns)).data["kubeconfig"]))  # type: ignore[index]
     assert generic["users"][0]["user"] == {"tokenFile": gardener.GENERIC_KUBECONFIG_TOKEN_FILE}
+    assert (
+        generic["clusters"][0]["cluster"]["server"] == f"https://api.{ns.split('--')[2]}.grm.{gardener.INTERNAL_DOMAIN}"
+    )
+    generic["clusters"][0]["cluster"]["server"] = in_seed_server(ns)
     access = f"shoot-access-{SA_NAME}-{uuid.uuid4().hex[:4]}"
     await core.create_namespaced_secret(ns, client.V1Secret.model_validate(_access_secret(ns, access)))
 

@@ -1,9 +1,12 @@
 """An API client for a shoot, built from what Gardener keeps in the shoot's namespace of the seed.
 
-- Where the shoot's API server is and which CA signed it: the generic token kubeconfig Secret Gardener writes into
-  every shoot namespace (its name is in the `Cluster`'s annotation `generic-token-kubeconfig.secret.gardener.cloud/
-  name`). Its server is `https://kube-apiserver`, the Service as seen from inside the shoot namespace; a process
-  elsewhere in the seed reaches it as `kube-apiserver.<namespace>.svc` (in the server certificate's SANs).
+- Where the shoot's API server is: its Service, `https://kube-apiserver.<namespace>.svc:443` (in the server
+  certificate's SANs), the one address every process of the seed can reach, as Gardener's own in-seed access uses
+  it. The generic token kubeconfig's server is not: it is `https://kube-apiserver` (the Service as seen from inside
+  the shoot namespace) or, with gardenlet's `IstioTLSTermination` (on by default since Gardener v1.144), the
+  out-of-cluster `https://api.<internal domain>`, which only the shoot namespace's pods resolve.
+- Which CA signed it: the generic token kubeconfig Secret Gardener writes into every shoot namespace (its name is
+  in the `Cluster`'s annotation `generic-token-kubeconfig.secret.gardener.cloud/name`); only its CA is taken.
 - Who we are: the token the shoot's gardener-resource-manager writes into our shoot-access Secret (audience
   `gardener`, renewed at ~80% of its 12 h). The client reads it again before a request once `token_max_age` has
   passed, so a renewal is picked up without a new client.
@@ -17,7 +20,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 import aiohttp
 import yaml
@@ -27,7 +29,8 @@ from kubernetes.aio.client.exceptions import ApiException
 from machine_preservation.kube.api_errors import read_json
 from machine_preservation.kube.clients import api_client
 
-IN_NAMESPACE_API_SERVER_HOST: Final = "kube-apiserver"
+API_SERVER_SERVICE: Final = "kube-apiserver"
+API_SERVER_PORT: Final = 443
 TOKEN_MAX_AGE_SECONDS: Final = 300.0
 
 
@@ -41,24 +44,24 @@ class ShootEndpoint:
     ca_pem: str
 
 
+def in_seed_server(namespace: str) -> str:
+    """The shoot's API server as every namespace of the seed reaches it: its Service."""
+    return f"https://{API_SERVER_SERVICE}.{namespace}.svc:{API_SERVER_PORT}"
+
+
 def endpoint_from_kubeconfig(document: Mapping[str, Any], *, namespace: str) -> ShootEndpoint:
-    """The server and CA of a kubeconfig's current context (or its only cluster), with the in-namespace host name
-    made reachable from any namespace of the seed."""
+    """The shoot's Service with the CA of the kubeconfig's current context (or its only cluster); the kubeconfig's
+    server is not used (see the module's docstring)."""
     clusters = {c.get("name"): c.get("cluster") or {} for c in document.get("clusters") or [] if isinstance(c, dict)}
     contexts = {c.get("name"): c.get("context") or {} for c in document.get("contexts") or [] if isinstance(c, dict)}
     context = contexts.get(document.get("current-context")) or {}
     cluster = clusters.get(context.get("cluster")) or (next(iter(clusters.values())) if len(clusters) == 1 else None)
-    if not cluster or not cluster.get("server"):
-        raise ShootAccessUnavailable("the generic token kubeconfig names no server")
+    if not cluster:
+        raise ShootAccessUnavailable("the generic token kubeconfig names no cluster")
     ca_data = cluster.get("certificate-authority-data")
     if not ca_data:
         raise ShootAccessUnavailable("the generic token kubeconfig has no certificate-authority-data")
-    server = str(cluster["server"])
-    parts = urlsplit(server)
-    if parts.hostname == IN_NAMESPACE_API_SERVER_HOST:
-        port = f":{parts.port}" if parts.port else ""
-        server = f"{parts.scheme}://{IN_NAMESPACE_API_SERVER_HOST}.{namespace}.svc{port}{parts.path}"
-    return ShootEndpoint(server=server, ca_pem=base64.b64decode(ca_data).decode())
+    return ShootEndpoint(server=in_seed_server(namespace), ca_pem=base64.b64decode(ca_data).decode())
 
 
 async def _read_secret(seed: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:

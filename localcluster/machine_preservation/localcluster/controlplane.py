@@ -105,14 +105,19 @@ class ControlPlane:
     controller_manager: bool = True
     # kube-apiserver feature gates to set, e.g. {"DetectCacheInconsistency": False}.
     feature_gates: Mapping[str, bool] = field(default_factory=dict)
-    etcd_port: int = 0
+    # Where kube-apiserver listens: a loopback address of its own and a fixed port (a Gardener shoot's API server on
+    # 443, reached by its Service name through the hosts file, see `hosts`); port 0 picks a free one.
+    address: str = LOOPBACK
     apiserver_port: int = 0
+    # More names for its serving certificate (a shoot's `kube-apiserver.<namespace>.svc`).
+    dns_names: tuple[str, ...] = ()
+    etcd_port: int = 0
     _processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     _ca: KeyPair | None = None
 
     @property
     def server(self) -> str:
-        return f"https://{LOOPBACK}:{self.apiserver_port}"
+        return f"https://{self.address}:{self.apiserver_port}"
 
     @property
     def etcd_url(self) -> str:
@@ -211,8 +216,8 @@ class ControlPlane:
         ca = generate_ca(common_name="machine-preservation-local-ca", now=now, valid_for=CERT_VALIDITY)
         apiserver = issue_serving_cert(
             ca=ca,
-            dns_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
-            ip_addresses=(LOOPBACK,),
+            dns_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", *self.dns_names),
+            ip_addresses=tuple(dict.fromkeys((LOOPBACK, self.address))),
             now=now,
             valid_for=CERT_VALIDITY,
         )
@@ -275,15 +280,15 @@ class ControlPlane:
         self._wait("etcd", process, healthy, deadline)
 
     def _start_apiserver(self, deadline: float) -> None:
-        self.apiserver_port = free_port()
+        self.apiserver_port = self.apiserver_port or free_port()
         pki = self.pki_dir
         process = self._spawn(
             "kube-apiserver",
             [
                 f"--etcd-servers={self.etcd_url}",
                 f"--etcd-prefix={self.etcd_prefix}",
-                f"--bind-address={LOOPBACK}",
-                f"--advertise-address={LOOPBACK}",
+                f"--bind-address={self.address}",
+                f"--advertise-address={self.address}",
                 f"--secure-port={self.apiserver_port}",
                 f"--cert-dir={pki}",
                 f"--tls-cert-file={pki / 'apiserver.crt'}",
@@ -306,7 +311,7 @@ class ControlPlane:
         context = self._client_ssl_context()
 
         def ready() -> bool:
-            status, _ = _http_get(LOOPBACK, self.apiserver_port, "/readyz", context=context)
+            status, _ = _http_get(self.address, self.apiserver_port, "/readyz", context=context)
             return status == 200
 
         self._wait("kube-apiserver", process, ready, deadline)
@@ -341,7 +346,7 @@ class ControlPlane:
         context = self._client_ssl_context()
 
         def exists() -> bool:
-            status, _ = _http_get(LOOPBACK, self.apiserver_port, "/api/v1/namespaces/default", context=context)
+            status, _ = _http_get(self.address, self.apiserver_port, "/api/v1/namespaces/default", context=context)
             return status == 200
 
         self._wait("kube-apiserver", self._processes["kube-apiserver"], exists, deadline)

@@ -6,7 +6,11 @@ with the same object shapes, and judges an `Extension`'s readiness the way garde
 
 - CRDs: Gardener's own, unchanged, from the Gardener Go module (`mcm.go_module_dir`), at `mcm.GARDENER_VERSION`.
 - A shoot's API server: `start_shoot_control_plane` runs one more kube-apiserver on the seed's etcd (its own
-  `--etcd-prefix`), accepting the audience `gardener` as a shoot's does; its gardener-resource-manager: `grm`.
+  `--etcd-prefix`), accepting the audience `gardener` as a shoot's does, on a loopback address of its own at port
+  443, which `kube-apiserver.<namespace>.svc` names (`hosts`); its gardener-resource-manager: `grm`.
+- The generic token kubeconfig names what gardenlet v1.150 names with `IstioTLSTermination` on (its default since
+  v1.144): the shoot's out-of-cluster address `https://api.<internal domain>`, which nothing here resolves, as
+  nothing outside the shoot namespace of a real seed can.
 - Builders (`*_manifest`) are pure; the `async` functions write them with a `kubernetes.aio` ApiClient of the seed.
 """
 
@@ -24,6 +28,7 @@ import yaml
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
+from machine_preservation.localcluster import hosts
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.crds import install_crd_manifests, single_document
 from machine_preservation.localcluster.mcm import GARDENER_MODULE, GARDENER_VERSION, go_module_dir
@@ -34,6 +39,8 @@ EXTENSIONS_VERSION = "v1alpha1"
 RESOURCES_GROUP = "resources.gardener.cloud"
 RESOURCES_VERSION = "v1alpha1"
 EXTENSION_TYPE = "machine-preservation"
+# The seed's internal domain under which gardenlet names each shoot's API server (`api.<shoot>.<project>.<this>`).
+INTERNAL_DOMAIN = "internal.local.gardener.cloud"
 
 # Gardener's seed CRDs an extension works with, and the garden's operator `Extension` CRD (to validate example/).
 SEED_CRD_PATHS = (
@@ -82,14 +89,21 @@ def start_shoot_control_plane(
     directory: Path,
     *,
     name: str,
+    namespaces: Sequence[str],
     controller_manager: bool = False,
     feature_gates: Mapping[str, bool] | None = None,
     timeout: float = 120.0,
 ) -> ControlPlane:
-    """A shoot's kube-apiserver: its own CA and port, stored in the seed's etcd under `/shoots/<name>`, accepting
-    tokens for the audience `gardener` (gardener-resource-manager requests those). Without kube-controller-manager
-    by default (no namespace deletion or garbage collection in the shoot); `stop()` ends it."""
+    """A shoot's kube-apiserver: its own CA, on a loopback address of its own at port 443, stored in the seed's etcd
+    under `/shoots/<name>`, accepting tokens for the audience `gardener` (gardener-resource-manager requests those).
+    `kube-apiserver.<namespace>.svc` of each of `namespaces` names it (in its certificate and, from now on, in the
+    private hosts file: `hosts.make_private` first). Without kube-controller-manager by default (no namespace
+    deletion or garbage collection in the shoot); `stop()` ends it."""
+    services = [hosts.api_server_service(namespace) for namespace in namespaces]
     shoot = ControlPlane(
+        address=hosts.free_loopback_address(),
+        apiserver_port=hosts.SHOOT_API_SERVER_PORT,
+        dns_names=tuple(services),
         directory=directory,
         bin_dir=seed.bin_dir,
         attached=seed.attached,
@@ -100,7 +114,16 @@ def start_shoot_control_plane(
         feature_gates=dict(feature_gates or {}),
     )
     shoot.start(timeout=timeout)
+    for service in services:
+        hosts.set_host(service, shoot.address)
     return shoot
+
+
+def out_of_cluster_api_server(namespace: str) -> str:
+    """The address gardenlet writes into the generic token kubeconfig with `IstioTLSTermination`:
+    `https://api.<internal domain>`, the internal domain `<shoot>.<project>.<seed's internal domain>`."""
+    _, project, shoot = namespace.split("--", 2)
+    return f"https://api.{shoot}.{project}.{INTERNAL_DOMAIN}"
 
 
 # --- object builders (pure) --------------------------------------------------------------------------------------
@@ -215,8 +238,9 @@ def cluster_manifest(
 def generic_token_kubeconfig_secret(namespace: str, *, server: str, ca_pem: bytes) -> dict[str, Any]:
     """The Secret gardenlet keeps in every shoot namespace: a kubeconfig (key `kubeconfig`) with the shoot API
     server, its CA and a token *file* (no credentials; each component mounts its own shoot-access token there),
-    context named after the namespace; immutable, named `generic-token-kubeconfig-<hash>`. In a real seed the server
-    is `https://kube-apiserver` (the Service in the shoot namespace); here it is the shoot API server's local URL."""
+    context named after the namespace; immutable, named `generic-token-kubeconfig-<hash>`. The server is
+    `https://kube-apiserver` (the Service in the shoot namespace) without Istio TLS termination, else the
+    out-of-cluster address (`out_of_cluster_api_server`)."""
     kubeconfig = {
         "apiVersion": "v1",
         "kind": "Config",
@@ -371,12 +395,11 @@ async def update_cluster_shoot(api: client.ApiClient, namespace: str, shoot: Map
     )
 
 
-async def publish_generic_token_kubeconfig(
-    api: client.ApiClient, namespace: str, shoot: ControlPlane, *, server: str | None = None
-) -> str:
-    """Create the generic token kubeconfig Secret for `shoot` in its namespace and name it on the `Cluster` (which
-    must exist); returns the Secret's name. `server`: another address of the shoot's API server (a proxy)."""
-    secret = generic_token_kubeconfig_secret(namespace, server=server or shoot.server, ca_pem=shoot.ca.cert_pem)
+async def publish_generic_token_kubeconfig(api: client.ApiClient, namespace: str, shoot: ControlPlane) -> str:
+    """Create the generic token kubeconfig Secret for `shoot` in its namespace, as gardenlet v1.150 writes it with
+    `IstioTLSTermination` on, and name it on the `Cluster` (which must exist); returns the Secret's name."""
+    server = out_of_cluster_api_server(namespace)
+    secret = generic_token_kubeconfig_secret(namespace, server=server, ca_pem=shoot.ca.cert_pem)
     try:
         await client.CoreV1Api(api).create_namespaced_secret(namespace, client.V1Secret.model_validate(secret))
     except ApiException as error:

@@ -252,7 +252,11 @@ async def bare_shoot(
     its ServiceAccount in it, within 64 characters."""
     namespace = namespace or gardener.shoot_namespace_name("t", uuid.uuid4().hex[:5])
     shoot_plane = await asyncio.to_thread(
-        gardener.start_shoot_control_plane, plane, directory / "plane", name=namespace.rpartition("--")[2]
+        gardener.start_shoot_control_plane,
+        plane,
+        directory / "plane",
+        name=namespace.rpartition("--")[2],
+        namespaces=[namespace],
     )
     grm = GrmRunner(seed=plane, shoot=shoot_plane, namespace=namespace, directory=directory / "grm")
     shoot_api = await new_api_client(kubeconfig=shoot_plane.kubeconfig)

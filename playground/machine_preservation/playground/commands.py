@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import shutil
@@ -27,6 +28,7 @@ from machine_preservation.core.durations import format_go_duration
 from machine_preservation.core.gardener import CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL, WORKER_POOL_LABEL
 from machine_preservation.core.models import Node
 from machine_preservation.core.preservation_record import format_timestamp
+from machine_preservation.localcluster import hosts
 from machine_preservation.localcluster.grm import ensure_grm_binary
 from machine_preservation.localcluster.mcm import DEFAULT_MCM_VERSION, ensure_mcm_binaries
 from machine_preservation.localcluster.toolchain import ToolchainError, ensure_toolchain
@@ -256,5 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    # The shoots' API servers are reached by their Service names through a private hosts file, which only a process
+    # with one thread can set up (localcluster.hosts); without root, starting a shoot says why.
+    with contextlib.suppress(hosts.HostsError):
+        hosts.make_private()
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.exit(run(args))
