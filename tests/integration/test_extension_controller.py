@@ -12,17 +12,21 @@ import contextlib
 import dataclasses
 import datetime as dt
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import pydantic
 import pytest
 from kubernetes.aio import client
 
 from machine_preservation.certs.authority import generate_ca
 from machine_preservation.certs.rotation import CA_BUNDLE_KEY
+from machine_preservation.controller.extensions import ExtensionReconciler
 from machine_preservation.controller.seed import SeedController, SeedOptions
 from machine_preservation.controller.shoots import ApiServerProbe
 from machine_preservation.core import extension as contract
@@ -35,6 +39,7 @@ from machine_preservation.localcluster.gardener_landscape import (
     BareShoot,
     bare_shoot,
     condition,
+    managed_resource,
     read_extension,
     ready,
     served,
@@ -216,6 +221,34 @@ async def _health(api: client.ApiClient, namespace: str, reason: str) -> dict[st
     return found if found.get("reason") == reason else None
 
 
+async def test_force_deletion_waits_for_nothing_in_the_shoot(
+    seed: ControlPlane, api: client.ApiClient, extension: Extension, tmp_path: Path
+) -> None:
+    async with new_shoot(seed, api, tmp_path) as shoot:
+        await gardener.apply_extension(api, shoot.namespace)
+        await eventually_async(lambda: served(api, shoot.namespace), limit=30)
+        # The shoot is broken, as when its owner resorts to force deletion: its API server and its GRM are gone.
+        await asyncio.to_thread(shoot.grm.stop)
+        await asyncio.to_thread(shoot.plane.stop)
+        started = time.monotonic()
+        await gardener.force_delete_shoot(api, shoot.namespace, workers=[gardener.worker("worker1")])
+
+        # The finalizer goes promptly (a Delete would wait a minute for GRM, then report an Error, again and again).
+        await eventually_async(lambda: _gone(api, shoot.namespace), limit=15, interval=0.2)
+        print(f"force-deleted Extension gone {time.monotonic() - started:.1f} s after its deletion")
+        # The ManagedResource is being deleted with keepObjects: its finalizer asks nothing of the broken shoot
+        # (gardenlet's force deletion removes what is left); our Secrets are gone.
+        managed = await managed_resource(api, shoot.namespace)
+        assert managed is not None
+        assert managed["spec"]["keepObjects"] is True
+        assert managed["metadata"].get("deletionTimestamp")
+        secrets = await client.CoreV1Api(api).list_namespaced_secret(shoot.namespace)
+        names = {s.metadata.name for s in secrets.items if s.metadata is not None}
+        assert shoot_resources.SHOOT_ACCESS_SECRET not in names
+        assert shoot_resources.MANAGED_RESOURCE_SECRET not in names
+        assert shoot.namespace not in extension.controller.supervisor.namespaces()  # type: ignore[union-attr]
+
+
 async def _gone(api: client.ApiClient, namespace: str) -> bool:
     return await read_extension(api, namespace) is None
 
@@ -243,6 +276,8 @@ async def test_a_bad_provider_config_is_an_error_naming_the_field_and_the_shoot_
         # Named as the Shoot owner finds it: the Shoot's field, judged with the garden admission's words.
         description = obj["status"]["lastError"]["description"]
         assert "spec.extensions[0].providerConfig.workers[0].machinePreserveTimeout" in description
+        # Gardener's code for it: gardenlet tells the Shoot owner it is theirs to fix, and does not retry blindly.
+        assert obj["status"]["lastError"]["codes"] == ["ERR_CONFIGURATION_PROBLEM"]
         assert gardener.extension_ready(obj) is not None
         # Everything else is provisioned all the same.
         await eventually_async(lambda: shoot_webhooks(shoot), limit=20)
@@ -406,3 +441,60 @@ async def test_a_restart_at_any_point_loses_nothing(
         await extension.crash_and_restart()  # mid-Delete
         await eventually_async(lambda: _gone(api, shoot.namespace), limit=30)
         assert await shoot_webhooks(shoot) is None
+
+
+class _Failing:
+    """An actuator whose every operation fails as `failure` says."""
+
+    def __init__(self, failure: BaseException) -> None:
+        self.failure = failure
+
+    async def reconcile(self, *_: Any) -> str | None:
+        raise self.failure
+
+
+class _One:
+    """An informer's `get` over one object."""
+
+    def __init__(self, key: str, value: Any) -> None:
+        self.key, self.value = key, value
+
+    def get(self, key: str) -> Any:
+        return self.value if key == self.key else None
+
+
+@pytest.mark.parametrize(
+    ("failure", "said"),
+    [
+        (TimeoutError(), "TimeoutError"),
+        (aiohttp.ClientConnectionError("Cannot connect to host"), "Cannot connect to host"),
+        (pydantic.ValidationError.from_exception_data("Extension", []), "validation errors for Extension"),
+        (KeyError("spec"), "'spec'"),
+    ],
+    ids=["timeout", "aiohttp", "pydantic", "anything"],
+)
+async def test_every_failure_of_an_operation_ends_in_error_not_processing(
+    seed: ControlPlane, api: client.ApiClient, failure: Exception, said: str
+) -> None:
+    namespace = f"shoot--fail--{uuid.uuid4().hex[:5]}"
+    await gardener.create_shoot_namespace(api, namespace)
+    raw = await client.CustomObjectsApi(api).create_namespaced_custom_object(
+        gardener.EXTENSIONS_GROUP,
+        gardener.EXTENSIONS_VERSION,
+        namespace,
+        "extensions",
+        gardener.extension_manifest(namespace),
+    )
+    reconciler = ExtensionReconciler(
+        seed=api,
+        extensions=_One(f"{namespace}/{contract.EXTENSION_TYPE}", contract.Extension.model_validate(raw)),  # type: ignore[arg-type]
+        clusters=_One("", None),  # type: ignore[arg-type]
+        clock=lambda: dt.datetime.now(dt.UTC),
+        actuator=_Failing(failure),  # type: ignore[arg-type]
+    )
+    with pytest.raises(type(failure)):
+        await reconciler.reconcile(namespace)
+    status = (await read_extension(api, namespace))["status"]
+    assert status["lastOperation"]["state"] == "Error"
+    assert said in status["lastError"]["description"]
+    assert status["lastError"]["description"].startswith("Error reconciling the Extension: ")

@@ -5,8 +5,9 @@ Lifecycle:
 2. leader election on a Lease in the extension namespace;
 3. while leading: caches of the Extensions (named after the type, in every namespace), the Clusters and the
    webhook CA Secret; one queue of shoot namespaces served by `workers` reconciles
-   (`extensions.ExtensionReconciler`); the heartbeat Lease `gardener-extension-heartbeat` renewed every 30 s so
-   gardenlet trusts our conditions; each enabled shoot's preservation lifecycle in `shoots.ShootSupervisor`;
+   (`extensions.ExtensionReconciler`, the work in `actuator.ExtensionActuator`); the heartbeat Lease
+   `gardener-extension-heartbeat` renewed every 30 s so gardenlet trusts our conditions; each enabled shoot's
+   preservation lifecycle in `shoots.ShootSupervisor`;
 4. on stop: no new work, in-flight reconciles finish (bounded), every shoot's lifecycle stops, the Lease is
    released. Losing the Lease ends the process with an error (crash-only).
 """
@@ -24,7 +25,8 @@ from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.certs.rotation import CA_BUNDLE_KEY
-from machine_preservation.controller.extensions import EXTENSION_VERSION, ExtensionReconciler, decode_ca_bundle
+from machine_preservation.controller.actuator import EXTENSION_VERSION, ExtensionActuator, decode_ca_bundle
+from machine_preservation.controller.extensions import ExtensionReconciler
 from machine_preservation.controller.informer import Informer, Source
 from machine_preservation.controller.leader import LeaderElector, run_elected
 from machine_preservation.controller.metrics import Metrics, Probes, metrics_app, start_metrics_server
@@ -203,9 +205,8 @@ class SeedController:
         def ca_bundle() -> bytes | None:
             return ca_secrets.get(f"{ca_namespace}/{ca_name}")
 
-        reconciler = ExtensionReconciler(
+        actuator = ExtensionActuator(
             seed=seed,
-            extensions=extensions,
             clusters=clusters,
             managed_resources=managed_resources,
             supervisor=supervisor,
@@ -213,6 +214,9 @@ class SeedController:
             ca_bundle=ca_bundle,
             clock=system_clock,
             admission=AdmissionSettings(max_preserve_timeout=options.preservation.max_preserve_timeout),
+        )
+        reconciler = ExtensionReconciler(
+            seed=seed, extensions=extensions, clusters=clusters, clock=system_clock, actuator=actuator
         )
 
         def enqueue_extension(old: contract.Extension | None, new: contract.Extension | None) -> None:

@@ -40,6 +40,8 @@ WORKER_POOL_LABEL: Final = "worker.gardener.cloud/pool"
 ZONE_LABEL: Final = "topology.kubernetes.io/zone"
 DEPRECATED_ZONE_LABEL: Final = "failure-domain.beta.kubernetes.io/zone"
 GENERIC_KUBECONFIG_ANNOTATION: Final = "generic-token-kubeconfig.secret.gardener.cloud/name"
+# On a Shoot: the owner confirmed its force deletion (Gardener then force-deletes its extensions).
+FORCE_DELETION_ANNOTATION: Final = "confirmation.gardener.cloud/force-deletion"
 
 
 # --- The Cluster and its Shoot ---------------------------------------------------------------------------
@@ -207,6 +209,8 @@ class ShootFacts:
     failed: bool  # the shoot's last operation failed: Gardener's extensions leave it alone
     kubeconfig_secret: str  # the generic token kubeconfig Secret's name
     shoot: Mapping[str, Any] | None = None  # the Shoot as the Cluster carries it (its pools judge a providerConfig)
+    # The Shoot is annotated for force deletion: its Extension is force-deleted (nothing may wait for the shoot).
+    force_deletion: bool = False
 
 
 def read_shoot_facts(raw: Mapping[str, Any]) -> ShootFacts:
@@ -221,7 +225,19 @@ def read_shoot_facts(raw: Mapping[str, Any]) -> ShootFacts:
         failed=contract.shoot_failed(raw),
         kubeconfig_secret=str(annotations.get(GENERIC_KUBECONFIG_ANNOTATION) or ""),
         shoot=shoot if isinstance(shoot, Mapping) else None,
+        force_deletion=_go_bool(_shoot_annotations(shoot).get(FORCE_DELETION_ANNOTATION)),
     )
+
+
+def _shoot_annotations(shoot: Any) -> Mapping[str, Any]:
+    metadata = shoot.get("metadata") if isinstance(shoot, Mapping) else None
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    return annotations if isinstance(annotations, Mapping) else {}
+
+
+def _go_bool(value: Any) -> bool:
+    """True where Go's strconv.ParseBool says true (as Gardener's ShootNeedsForceDeletion reads the annotation)."""
+    return value in ("1", "t", "T", "TRUE", "true", "True")
 
 
 # --- Zones ------------------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ EXTENSIONS_VERSION = "v1alpha1"
 RESOURCES_GROUP = "resources.gardener.cloud"
 RESOURCES_VERSION = "v1alpha1"
 EXTENSION_TYPE = "machine-preservation"
+FORCE_DELETION_ANNOTATION = "confirmation.gardener.cloud/force-deletion"
 # The seed's internal domain under which gardenlet names each shoot's API server (`api.<shoot>.<project>.<this>`).
 INTERNAL_DOMAIN = "internal.local.gardener.cloud"
 
@@ -178,10 +179,13 @@ def shoot_manifest(
     deletion_timestamp: str | None = None,
     generation: int = 1,
     seed_name: str = "local",
+    annotations: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The Shoot as gardenlet copies it into `Cluster.spec.shoot` (core.gardener.cloud/v1beta1)."""
     _, project, name = namespace.split("--", 2)
     metadata: dict[str, Any] = {"name": name, "namespace": f"garden-{project}", "generation": generation}
+    if annotations:
+        metadata["annotations"] = dict(annotations)
     if deletion_timestamp is not None:
         metadata["deletionTimestamp"] = deletion_timestamp
     return {
@@ -490,6 +494,24 @@ async def delete_extension(api: client.ApiClient, namespace: str, *, extension_t
     await objects.delete_namespaced_custom_object(
         EXTENSIONS_GROUP, EXTENSIONS_VERSION, namespace, "extensions", extension_type
     )
+
+
+async def force_delete_shoot(
+    api: client.ApiClient, namespace: str, *, workers: Sequence[Mapping[str, Any]] = ()
+) -> None:
+    """What gardenlet does when a Shoot's owner confirms its force deletion (Gardener ≥ v1.81) after its deletion
+    failed: the Shoot in the `Cluster` is being deleted, annotated `confirmation.gardener.cloud/force-deletion`,
+    its last operation a failed Delete; then the extension objects are deleted."""
+    shoot = shoot_manifest(
+        namespace,
+        workers=workers,
+        deletion_timestamp=_rfc3339(dt.datetime.now(dt.UTC)),
+        last_operation_type="Delete",
+        last_operation_state="Error",
+        annotations={FORCE_DELETION_ANNOTATION: "true"},
+    )
+    await update_cluster_shoot(api, namespace, shoot)
+    await delete_extension(api, namespace)
 
 
 async def read_extension(
