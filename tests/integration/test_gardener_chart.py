@@ -531,6 +531,10 @@ def test_seed_webhooks(rendered: list[dict[str, Any]], toolchain: Toolchain) -> 
     assert preserve["clientConfig"]["service"]["path"] == "/validate-preserve-annotation"
     preserve_conditions = {c["name"]: c["expression"] for c in preserve["matchConditions"]}
     assert preserve_conditions["not-the-controller"] == f"!(request.userInfo.username in ['{CONTROLLER_USERNAME}'])"
+    # A Worker restore (the provider extension re-creating a migrated shoot's Machines) never reaches the webhook.
+    assert preserve_conditions["not-a-restore"] == (
+        "!(request.operation == 'CREATE' && request.userInfo.username.startsWith('system:serviceaccount:extension-'))"
+    )
 
     # The same CEL as the standalone chart's Machine webhooks (which a test compares with the webhook's builder).
     theirs = standalone.webhooks_by_name(standalone.template(toolchain.helm))

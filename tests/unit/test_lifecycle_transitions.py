@@ -643,3 +643,59 @@ def test_a_value_change_acts_on_the_new_value_and_whether_preserved(
     preserved = old != "none" and (old == "now" or (phase == FAILED and old != "false"))
     m = machine(phase=phase, preserve=new, expiry=KEPT if preserved else None)
     assert outcome(plan(m, node())) == expected
+
+
+# Gardener's Worker restore re-creates a migrated shoot's Machines with their annotations (the record predates the
+# object) and without status: until MCM has placed a machine again, its preservation waits as it is.
+@pytest.mark.parametrize("phase", ["", PENDING, UNKNOWN])
+@pytest.mark.parametrize("value", ["when-failed", "now"])
+def test_a_restored_preservation_waits_until_mcm_has_placed_the_machine(phase: str, value: str) -> None:
+    restored = machine(
+        phase=phase,
+        last_applied=value,
+        expiry=KEPT,
+        created=NOW - HOUR,
+        since=NOW - 2 * HOUR,
+        drain=DrainRecord(outcome=v.DrainOutcome.DRAINED),
+        **ours(),
+    )
+    result = plan(restored, node(tainted=True, preserve=value, **preserved_running_node()))
+    assert result.steps == ()
+    assert result.drain is None
+    assert result.requeue_after == KEPT - NOW
+
+
+def test_a_restored_machine_mcm_finds_failed_again_stays_preserved_as_it_was() -> None:
+    restored = machine(
+        phase=FAILED,
+        last_applied="when-failed",
+        expiry=KEPT,
+        created=NOW - HOUR,
+        since=NOW - 2 * HOUR,
+        drain=DrainRecord(outcome=v.DrainOutcome.DRAINED),
+        **ours(),
+    )
+    drained = preserved_condition(message=f"Preserved node drained successfully. {PRESERVED_UNTIL_KEPT}")
+    result = plan(restored, node(tainted=True, preserve="when-failed", ca="true", ca_marker="true", condition=drained))
+    assert writes(result) == []
+    assert not removes_the_record(result)
+
+
+def test_a_restored_machine_found_healthy_is_planned_as_any_machine() -> None:
+    # Running: MCM has placed it; a `when-failed` preservation then ends as on any recovery.
+    restored = machine(
+        phase=RUNNING, last_applied="when-failed", expiry=KEPT, created=NOW - HOUR, since=NOW - 2 * HOUR, **ours()
+    )
+    assert removes_the_record(plan(restored, node(preserve="when-failed", **preserved_running_node())))
+
+
+def test_a_machine_preserved_after_it_was_created_does_not_wait() -> None:
+    unknown = machine(
+        phase=UNKNOWN, last_applied="when-failed", expiry=KEPT, created=NOW - 3 * HOUR, since=NOW - 2 * HOUR, **ours()
+    )
+    assert removes_the_record(plan(unknown, node(preserve="when-failed", **preserved_running_node())))
+
+
+def test_releasing_does_not_wait_for_a_restored_machine() -> None:
+    restored = machine(phase="", last_applied="now", expiry=KEPT, created=NOW - HOUR, since=NOW - 2 * HOUR, **ours())
+    assert removes_the_record(plan(restored, node(preserve="now", **preserved_running_node()), released=True))

@@ -41,6 +41,11 @@ webhooks:
         expression: {{ include "gemp.cel.anyAnnotationChanged" $preserveKeys | toJson }}
       - name: not-the-controller
         expression: {{ printf "!(request.userInfo.username in [%s])" (include "gemp.cel.string" $controller) | toJson }}
+      # Never a Worker restore: after a control-plane migration the provider extension (a ServiceAccount in an
+      # extension-* namespace of the seed) re-creates the shoot's Machines with their annotations, ours included;
+      # neither a denial nor an outage of ours may stall the migration.
+      - name: not-a-restore
+        expression: {{ "!(request.operation == 'CREATE' && request.userInfo.username.startsWith('system:serviceaccount:extension-'))" | toJson }}
     failurePolicy: Fail
     matchPolicy: Equivalent
     sideEffects: None

@@ -147,6 +147,8 @@ def plan_machine(context: MachineContext) -> MachinePlan:
     machine, config, now = context.machine, context.config, context.now
     if machine.metadata.deletion_timestamp is not None or machine.phase == v.MachinePhase.TERMINATING:
         return MachinePlan()  # MCM's deletion flow owns it now
+    if not context.released and (settled_at := _restored_until_settled(machine, config, now)) is not None:
+        return MachinePlan(requeue_after=settled_at - now)
 
     steps: list[MachineStep] = []
     node = context.existing_node
@@ -279,6 +281,23 @@ def _as_left_by(node: Node, written: Sequence[MachineStep]) -> Node:
     outcome's condition replaces."""
     step = next((s for s in reversed(written) if isinstance(s, SetPreservedCondition)), None)
     return node if step is None else conditions.written(node, step)
+
+
+# The phases MCM gives a Machine object it has just been handed before it knows again what the machine is.
+_SETTLING = frozenset({"", v.MachinePhase.PENDING, v.MachinePhase.UNKNOWN})
+
+
+def _restored_until_settled(machine: Machine, config: PreservationConfig, now: dt.datetime) -> dt.datetime | None:
+    """For a preserved machine whose Machine object was re-created with its record (Gardener's Worker restore after a
+    control-plane migration: the record predates the object) and that MCM has not placed again (no phase, Pending
+    or Unknown): the expiry, until which the plan waits. A `when-failed` machine restored while Failed passes
+    through those phases before MCM finds it Failed again; read as a recovery they would end its preservation.
+    None: nothing to wait for."""
+    record, created = machine.preservation, machine.metadata.creation_timestamp
+    if record is None or record.damaged or created is None or record.since >= created:
+        return None
+    expiry = record.expiry(max_timeout=config.max_preserve_timeout)
+    return expiry if machine.phase in _SETTLING and expiry > now else None
 
 
 def _machine_speaks(context: MachineContext) -> bool:

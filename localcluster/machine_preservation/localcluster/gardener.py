@@ -17,6 +17,7 @@ with the same object shapes, and judges an `Extension`'s readiness the way garde
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import hashlib
 import re
@@ -576,3 +577,62 @@ def _parse_time(text: str) -> dt.datetime:
     if parsed.tzinfo is None:
         raise ValueError(f"{text!r} has no time zone")
     return parsed.astimezone(dt.UTC)
+
+
+# --- control-plane migration: the Worker's machine state, as Gardener keeps and restores it ----------------------
+
+MACHINE_GROUP, MACHINE_VERSION = "machine.sapcloud.io", "v1alpha1"
+# The provider extension's identity in a seed: a ServiceAccount in the `extension-<installation>` namespace gardenlet
+# deploys it to. It re-creates the Machines on a Worker restore.
+PROVIDER_EXTENSION_USER = "system:serviceaccount:extension-provider-local:provider"  # a certificate CN: ≤ 64
+MCM_FINALIZER = "machine.sapcloud.io/machine-controller-manager"
+
+
+def restorable(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """An object of the Worker's state as Gardener keeps it through a migration (pkg/utils/gardener/shootstate/
+    machines.go): name, namespace, annotations and labels, its spec; no status, no owner references, no uid."""
+    metadata = obj.get("metadata") or {}
+    kept = {key: metadata[key] for key in ("name", "namespace", "annotations", "labels") if metadata.get(key)}
+    return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "metadata": kept, "spec": obj.get("spec") or {}}
+
+
+async def worker_state(api: client.ApiClient, namespace: str) -> dict[str, list[dict[str, Any]]]:
+    """The namespace's MachineDeployments, MachineSets and Machines as the shoot state keeps them."""
+    objects = client.CustomObjectsApi(api)
+    state: dict[str, list[dict[str, Any]]] = {}
+    for plural in ("machinedeployments", "machinesets", "machines"):
+        listed = await objects.list_namespaced_custom_object(MACHINE_GROUP, MACHINE_VERSION, namespace, plural)
+        state[plural] = [restorable(item) for item in _as_dict(listed)["items"]]
+    return state
+
+
+async def remove_worker_objects(api: client.ApiClient, namespace: str) -> None:
+    """What the source seed loses once the shoot has moved: the Worker's objects go (their finalizers taken off,
+    MCM being gone there), without touching the VMs."""
+    objects = client.CustomObjectsApi(api)
+    for plural in ("machines", "machinesets", "machinedeployments"):
+        listed = await objects.list_namespaced_custom_object(MACHINE_GROUP, MACHINE_VERSION, namespace, plural)
+        for item in _as_dict(listed)["items"]:
+            name = item["metadata"]["name"]
+            await objects.patch_namespaced_custom_object(
+                MACHINE_GROUP,
+                MACHINE_VERSION,
+                namespace,
+                plural,
+                name,
+                {"metadata": {"finalizers": None}},
+                _content_type=MERGE_PATCH,
+            )
+            with contextlib.suppress(ApiException):
+                await objects.delete_namespaced_custom_object(MACHINE_GROUP, MACHINE_VERSION, namespace, plural, name)
+
+
+async def restore_worker_state(provider: client.ApiClient, state: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+    """What the provider extension's Worker actuator does on Restore (extensions/pkg/controller/worker/
+    genericactuator/actuator_restore.go): create the MachineSets and Machines from the state, then the
+    MachineDeployments (its reconcile), each as the provider extension (`provider`'s identity)."""
+    objects = client.CustomObjectsApi(provider)
+    for plural in ("machinesets", "machines", "machinedeployments"):
+        for item in state.get(plural, ()):
+            namespace = item["metadata"]["namespace"]
+            await objects.create_namespaced_custom_object(MACHINE_GROUP, MACHINE_VERSION, namespace, plural, dict(item))
