@@ -181,12 +181,25 @@ async def _scenario(plane: ControlPlane, seed: client.ApiClient, a: Shoot, b: Sh
         raise
     print(f"shoot a's second machine preserved {time.monotonic() - failed_at:.1f} s after its node failed")
 
+    # Shoot b's API server is gone: gardenlet's APIServerAvailable says so; ours waits (Progressing, the problem in
+    # its message) and the extension tells it with a Warning Event on the Extension, never a condition False.
     async def unserved() -> dict[str, Any]:
         found = condition(await read_extension(seed, b.namespace), contract.CONTROL_PLANE_HEALTHY)
-        return found if found.get("status") == "False" else {}
+        return found if found.get("status") == "Progressing" else {}
 
     reported = await eventually_async(unserved, limit=60)
+    assert reported["reason"] == "HealthCheckProgressing"
     print(f"shoot b reported: {reported.get('message')}")
+
+    async def warned() -> list[str]:
+        listed = await client.CoreV1Api(seed).list_namespaced_event(b.namespace)
+        return [
+            str(e.message)
+            for e in listed.items
+            if e.reason == "ShootNotServed" and e.involved_object.kind == "Extension" and e.type == "Warning"
+        ]
+
+    print(f"shoot b's Event: {(await eventually_async(warned, limit=30))[0]}")
 
     # Disable shoot a: every preservation ends (records, taints), the Extension and the shoot's objects go.
     await gardener.delete_extension(seed, a.namespace)

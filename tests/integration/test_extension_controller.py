@@ -38,7 +38,6 @@ from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.gardener_landscape import (
     BareShoot,
     bare_shoot,
-    condition,
     managed_resource,
     read_extension,
     ready,
@@ -189,7 +188,10 @@ async def test_a_slow_shoot_api_server_is_reported_until_it_answers_in_time_agai
     # A timeout well above the proxy's delay: a probe that has to open a connection through the proxy waits for
     # several delayed chunks (the TLS handshake's and the answer's).
     probe = ApiServerProbe(period=0.5, slow_answer=1.0, timeout=10.0)
-    async with new_shoot(seed, api, tmp_path) as shoot, running_extension(seed, api, ca_pem, shoot_probe=probe):
+    async with (
+        new_shoot(seed, api, tmp_path) as shoot,
+        running_extension(seed, api, ca_pem, shoot_probe=probe) as extension,
+    ):
         # The extension reaches the shoot's API server, at its Service's name, through a proxy that can pass its
         # answers on late.
         proxy = TcpProxy(
@@ -205,20 +207,32 @@ async def test_a_slow_shoot_api_server_is_reported_until_it_answers_in_time_agai
             await eventually_async(lambda: served(api, shoot.namespace), limit=30)
 
             proxy.delay = 1.5  # the watches stay open; only a request tells
-            slow = await eventually_async(lambda: _health(api, shoot.namespace, "ShootAPIServerSlow"), limit=30)
-            assert slow["status"] == "False"
-            assert re.search(r"^The shoot's API server answers slowly \(GET /version took \d+\.\d s\)", slow["message"])
+            # Not a condition False (that is gardenlet's APIServerAvailable): a Warning Event on the Extension and a
+            # gauge say it, while the shoot stays served.
+            warning = await eventually_async(lambda: _event(api, shoot.namespace, "ShootAPIServerSlow"), limit=30)
+            assert warning.type == "Warning"
+            assert re.search(r"^The shoot's API server answers slowly \(GET /version took \d+\.\d s\)", warning.message)
+            assert warning.involved_object.kind == "Extension"
+            assert await served(api, shoot.namespace, reason="HealthCheckSuccessful")
+            registry = extension.controller.metrics.registry
+
+            def slow() -> float | None:
+                labels = {"namespace": shoot.namespace}
+                return registry.get_sample_value("machine_preservation_shoot_api_server_slow", labels)
+
+            assert slow() == 1
 
             proxy.delay = 0.0
-            await eventually_async(lambda: served(api, shoot.namespace, reason="ShootServed"), limit=30)
+            await eventually_async(lambda: slow() == 0, limit=30)
+            assert await served(api, shoot.namespace, reason="HealthCheckSuccessful")
         finally:
             await proxy.cut()
 
 
-async def _health(api: client.ApiClient, namespace: str, reason: str) -> dict[str, Any] | None:
-    """The Extension's ControlPlaneHealthy condition if its reason is `reason`, else None."""
-    found = condition(await read_extension(api, namespace), contract.CONTROL_PLANE_HEALTHY)
-    return found if found.get("reason") == reason else None
+async def _event(api: client.ApiClient, namespace: str, reason: str) -> Any:
+    """The extension's Event about the namespace's Extension with this reason, or None."""
+    listed = await client.CoreV1Api(api).list_namespaced_event(namespace)
+    return next((e for e in listed.items if e.reason == reason and e.involved_object.kind == "Extension"), None)
 
 
 async def test_force_deletion_waits_for_nothing_in_the_shoot(
@@ -398,17 +412,22 @@ async def test_hibernation_pauses_the_shoots_lifecycle_and_waking_up_resumes_it(
         supervisor = extension.controller.supervisor
         assert supervisor is not None
 
-        await eventually_async(lambda: served(api, shoot.namespace, reason="ShootServed"), limit=30)
+        await eventually_async(lambda: served(api, shoot.namespace, reason="HealthCheckSuccessful"), limit=30)
         workers = [gardener.worker("worker1")]
         await gardener.update_cluster_shoot(
             api, shoot.namespace, gardener.shoot_manifest(shoot.namespace, workers=workers, hibernated=True)
         )
         await eventually_async(lambda: shoot.namespace not in supervisor.namespaces(), limit=10)
-        await eventually_async(lambda: served(api, shoot.namespace, reason="ShootHibernated"), limit=10)
+
+        async def hibernated() -> bool:
+            found = await served(api, shoot.namespace, reason="HealthCheckSuccessful")
+            return found is not None and found["message"] == "Shoot is hibernated"
+
+        await eventually_async(hibernated, limit=10)
         await gardener.update_cluster_shoot(
             api, shoot.namespace, gardener.shoot_manifest(shoot.namespace, workers=workers, hibernated=False)
         )
-        await eventually_async(lambda: served(api, shoot.namespace, reason="ShootServed"), limit=30)
+        await eventually_async(lambda: served(api, shoot.namespace, reason="HealthCheckSuccessful"), limit=30)
         assert shoot.namespace in supervisor.namespaces()
         await gardener.delete_extension(api, shoot.namespace)
         await eventually_async(lambda: _gone(api, shoot.namespace), limit=30)

@@ -211,20 +211,29 @@ NOT_APPLIED = sr.ObjectsApplied(namespace="shoot--p--a", applied=False, message=
 SLOW = "GET /version took 5.2 s"
 
 
+NOT_REPORTED = sr.ObjectsApplied(namespace="shoot--p--a", applied=False, message="not reported yet", reported=False)
+T, F, P = "True", "False", "Progressing"
+OK, FAIL, PROGRESS = "HealthCheckSuccessful", "HealthCheckUnsuccessful", "HealthCheckProgressing"
+
+
 @pytest.mark.parametrize(
-    ("hibernated", "running", "native", "problem", "objects", "slow", "served", "reason", "in_message"),
+    ("hibernated", "running", "native", "problem", "objects", "slow", "status", "reason", "in_message", "diagnosis"),
     [
-        (True, False, None, "down", None, "", True, "ShootHibernated", "hibernated"),
-        (True, True, None, "", APPLIED, SLOW, True, "ShootHibernated", "hibernated"),
-        (False, False, None, "cannot watch nodes: refused", APPLIED, "", False, "ShootNotServed", "refused"),
-        (False, False, None, "cannot watch nodes: refused", APPLIED, SLOW, False, "ShootNotServed", "refused"),
-        (False, False, None, "", APPLIED, "", False, "ShootNotServed", "Starting"),
-        (False, True, False, "", None, "", False, "ShootObjectsNotApplied", "not there yet"),
-        (False, True, False, "", NOT_APPLIED, SLOW, False, "ShootObjectsNotApplied", "forbidden"),
-        (False, True, False, "", APPLIED, SLOW, False, "ShootAPIServerSlow", f"answers slowly ({SLOW})"),
-        (False, True, True, "", APPLIED, SLOW, False, "ShootAPIServerSlow", "preservations wait for it"),
-        (False, True, False, "", APPLIED, "", True, "ShootServed", "Preservation runs."),
-        (False, True, True, "", APPLIED, "", True, "ShootServed", "natively"),
+        # As Gardener's health-check library says it: hibernated is healthy.
+        (True, False, None, "down", None, "", T, OK, "Shoot is hibernated", ""),
+        (True, True, None, "", APPLIED, SLOW, T, OK, "Shoot is hibernated", ""),
+        # Starting, or waiting for the shoot (its API server, the token): Progressing, never False.
+        (False, False, None, "cannot watch nodes: refused", APPLIED, "", P, PROGRESS, "refused", "refused"),
+        (False, False, None, "cannot watch nodes: refused", APPLIED, SLOW, P, PROGRESS, "refused", "refused"),
+        (False, False, None, "", APPLIED, "", P, PROGRESS, "starting", ""),
+        (False, True, False, "", None, "", P, PROGRESS, "being applied", ""),
+        (False, True, False, "", NOT_REPORTED, "", P, PROGRESS, "being applied", ""),
+        # What is ours failing: GRM says our objects are not applied.
+        (False, True, False, "", NOT_APPLIED, SLOW, F, FAIL, "forbidden", ""),
+        # A slow API server is gardenlet's APIServerAvailable: healthy here, our diagnosis for Events.
+        (False, True, False, "", APPLIED, SLOW, T, OK, "All health checks successful", f"answers slowly ({SLOW})"),
+        (False, True, False, "", APPLIED, "", T, OK, "All health checks successful", ""),
+        (False, True, True, "", APPLIED, "", T, OK, "natively", ""),
     ],
 )
 def test_shoot_health(
@@ -234,15 +243,19 @@ def test_shoot_health(
     problem: str,
     objects: sr.ObjectsApplied | None,
     slow: str,
-    served: bool,
+    status: str,
     reason: str,
     in_message: str,
+    diagnosis: str,
 ) -> None:
     health = sr.shoot_health(
         hibernated=hibernated, running=running, native=native, problem=problem, objects=objects, slow=slow
     )
-    assert (health.served, health.reason) == (served, reason)
+    assert (health.status, health.reason) == (status, reason)
+    assert health.served == (status == T)
     assert in_message in health.message
+    assert diagnosis in health.diagnosis
+    assert bool(health.diagnosis) == bool(diagnosis)
 
 
 @pytest.mark.parametrize(

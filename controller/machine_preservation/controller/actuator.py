@@ -28,10 +28,12 @@ from typing import Any
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
+from machine_preservation.controller.events import EventRecorder, Regarding
 from machine_preservation.controller.informer import Informer
 from machine_preservation.controller.shoots import ShootSupervisor
 from machine_preservation.core import extension as contract
 from machine_preservation.core import shoot_resources
+from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.field_errors import aggregate
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.shoot import provider_config_errors
@@ -64,6 +66,7 @@ class ExtensionActuator:
     webhook_url: str
     ca_bundle: Callable[[], bytes | None]  # the CA the shoots' API servers verify the webhook with
     clock: Callable[[], dt.datetime]
+    identity: str = "machine-preservation-extension"  # this process, as its Events name it
     # The bounds a providerConfig is judged by, as the garden admission judges it.
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     # How long a Delete or Migrate waits for the shoot's GRM to let the ManagedResource go before it reports an
@@ -178,14 +181,25 @@ class ExtensionActuator:
             slow=state.slow,
         )
         patch = contract.control_plane_healthy(
-            extension,
-            status=contract.ConditionStatus.TRUE if health.served else contract.ConditionStatus.FALSE,
-            reason=health.reason,
-            message=health.message,
-            now=self.clock(),
+            extension, status=health.status, reason=health.reason, message=health.message, now=self.clock()
         )
         if patch is not None:
             await patch_status(self.seed, extension, patch)
+        if health.diagnosis:
+            # Ours to tell, not a condition of the Shoot's: an Event on the Extension, counted while it lasts.
+            reason = "ShootAPIServerSlow" if state.slow and state.running else "ShootNotServed"
+            await self.events(namespace).record(
+                regarding=Regarding(kind="Extension", name=extension.metadata.name, uid=extension.metadata.uid),
+                type=v.EventType.WARNING,
+                reason=reason,
+                message=health.diagnosis,
+                action="Serve",
+                now=self.clock(),
+                key=reason,
+            )
+
+    def events(self, namespace: str) -> EventRecorder:
+        return EventRecorder(control=self.seed, target=self.seed, machine_namespace=namespace, instance=self.identity)
 
     async def _run_or_pause(self, namespace: str, facts: ShootFacts | None) -> None:
         if facts is None or facts.lifecycle.hibernated or facts.lifecycle.deleted:

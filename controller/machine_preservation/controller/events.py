@@ -32,9 +32,16 @@ NODE_EVENT_NAMESPACE = "default"
 REPEAT_ATTEMPTS = 5
 
 
+# The kinds of the control (seed) cluster's namespace Events can be about, with their API versions; else a Node.
+_CONTROL_KINDS = {
+    "Machine": f"{v.MACHINE_API_GROUP}/{v.MACHINE_API_VERSION}",
+    "Extension": "extensions.gardener.cloud/v1alpha1",
+}
+
+
 @dataclass(frozen=True)
 class Regarding:
-    kind: str  # "Machine" | "Node"
+    kind: str  # "Machine" | "Extension" | "Node"
     name: str
     uid: str = ""
 
@@ -60,11 +67,11 @@ class EventRecorder:
     ) -> None:
         """Create the Event, or count a repeat of it (`once`: a repeat changes nothing). The Event is named
         after `key` where one is given, else after the message."""
-        if regarding.kind == "Machine":
+        if regarding.kind in _CONTROL_KINDS:
             api_client, namespace = self.control, self.machine_namespace
             reference = client.V1ObjectReference(
-                api_version=f"{v.MACHINE_API_GROUP}/{v.MACHINE_API_VERSION}",
-                kind="Machine",
+                api_version=_CONTROL_KINDS[regarding.kind],
+                kind=regarding.kind,
                 namespace=namespace,
                 name=regarding.name,
                 uid=regarding.uid or None,

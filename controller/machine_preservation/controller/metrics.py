@@ -113,6 +113,12 @@ class Metrics:
             registry=r,
         )
         self.leader = Gauge("machine_preservation_leader", "1 while this process leads.", registry=r)
+        self.shoot_api_server_slow = Gauge(
+            "machine_preservation_shoot_api_server_slow",
+            "1 while a served shoot's API server answers its GET /version late (past 2 s, or not within 10 s).",
+            ["namespace"],
+            registry=r,
+        )
         self.loop_lag = Histogram(
             "machine_preservation_event_loop_lag_seconds",
             "How late the event loop ran a timer (one is due every 0.1 s): how long the process's own work held up"

@@ -137,6 +137,8 @@ class ShootSupervisor:
         shoot = self._shoots.pop(namespace, None)
         if shoot is None:
             return
+        with contextlib.suppress(KeyError):
+            self.metrics.shoot_api_server_slow.remove(namespace)
         shoot.halt.set()
         if shoot.task is not None:
             with contextlib.suppress(asyncio.CancelledError):
@@ -276,6 +278,7 @@ class ShootSupervisor:
                 elif shoot.slow and not verdict:
                     logger.info("%s: the shoot's API server answers in time again", shoot.namespace)
                 shoot.slow = verdict
+                self.metrics.shoot_api_server_slow.labels(shoot.namespace).set(1 if verdict else 0)
             await asyncio.sleep(self.probe.period)
 
     async def _recheck(self, shoot: _Shoot, options: RuntimeOptions, native: bool, restart: asyncio.Event) -> None:

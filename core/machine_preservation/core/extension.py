@@ -91,6 +91,16 @@ class ConditionStatus(StrEnum):
     TRUE = "True"
     FALSE = "False"
     UNKNOWN = "Unknown"
+    PROGRESSING = "Progressing"  # Gardener's health checks: not there yet, and not (yet) a failure
+
+
+class HealthReason(StrEnum):
+    """The reasons of Gardener's health-check library (extensions/pkg/controller/healthcheck), which gardenlet
+    merges into the Shoot's conditions."""
+
+    SUCCESSFUL = "HealthCheckSuccessful"
+    UNSUCCESSFUL = "HealthCheckUnsuccessful"
+    PROGRESSING = "HealthCheckProgressing"
 
 
 class ErrorCode(StrEnum):

@@ -35,6 +35,7 @@ from typing import Any, Final
 
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core import webhook_configurations as wc
+from machine_preservation.core.extension import ConditionStatus, HealthReason
 
 SERVICE_ACCOUNT: Final = "machine-preservation"
 SERVICE_ACCOUNT_NAMESPACE: Final = "kube-system"
@@ -355,6 +356,7 @@ class ObjectsApplied:
     namespace: str
     applied: bool
     message: str = ""
+    reported: bool = True  # GRM has reported ResourcesApplied at all
 
 
 def objects_applied(raw: Mapping[str, Any]) -> ObjectsApplied:
@@ -368,14 +370,29 @@ def objects_applied(raw: Mapping[str, Any]) -> ObjectsApplied:
     )
     applied = condition is not None and condition.get("status") == "True"
     message = str(condition.get("message") or "") if condition is not None else "not reported yet"
-    return ObjectsApplied(namespace=str(metadata.get("namespace") or ""), applied=applied, message=message)
+    return ObjectsApplied(
+        namespace=str(metadata.get("namespace") or ""), applied=applied, message=message, reported=condition is not None
+    )
 
 
 @dataclass(frozen=True)
 class ShootHealth:
-    served: bool
-    reason: str
+    """The Extension's ControlPlaneHealthy condition, worded as Gardener's health-check library words it, and our own
+    diagnosis of the shoot for Events, metrics and the log (never a condition False: a slow or unreachable API
+    server is gardenlet's `APIServerAvailable`, a token not written yet is the shoot's GRM's)."""
+
+    status: ConditionStatus
+    reason: HealthReason
     message: str
+    diagnosis: str = ""  # what is wrong with the shoot that is not ours to report False, for people
+
+    @property
+    def served(self) -> bool:
+        return self.status is ConditionStatus.TRUE
+
+
+ALL_SUCCESSFUL: Final = "All health checks successful"
+HIBERNATED: Final = "Shoot is hibernated"
 
 
 def shoot_health(
@@ -387,26 +404,35 @@ def shoot_health(
     objects: ObjectsApplied | None,
     slow: str = "",
 ) -> ShootHealth:
-    """Whether the shoot is served: its lifecycle runs with every cache following the shoot (through the
-    shoot-access token), its GRM has applied our objects (RBAC, node webhooks, policy), and its API server answers
-    in time (`slow`: how it did not, for people). A slow API server is not served: every write of a preservation
-    waits for it, so a failed machine is neither protected nor drained in time."""
+    """How the shoot is served, in Gardener's terms:
+    - True (`HealthCheckSuccessful`) while hibernated ("Shoot is hibernated"), and while its lifecycle runs with
+      every cache following the shoot and its GRM has applied our objects (RBAC, node webhooks, policy), however
+      slowly its API server answers (`slow`, for people: the diagnosis);
+    - Progressing (`HealthCheckProgressing`) while the lifecycle starts or waits for the shoot (its API server,
+      the shoot-access token: `problem`, the diagnosis too) and while GRM has not reported on our objects yet;
+    - False (`HealthCheckUnsuccessful`) only where what is ours fails: GRM reports our objects not applied."""
     if hibernated:
-        return ShootHealth(served=True, reason="ShootHibernated", message="The shoot is hibernated.")
+        return ShootHealth(ConditionStatus.TRUE, HealthReason.SUCCESSFUL, HIBERNATED)
     if not running:
-        return ShootHealth(served=False, reason="ShootNotServed", message=problem or "Starting.")
-    if objects is None or not objects.applied:
-        detail = objects.message if objects is not None else "the ManagedResource is not there yet"
+        waiting = problem or "the shoot's lifecycle is starting"
         return ShootHealth(
-            served=False,
-            reason="ShootObjectsNotApplied",
-            message=f"The node webhooks and RBAC are not applied in the shoot: {detail}",
+            ConditionStatus.PROGRESSING,
+            HealthReason.PROGRESSING,
+            f"Machine preservation is starting for the shoot: {waiting}",
+            diagnosis=problem,
         )
-    if slow:
+    if objects is None or not objects.reported:
         return ShootHealth(
-            served=False,
-            reason="ShootAPIServerSlow",
-            message=f"The shoot's API server answers slowly ({slow}): preservations wait for it.",
+            ConditionStatus.PROGRESSING,
+            HealthReason.PROGRESSING,
+            "The node webhooks and RBAC are being applied in the shoot",
+        )
+    if not objects.applied:
+        return ShootHealth(
+            ConditionStatus.FALSE,
+            HealthReason.UNSUCCESSFUL,
+            f"The node webhooks and RBAC are not applied in the shoot: {objects.message}",
         )
     observe = " (MCM preserves natively: the extension observes)" if native else ""
-    return ShootHealth(served=True, reason="ShootServed", message=f"Preservation runs{observe}.")
+    diagnosis = f"The shoot's API server answers slowly ({slow}): preservations wait for it." if slow else ""
+    return ShootHealth(ConditionStatus.TRUE, HealthReason.SUCCESSFUL, ALL_SUCCESSFUL + observe, diagnosis=diagnosis)
