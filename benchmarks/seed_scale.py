@@ -43,7 +43,8 @@ Figures (on this script's clock):
 5. RSS: VmHWM and VmRSS of the extension process;
 6. with --unreachable N: N shoots' proxies refuse connections and cut the open ones (`--unreachable-mode down`)
    or answer every read `--slow-seconds` late (`slow`); then: how long until each of their Extensions reports it
-   (ControlPlaneHealthy not True when down; a Warning Event on the Extension when slow), Failed -> preserved and expiry for samples on the other shoots, writes and CPU in a
+   (ControlPlaneHealthy not True when down; a Warning Event on the Extension when slow), Failed -> preserved and
+   expiry for samples on the other shoots, writes and CPU in a
    `--unreachable-steady-seconds` window, and the reachable shoots' conditions.
 
     .venv/bin/python benchmarks/seed_scale.py --quick
