@@ -174,6 +174,23 @@ def test_controller_runs_with_the_charts_arguments_and_rbac(
             eventually(lambda: core.list_namespaced_event(namespace).items)
         except AssertionError as error:
             raise AssertionError((tmp_path / "controller.log").read_text()[-6000:]) from error
+
+        # MCM marks the machine Failed while its Node is Ready: the controller reads the Node past its cache before
+        # it moves the machine back to Running (a GET of the Node, which the chart must grant).
+        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ready"}
+        core.patch_node_status(node, {"status": {"conditions": [ready]}})
+        custom.patch_namespaced_custom_object_status(
+            *MACHINES, namespace, "machines", "m", {"status": {"currentStatus": {"phase": "Failed"}}}
+        )
+
+        def recovered() -> bool:
+            machine = custom.get_namespaced_custom_object(*MACHINES, namespace, "machines", "m")
+            return bool(machine.get("status", {}).get("currentStatus", {}).get("phase") == "Running")
+
+        try:
+            eventually(recovered, limit=20)
+        except AssertionError as error:
+            raise AssertionError((tmp_path / "controller.log").read_text()[-6000:]) from error
         output = (tmp_path / "controller.log").read_text()
         # A refused request is logged with its reason ("403 Forbidden", ApiException's "Reason: Forbidden"); a bare
         # "403" also matched a log line's milliseconds ("07:45:37,403").

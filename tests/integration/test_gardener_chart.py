@@ -458,7 +458,7 @@ def test_rbac_is_exactly_what_each_component_does(rendered: list[dict[str, Any]]
             "get",
             "machines.machine.sapcloud.io,machinesets.machine.sapcloud.io,clusters.extensions.gardener.cloud",
         )
-        | expand("", "events", "create patch")
+        | expand("", "events", "create get patch")
         | expand("", "namespaces", "get list watch")
     )
     assert rules(rendered, "Role", f"{NAME}-leases") == expand(

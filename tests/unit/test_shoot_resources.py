@@ -53,6 +53,7 @@ def test_rbac_grants_exactly_the_controllers_verbs() -> None:
     grants = {(r, verb) for rule in role["rules"] for r in rule["resources"] for verb in rule["verbs"]}
     assert all(rule["apiGroups"] == [""] for rule in role["rules"])
     assert grants == {
+        ("nodes", "get"),  # reconcile.LiveNodes
         ("nodes", "list"),
         ("nodes", "watch"),
         ("nodes", "patch"),

@@ -331,9 +331,10 @@ podAntiAffinity:
 
 {{/* What the controller does in the target cluster: nodes (annotations, taint, Preserved condition), draining. */}}
 {{- define "mp.controller.targetRules" -}}
+# get: a Failed machine's Node is read past the cache before the controller moves the machine back to Running.
 - apiGroups: [""]
   resources: [nodes]
-  verbs: [list, watch, patch]
+  verbs: [get, list, watch, patch]
 - apiGroups: [""]
   resources: [nodes/status]
   verbs: [patch]

@@ -107,10 +107,10 @@ def _rule(group: str, resources: Sequence[str], verbs: Sequence[str]) -> dict[st
     return {"apiGroups": [group], "resources": list(resources), "verbs": list(verbs)}
 
 
-# What the controller does in the shoot: informers on Nodes and Pods (caches.py), Node and Node status patches
-# (apply.py), evictions (drain.py).
+# What the controller does in the shoot: informers on Nodes and Pods (caches.py), a Node read past the cache
+# (reconcile.LiveNodes), Node and Node status patches (apply.py), evictions (drain.py).
 TARGET_RULES: Final[Sequence[Mapping[str, Any]]] = (
-    _rule("", ["nodes"], ["list", "watch", "patch"]),
+    _rule("", ["nodes"], ["get", "list", "watch", "patch"]),
     _rule("", ["nodes/status"], ["patch"]),
     _rule("", ["pods"], ["list", "watch"]),
     _rule("", ["pods/eviction"], ["create"]),
