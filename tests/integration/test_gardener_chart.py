@@ -194,6 +194,14 @@ def test_the_installation_is_exactly_these_objects(rendered: list[dict[str, Any]
             # The seed webhook configuration's manifest: the certs manager creates and keeps the configuration
             # (the seed's gardener-resource-manager would wipe its caBundle on every sync).
             ("ConfigMap", SEED_WEBHOOKS, NAMESPACE),
+            # What a seed's monitoring, VPA and disruption handling take from an extension.
+            ("Service", f"{NAME}-metrics", NAMESPACE),
+            ("PodDisruptionBudget", NAME, NAMESPACE),
+            ("VerticalPodAutoscaler", NAME, NAMESPACE),
+            ("VerticalPodAutoscaler", WEBHOOK, NAMESPACE),
+            ("VerticalPodAutoscaler", CERTS, NAMESPACE),
+            ("PrometheusRule", NAME, NAMESPACE),
+            ("ConfigMap", f"{NAME}-dashboard-{NAMESPACE}", "garden"),
         ]
     )
     # The Secrets are rendered empty: the certs manager owns their data, and gardener-resource-manager only creates
@@ -564,7 +572,7 @@ def kubectl(toolchain: Toolchain, kubeconfig: Path, *args: str, stdin: str = "")
 
 
 def test_every_object_is_accepted_by_the_api_server(
-    toolchain: Toolchain, control_plane: ControlPlane, namespace: str, tmp_path: Path
+    toolchain: Toolchain, control_plane: ControlPlane, namespace: str, tmp_path: Path, seed_system: None
 ) -> None:
     rendered = render(toolchain, tmp_path, namespace=namespace, release=f"mp-{namespace}")
     # And the seed webhook configuration as the certs manager creates it from its manifest.
@@ -742,6 +750,35 @@ def gardener_module() -> Path:
     return go_module_dir(GARDENER_MODULE, GARDENER_VERSION)
 
 
+# What every Gardener seed has besides Gardener's own CRDs: the VPA and prometheus-operator (their CRDs as Gardener
+# ships them for seeds) and the garden namespace.
+SEED_SYSTEM_CRDS = (
+    "example/seed-crds/10-crd-autoscaling.k8s.io_verticalpodautoscalers.yaml",
+    "example/seed-crds/10-crd-monitoring.coreos.com_prometheusrules.yaml",
+)
+
+
+@pytest.fixture(scope="module")
+def seed_system(kube_client: client.ApiClient) -> None:
+    api = client.ApiextensionsV1Api(kube_client)
+    names = []
+    for path in SEED_SYSTEM_CRDS:
+        manifest = yaml.safe_load((gardener_module() / path).read_text())
+        apply_crd(api, manifest)
+        names.append(manifest["metadata"]["name"])
+
+    def established() -> bool:
+        crds = [api.read_custom_resource_definition(name) for name in names]
+        return all(
+            any(c.type == "Established" and c.status == "True" for c in (crd.status and crd.status.conditions) or [])
+            for crd in crds
+        )
+
+    eventually(established)
+    with contextlib.suppress(client.exceptions.ApiException):
+        client.CoreV1Api(kube_client).create_namespace({"metadata": {"name": "garden"}})
+
+
 @pytest.fixture(scope="module")
 def operator_extension_crd(kube_client: client.ApiClient) -> str:
     manifest = yaml.safe_load((gardener_module() / OPERATOR_EXTENSION_CRD).read_text())
@@ -880,3 +917,68 @@ def test_controller_registration_example_uses_only_gardeners_fields() -> None:
     assert unknown_fields(
         misspelt, "ControllerRegistration", kinds[("core.gardener.cloud/v1beta1", "ControllerRegistration")], "r"
     ) == ["r.spec.resources[0].globallyEnabled"]
+
+
+# --- what a seed's monitoring, VPA and disruption handling take from an extension ---------------------------------
+
+
+def _exported_metric_names() -> set[str]:
+    """Every series name the extension process can export (the registry's families, with their samples' suffixes)."""
+    from machine_preservation.controller.metrics import Metrics
+
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    return {
+        family.name + suffix for family in Metrics().registry.collect() for suffix in suffixes.get(family.type, ("",))
+    }
+
+
+def test_the_seed_prometheus_scrapes_the_extension(rendered: list[dict[str, Any]]) -> None:
+    pod = standalone.find(rendered, "Deployment", NAME)["spec"]["template"]
+    port = next(p["containerPort"] for p in pod["spec"]["containers"][0]["ports"] if p["name"] == "metrics")
+    assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(port)
+    service = standalone.find(rendered, "Service", f"{NAME}-metrics")
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    annotations = service["metadata"]["annotations"]
+    allowed = json.loads(annotations["networking.resources.gardener.cloud/from-all-seed-scrape-targets-allowed-ports"])
+    assert allowed == [{"port": port, "protocol": "TCP"}]
+    assert json.loads(annotations["networking.resources.gardener.cloud/namespace-selectors"]) == [
+        {"matchLabels": {"kubernetes.io/metadata.name": "garden"}}
+    ]
+    assert annotations["networking.resources.gardener.cloud/pod-label-selector-namespace-alias"] == "extensions"
+
+
+def test_alerts_and_the_dashboard_name_only_metrics_the_extension_exports(rendered: list[dict[str, Any]]) -> None:
+    exported = _exported_metric_names()
+    rules = next(d for d in rendered if d["kind"] == "PrometheusRule")
+    assert rules["metadata"]["labels"]["prometheus"] == "seed"
+    alerts = [rule for group in rules["spec"]["groups"] for rule in group["rules"]]
+    assert alerts, "alerting rules"
+    for alert in alerts:
+        assert alert["labels"]["severity"] in ("critical", "warning", "info")
+        named = set(re.findall(r"machine_preservation_[a-z_]+", alert["expr"]))
+        assert named, alert["alert"]
+        assert named <= exported, (alert["alert"], named - exported)
+    dashboard_map = next(d for d in rendered if d["kind"] == "ConfigMap" and "dashboard" in d["metadata"]["name"])
+    assert dashboard_map["metadata"]["namespace"] == "garden"
+    assert dashboard_map["metadata"]["labels"]["dashboard.monitoring.gardener.cloud/seed"] == "true"
+    dashboard = json.loads(dashboard_map["data"]["machine-preservation.json"])
+    targets = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    assert any("machine_preservation_preserved_machines" in expr and "namespace" in expr for expr in targets)
+    for expr in targets:
+        named = set(re.findall(r"machine_preservation_[a-z_]+", expr))
+        assert named, expr
+        assert named <= exported, (expr, named - exported)
+
+
+def test_every_deployment_has_a_vpa_and_the_controller_a_pdb(rendered: list[dict[str, Any]]) -> None:
+    deployments = {d["metadata"]["name"] for d in rendered if d["kind"] == "Deployment"}
+    vpas = {d["spec"]["targetRef"]["name"]: d for d in rendered if d["kind"] == "VerticalPodAutoscaler"}
+    assert set(vpas) == deployments
+    for vpa in vpas.values():
+        assert vpa["spec"]["targetRef"]["kind"] == "Deployment"
+        assert vpa["spec"]["resourcePolicy"]["containerPolicies"][0]["controlledValues"] == "RequestsOnly"
+    pdb = standalone.find(rendered, "PodDisruptionBudget", NAME)
+    pod_labels = standalone.find(rendered, "Deployment", NAME)["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert pdb["spec"]["maxUnavailable"] == 1
