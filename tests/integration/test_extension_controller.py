@@ -517,3 +517,20 @@ async def test_every_failure_of_an_operation_ends_in_error_not_processing(
     assert status["lastOperation"]["state"] == "Error"
     assert said in status["lastError"]["description"]
     assert status["lastError"]["description"].startswith("Error reconciling the Extension: ")
+
+
+async def test_an_extension_of_another_class_is_left_alone(
+    seed: ControlPlane, api: client.ApiClient, extension: Extension, tmp_path: Path
+) -> None:
+    async with new_shoot(seed, api, tmp_path) as shoot:
+        manifest = gardener.extension_manifest(shoot.namespace)
+        manifest["spec"]["class"] = "garden"  # under our name and type, but for the garden's extension controller
+        await client.CustomObjectsApi(api).create_namespaced_custom_object(
+            gardener.EXTENSIONS_GROUP, gardener.EXTENSIONS_VERSION, shoot.namespace, "extensions", manifest
+        )
+        await asyncio.sleep(3)
+        found = await read_extension(api, shoot.namespace)
+        assert found is not None
+        assert not found["metadata"].get("finalizers")
+        assert not (found.get("status") or {}).get("lastOperation")
+        assert shoot.namespace not in extension.controller.supervisor.namespaces()  # type: ignore[union-attr]

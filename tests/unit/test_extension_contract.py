@@ -561,3 +561,21 @@ def test_which_updates_ask_for_work(old: Extension, new: Extension, work: bool) 
 @given(st.sampled_from(["reconcile", "migrate", "restore", "wait-for-state"]))
 def test_removing_the_operation_annotation_never_asks_for_work(operation: str) -> None:
     assert not e.asks_for_work(ext(annotation=operation), ext())
+
+
+@pytest.mark.parametrize(
+    ("spec", "ours"),
+    [
+        ({"type": "machine-preservation"}, True),
+        ({"type": "machine-preservation", "class": None}, True),
+        ({"type": "machine-preservation", "class": "shoot"}, True),
+        ({"type": "machine-preservation", "class": "garden"}, False),
+        ({"type": "machine-preservation", "class": "seed"}, False),
+        ({"type": "shoot-dns-service"}, False),
+        ({}, False),
+    ],
+)
+def test_only_our_type_of_the_shoot_class_is_ours(spec: dict[str, Any], ours: bool) -> None:
+    # As Gardener's predicates select Extensions for a controller: HasType and HasClass (absent means shoot).
+    extension = Extension.model_validate({"metadata": {"name": "machine-preservation"}, "spec": spec})
+    assert extension.ours is ours

@@ -44,7 +44,7 @@ class ExtensionReconciler:
 
     async def reconcile(self, namespace: str) -> dt.timedelta | None:
         extension = self.extensions.get(f"{namespace}/{contract.EXTENSION_TYPE}")
-        if extension is None:
+        if extension is None or not extension.ours:  # another type or class under our name is not ours to touch
             await self.actuator.forget(namespace)
             return None
         facts = self.clusters.get(namespace)
@@ -102,7 +102,7 @@ class ExtensionReconciler:
     async def refresh_health(self, namespace: str) -> dt.timedelta | None:
         """Report a change of the shoot's state (served, or why not) on its Extension; no operation is started."""
         extension = self.extensions.get(f"{namespace}/{contract.EXTENSION_TYPE}")
-        if extension is not None and not extension.deleting and not contract.is_migrated(extension):
+        if extension is not None and extension.ours and not extension.deleting and not contract.is_migrated(extension):
             await self.actuator.report_health(extension, self.clusters.get(namespace))
         return None
 

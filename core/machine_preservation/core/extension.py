@@ -40,6 +40,7 @@ from machine_preservation.core import provider_config
 from machine_preservation.core.preservation_record import format_timestamp
 
 EXTENSION_TYPE: Final = provider_config.EXTENSION_TYPE
+SHOOT_CLASS: Final = "shoot"
 API_GROUP: Final = "extensions.gardener.cloud"
 API_VERSION: Final = "extensions.gardener.cloud/v1alpha1"
 KIND: Final = "Extension"
@@ -192,6 +193,9 @@ class ExtensionMeta(_Model):
 
 class ExtensionSpec(_Model):
     type: str = ""
+    # Where the extension runs for this object (Gardener ≥ v1.119): `shoot` (the default when absent), `seed` or
+    # `garden`. This extension serves shoots only.
+    class_: str | None = Field(default=None, alias="class")
     provider_config: Any = None
 
 
@@ -227,6 +231,12 @@ class Extension(_Model):
     @property
     def deleting(self) -> bool:
         return self.metadata.deletion_timestamp is not None
+
+    @property
+    def ours(self) -> bool:
+        """Whether this extension serves the object, as Gardener's predicates select it (`HasType`, `HasClass`): our
+        type, and the shoot class (the default)."""
+        return self.spec.type == EXTENSION_TYPE and self.spec.class_ in (None, "", SHOOT_CLASS)
 
 
 # --- what to do ----------------------------------------------------------------------------------------------
