@@ -5,6 +5,7 @@ ManagedResource with its data Secret (deterministic bytes)."""
 from __future__ import annotations
 
 import base64
+import re
 from typing import Any
 
 import pytest
@@ -149,13 +150,24 @@ def test_shoot_objects_are_everything() -> None:
 def test_managed_resource() -> None:
     objects = sr.shoot_objects(ca_bundle=CA, url=URL)
     secret, resource = sr.managed_resource(NAMESPACE, objects)
-    assert secret["metadata"]["name"] == "managedresource-extension-machine-preservation-shoot"
+    # As Gardener's managedresources.NewForShoot builds them: an immutable Secret named after its content and
+    # collectable by the seed's GRM, the creator in `origin`, `no-cleanup` injected into every shoot object.
+    assert re.fullmatch(r"managedresource-extension-machine-preservation-shoot-[0-9a-f]{8}", secret["metadata"]["name"])
+    assert secret["immutable"] is True
+    assert secret["metadata"]["labels"]["resources.gardener.cloud/garbage-collectable-reference"] == "true"
+    assert secret["metadata"]["labels"]["origin"] == "machine-preservation"
     assert secret["metadata"]["namespace"] == NAMESPACE
     assert resource["apiVersion"] == "resources.gardener.cloud/v1alpha1"
     assert resource["metadata"]["name"] == "extension-machine-preservation-shoot"
     assert resource["metadata"]["namespace"] == NAMESPACE
-    assert resource["spec"] == {"secretRefs": [{"name": secret["metadata"]["name"]}], "keepObjects": False}
+    assert resource["metadata"]["labels"]["origin"] == "machine-preservation"
+    assert resource["spec"] == {
+        "secretRefs": [{"name": secret["metadata"]["name"]}],
+        "injectLabels": {"shoot.gardener.cloud/no-cleanup": "true"},
+        "keepObjects": False,
+    }
     assert "class" not in resource["spec"]
+    assert sr.data_secrets(resource) == [secret["metadata"]["name"]]
     (data,) = secret["data"].values()
     decoded = sr.deserialize_objects(base64.b64decode(data))
     assert sorted(decoded, key=sr._sort_key) == sorted(objects, key=sr._sort_key)
@@ -168,6 +180,7 @@ def test_managed_resource_bytes_do_not_depend_on_order() -> None:
     assert first == second
     rotated, _ = sr.managed_resource(NAMESPACE, sr.shoot_objects(ca_bundle=CA + b"\n", url=URL))
     assert rotated["data"] != first["data"]
+    assert rotated["metadata"]["name"] != first["metadata"]["name"], "new content, new immutable Secret"
 
 
 def test_keep_objects_patch() -> None:

@@ -124,12 +124,9 @@ class ExtensionActuator:
             shoot_resources.keep_objects_patch(),
         )
         custom = client.CustomObjectsApi(self.seed)
-        await _absent(
-            custom.delete_namespaced_custom_object(
-                "resources.gardener.cloud", "v1alpha1", namespace, "managedresources", shoot_resources.MANAGED_RESOURCE
-            )
-        )
-        await self._delete_secrets(namespace)
+        data = await self._data_secrets(namespace)
+        await _absent(custom.delete_namespaced_custom_object(*_managed_resource(namespace)))
+        await self._delete_secrets(namespace, data)
 
     async def restore(self, extension: contract.Extension, facts: ShootFacts | None) -> str | None:
         """The shoot moved to this seed: provisioned as on Create. The preservations continue from the records the
@@ -232,13 +229,8 @@ class ExtensionActuator:
         first, unless they are kept), then the Secrets."""
         self._provisioned.pop(namespace, None)
         custom = client.CustomObjectsApi(self.seed)
-        resource = (
-            "resources.gardener.cloud",
-            "v1alpha1",
-            namespace,
-            "managedresources",
-            shoot_resources.MANAGED_RESOURCE,
-        )
+        resource = _managed_resource(namespace)
+        data = await self._data_secrets(namespace)
         await _absent(custom.delete_namespaced_custom_object(*resource))
         deadline = asyncio.get_running_loop().time() + self.managed_resource_deletion_limit
         while True:
@@ -252,11 +244,21 @@ class ExtensionActuator:
                     "shoot's gardener-resource-manager running?)"
                 )
             await asyncio.sleep(0.5)
-        await self._delete_secrets(namespace)
+        await self._delete_secrets(namespace, data)
 
-    async def _delete_secrets(self, namespace: str) -> None:
+    async def _data_secrets(self, namespace: str) -> list[str]:
+        """The data Secrets the namespace's ManagedResource refers to now (deleted with it: the seed's GRM would
+        collect them too, but only where it runs its garbage collector)."""
+        custom = client.CustomObjectsApi(self.seed)
+        raw = await read_json(
+            await custom.get_namespaced_custom_object_without_preload_content(*_managed_resource(namespace))
+        )
+        return shoot_resources.data_secrets(raw) if raw is not None else []
+
+    async def _delete_secrets(self, namespace: str, data: list[str]) -> None:
         core = client.CoreV1Api(self.seed)
-        await _absent(core.delete_namespaced_secret(shoot_resources.MANAGED_RESOURCE_SECRET, namespace))
+        for name in data:
+            await _absent(core.delete_namespaced_secret(name, namespace))
         await _absent(core.delete_namespaced_secret(shoot_resources.SHOOT_ACCESS_SECRET, namespace))
 
     async def _ensure_secret(self, desired: Mapping[str, Any], *, keep_data: bool) -> None:
@@ -296,6 +298,11 @@ class ExtensionActuator:
                 group, version, namespace, plural, name, dict(body), _content_type=MERGE_PATCH
             )
         )
+
+
+def _managed_resource(namespace: str) -> tuple[str, str, str, str, str]:
+    """The namespace's ManagedResource, as the custom objects API names it."""
+    return ("resources.gardener.cloud", "v1alpha1", namespace, "managedresources", shoot_resources.MANAGED_RESOURCE)
 
 
 async def patch_status(seed: client.ApiClient, extension: contract.Extension, status: Mapping[str, Any]) -> None:

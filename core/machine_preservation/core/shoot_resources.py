@@ -28,6 +28,7 @@ Output is deterministic: the same input gives the same bytes, so an unchanged sh
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,7 +47,15 @@ SHOOT_ACCESS_SECRET: Final = f"shoot-access-{SERVICE_ACCOUNT}"
 TOKEN_KEY: Final = "token"
 
 MANAGED_RESOURCE: Final = "extension-machine-preservation-shoot"
+# The data Secret's name without its content hash (`managed_resource`): immutable, one name per content.
 MANAGED_RESOURCE_SECRET: Final = f"managedresource-{MANAGED_RESOURCE}"
+# As Gardener's managedresources.NewForShoot builds one: the creator (`origin`), the label GRM puts on every object
+# it applies in the shoot (Gardener's shoot deletion then leaves them to GRM), and the label that lets the seed's GRM
+# garbage-collect a data Secret no ManagedResource refers to any more.
+ORIGIN_LABEL: Final = "origin"
+ORIGIN: Final = "machine-preservation"
+SHOOT_NO_CLEANUP_LABEL: Final = "shoot.gardener.cloud/no-cleanup"
+GARBAGE_COLLECTABLE_LABEL: Final = "resources.gardener.cloud/garbage-collectable-reference"
 MANAGED_RESOURCE_DATA_KEY: Final = "objects.yaml"
 # The condition GRM sets on a ManagedResource once every object is applied in the target cluster.
 RESOURCES_APPLIED: Final = "ResourcesApplied"
@@ -323,22 +332,47 @@ def deserialize_objects(data: bytes) -> list[dict[str, Any]]:
 
 
 def managed_resource(namespace: str, objects: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The data Secret and the ManagedResource (no class: the shoot's GRM applies it in the shoot; objects
-    deleted with it, `keepObjects: false`). A migration sets `keepObjects: true` itself before deleting."""
+    """The data Secret and the ManagedResource, as Gardener's `managedresources.NewForShoot` builds them: no class
+    (the shoot's GRM applies it in the shoot), the objects deleted with it (`keepObjects: false`; a migration sets
+    `true` itself before deleting), `shoot.gardener.cloud/no-cleanup` injected into every object, the creator in
+    `origin`; the Secret immutable, named after its content (a change makes a new one, the seed's GRM collects the
+    old)."""
+    data = {MANAGED_RESOURCE_DATA_KEY: base64.b64encode(serialize_objects(objects)).decode()}
+    checksum = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:8]
+    name = f"{MANAGED_RESOURCE_SECRET}-{checksum}"
     secret = {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": {"name": MANAGED_RESOURCE_SECRET, "namespace": namespace, "labels": dict(MANAGED_BY_LABELS)},
-        "data": {MANAGED_RESOURCE_DATA_KEY: base64.b64encode(serialize_objects(objects)).decode()},
+        "immutable": True,
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {**MANAGED_BY_LABELS, ORIGIN_LABEL: ORIGIN, GARBAGE_COLLECTABLE_LABEL: "true"},
+        },
+        "data": data,
     }
     resource = {
         "apiVersion": "resources.gardener.cloud/v1alpha1",
         "kind": "ManagedResource",
-        "metadata": {"name": MANAGED_RESOURCE, "namespace": namespace, "labels": dict(MANAGED_BY_LABELS)},
-        "spec": {"secretRefs": [{"name": MANAGED_RESOURCE_SECRET}], "keepObjects": False},
+        "metadata": {
+            "name": MANAGED_RESOURCE,
+            "namespace": namespace,
+            "labels": {**MANAGED_BY_LABELS, ORIGIN_LABEL: ORIGIN},
+        },
+        "spec": {
+            "secretRefs": [{"name": name}],
+            "injectLabels": {SHOOT_NO_CLEANUP_LABEL: "true"},
+            "keepObjects": False,
+        },
     }
     return secret, resource
+
+
+def data_secrets(resource: Mapping[str, Any]) -> list[str]:
+    """The names of the data Secrets a ManagedResource (as read) refers to."""
+    refs = (resource.get("spec") or {}).get("secretRefs") or []
+    return [str(ref["name"]) for ref in refs if isinstance(ref, Mapping) and ref.get("name")]
 
 
 def keep_objects_patch(keep: bool = True) -> dict[str, Any]:
