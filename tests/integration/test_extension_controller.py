@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import re
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -33,7 +34,8 @@ from machine_preservation.core import extension as contract
 from machine_preservation.core import shoot_resources
 from machine_preservation.core.mcm_generation import NativePreservationMode
 from machine_preservation.kube.clients import MERGE_PATCH
-from machine_preservation.localcluster import gardener, hosts
+from machine_preservation.localcluster import gardener, hosts, seed_install
+from machine_preservation.localcluster import product as processes
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.gardener_landscape import (
     BareShoot,
@@ -44,6 +46,7 @@ from machine_preservation.localcluster.gardener_landscape import (
     served,
     shoot_webhooks,
 )
+from machine_preservation.localcluster.toolchain import ensure_toolchain
 from tests.controller.support import aio_client
 from tests.controller.tcpproxy import TcpProxy
 from tests.polling import eventually_async
@@ -98,24 +101,45 @@ def ca_pem() -> bytes:
 async def running_extension(
     seed: ControlPlane, api: client.ApiClient, ca_pem: bytes, **options: Any
 ) -> AsyncIterator[Extension]:
-    """The extension process, in this event loop, with its namespace and the certs manager's Secret; `options`
-    override SeedOptions."""
+    """The extension process, in this event loop, with its namespace and the certs manager's Secret, as the seed
+    chart's ServiceAccount under the RBAC the chart ships (never as an administrator); `options` override
+    SeedOptions."""
     namespace = f"extension-machine-preservation-{uuid.uuid4().hex[:6]}"
     core = client.CoreV1Api(api)
     await core.create_namespace({"metadata": {"name": namespace}})  # type: ignore[arg-type]
+    directory = Path(tempfile.mkdtemp(prefix="extension-"))
+    documents = await asyncio.to_thread(
+        seed_install.render,
+        ensure_toolchain().helm,
+        namespace=namespace,
+        values=seed_install.gardenlet_values(),
+        directory=directory,
+        release=f"mp-{namespace[-6:]}",  # its cluster-wide RBAC apart from the other tests' installations
+    )
+    await processes.apply_manifests(api, seed_install.identities(documents))
+    identity = await seed_install.service_account_kubeconfig(
+        api,
+        seed,
+        namespace=namespace,
+        name=seed_install.service_account_of(documents, seed_install.EXTENSION_DEPLOYMENT),
+        path=directory / "extension.kubeconfig",
+    )
+    # What the certs manager keeps: the trust bundle in the Secret the chart names (its RBAC grants it by name).
+    args = seed_install.container_args(documents, seed_install.EXTENSION_DEPLOYMENT)
+    ca_secret = next(a.split("=", 1)[1] for a in args if a.startswith("--ca-secret=")).split("/", 1)[1]
     await core.create_namespaced_secret(
         namespace,
         {  # type: ignore[arg-type]
-            "metadata": {"name": "webhook-certs"},
+            "metadata": {"name": ca_secret},
             "data": {CA_BUNDLE_KEY: base64.b64encode(ca_pem).decode()},
         },
     )
     seed_options = SeedOptions(
         namespace=namespace,
         webhook_url=WEBHOOK_URL,
-        ca_secret=(namespace, "webhook-certs"),
+        ca_secret=(namespace, ca_secret),
         identity="test-extension",
-        kubeconfig=seed.kubeconfig,
+        kubeconfig=identity,
         leader_elect=False,
         metrics_port=0,
         heartbeat_period=1.0,
@@ -328,7 +352,7 @@ async def test_a_new_ca_reaches_every_shoot(
             await ready(api, shoot.namespace)
         rotated = new_ca_pem("rotated-ca")
         await client.CoreV1Api(api).patch_namespaced_secret(
-            "webhook-certs",
+            extension.options.ca_secret[1],
             extension.namespace,
             {"data": {CA_BUNDLE_KEY: base64.b64encode(rotated).decode()}},
             _content_type=MERGE_PATCH,

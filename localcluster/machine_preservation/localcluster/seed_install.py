@@ -69,13 +69,16 @@ def gardenlet_values(*, seed_name: str = "local") -> dict[str, Any]:
     }
 
 
-def render(helm: Path, *, namespace: str, values: Mapping[str, Any], directory: Path) -> list[dict[str, Any]]:
-    """`helm template` of the seed chart as release RELEASE in `namespace`."""
+def render(
+    helm: Path, *, namespace: str, values: Mapping[str, Any], directory: Path, release: str = RELEASE
+) -> list[dict[str, Any]]:
+    """`helm template` of the seed chart as `release` (gardenlet: the registration's name) in `namespace`; another
+    release name keeps the cluster-wide RBAC of installations side by side apart."""
     directory.mkdir(parents=True, exist_ok=True)
     values_file = directory / "values.yaml"
     values_file.write_text(yaml.safe_dump(dict(values)))
     result = subprocess.run(
-        [str(helm), "template", RELEASE, str(seed_chart_directory()), "--namespace", namespace, "-f", str(values_file)],
+        [str(helm), "template", release, str(seed_chart_directory()), "--namespace", namespace, "-f", str(values_file)],
         capture_output=True,
         text=True,
         check=False,
