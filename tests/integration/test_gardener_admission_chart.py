@@ -514,3 +514,20 @@ async def test_the_registered_webhook_judges_enabled_shoots_only(
     finally:
         registration.delete_validating_webhook_configuration(configuration["metadata"]["name"])
         await machine_sets.close()
+
+
+def test_the_example_operator_extension_deploys_the_admission(toolchain: Toolchain, tmp_path: Path) -> None:
+    """example/extension.yaml's admission, as gardener-operator deploys it: each part from its own chart with the
+    Extension's values and the operator's `gardener.*` merged over them."""
+    example = yaml.safe_load((Path(__file__).resolve().parents[2] / "example" / "extension.yaml").read_text())
+    admission = example["spec"]["deployment"]["admission"]
+    assert admission["runtimeCluster"]["helm"]["ociRepository"]["ref"].split("/")[-1].startswith(f"{NAME}-runtime:")
+    assert admission["virtualCluster"]["helm"]["ociRepository"]["ref"].split("/")[-1].startswith(
+        f"{NAME}-application:"
+    )
+    values = admission["values"]
+    runtime = render_runtime(toolchain, tmp_path, values)
+    deployment = next(d for d in runtime if d["kind"] == "Deployment")
+    assert deployment["spec"]["template"]["spec"]["priorityClassName"] == "gardener-garden-system-400"
+    application = render_application(toolchain, tmp_path, values)
+    assert [d["kind"] for d in application if d["kind"] == "ValidatingWebhookConfiguration"]
