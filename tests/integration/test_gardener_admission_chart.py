@@ -522,9 +522,7 @@ def test_the_example_operator_extension_deploys_the_admission(toolchain: Toolcha
     example = yaml.safe_load((Path(__file__).resolve().parents[2] / "example" / "extension.yaml").read_text())
     admission = example["spec"]["deployment"]["admission"]
     assert admission["runtimeCluster"]["helm"]["ociRepository"]["ref"].split("/")[-1].startswith(f"{NAME}-runtime:")
-    assert admission["virtualCluster"]["helm"]["ociRepository"]["ref"].split("/")[-1].startswith(
-        f"{NAME}-application:"
-    )
+    assert admission["virtualCluster"]["helm"]["ociRepository"]["ref"].split("/")[-1].startswith(f"{NAME}-application:")
     values = admission["values"]
     runtime = render_runtime(toolchain, tmp_path, values)
     deployment = next(d for d in runtime if d["kind"] == "Deployment")
