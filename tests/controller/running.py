@@ -9,9 +9,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import yaml
+from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ConflictException
+
 from machine_preservation.controller.manager import Controller, ControllerOptions
 from machine_preservation.controller.metrics import Metrics
 from machine_preservation.core.mcm_generation import NativePreservationMode
+from machine_preservation.kube.clients import new_api_client
+from machine_preservation.localcluster import product as mp
+from machine_preservation.localcluster.toolchain import ensure_toolchain
 from tests.polling import eventually_async
 
 
@@ -26,11 +33,49 @@ class Running:
         return await asyncio.wait_for(self.task, 60)
 
 
+async def chart_identity(admin_kubeconfig: Path, namespace: str, *, leader_election: bool) -> Path:
+    """A kubeconfig of the standalone chart's controller ServiceAccount (release in `namespace`, serving it), under
+    the RBAC the chart ships: the tests run the controller as users run it, never as an administrator."""
+    admin = await new_api_client(kubeconfig=admin_kubeconfig)
+    try:
+        rbac = await asyncio.to_thread(
+            mp.render_component_rbac,
+            helm=ensure_toolchain().helm,
+            control_namespace=namespace,
+            release_namespace=namespace,
+            leader_election=leader_election,
+        )
+        account = mp.component_users(namespace)["controller"].rpartition(":")[2]
+        core = client.CoreV1Api(admin)
+        with contextlib.suppress(ConflictException):  # there already (a second controller of the same test)
+            await core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})  # type: ignore[arg-type]
+        with contextlib.suppress(ConflictException):
+            await mp.apply_manifests(admin, rbac)
+        document = yaml.safe_load(await asyncio.to_thread(admin_kubeconfig.read_text))
+        server = document["clusters"][0]["cluster"]["server"]
+        answer = await core.create_namespaced_service_account_token(
+            account,
+            namespace,
+            {"spec": {"audiences": [server], "expirationSeconds": 3600}},  # type: ignore[arg-type]
+        )
+    finally:
+        await admin.close()
+    assert answer.status is not None
+    document["users"] = [{"name": account, "user": {"token": answer.status.token}}]
+    for context in document["contexts"]:
+        context["context"]["user"] = account
+    path = admin_kubeconfig.parent / f"controller-{namespace}.kubeconfig"
+    await asyncio.to_thread(path.write_text, yaml.safe_dump(document))
+    await asyncio.to_thread(path.chmod, 0o600)
+    return path
+
+
 @contextlib.asynccontextmanager
 async def running_controller(
     *, kubeconfig: Path, namespace: str, metrics: Metrics | None = None, **options: Any
 ) -> AsyncIterator[Running]:
-    """The controller with `options` (ControllerOptions' fields); `metrics` may hook into its API clients."""
+    """The controller with `options` (ControllerOptions' fields), as the chart's controller identity under the chart's
+    RBAC (`kubeconfig`: an administrator's, which sets that up); `metrics` may hook into its API clients."""
     # Not native by default: the test control plane's CRDs carry v0.62's preservation fields, which `auto` would
     # take for an MCM that preserves itself, and these tests exercise the controller's own lifecycle.
     settings: dict[str, Any] = {
@@ -40,6 +85,7 @@ async def running_controller(
         "native_preservation": NativePreservationMode.FALSE,
     }
     settings.update(options)
+    kubeconfig = await chart_identity(kubeconfig, namespace, leader_election=bool(settings["leader_elect"]))
     controller = Controller(
         options=ControllerOptions(
             namespace=namespace, control_kubeconfig=kubeconfig, target_kubeconfig=kubeconfig, **settings

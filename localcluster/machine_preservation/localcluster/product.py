@@ -68,16 +68,17 @@ async def api_client_for(kubeconfig: Path) -> client.ApiClient:
 
 
 def render_component_rbac(
-    *, helm: Path, control_namespace: str, release_namespace: str = RELEASE_NAMESPACE
+    *, helm: Path, control_namespace: str, release_namespace: str = RELEASE_NAMESPACE, leader_election: bool = False
 ) -> list[dict[str, Any]]:
-    """The chart's Roles, ClusterRoles and their bindings for the webhook and the controller."""
+    """The chart's Roles, ClusterRoles and their bindings for the webhook and the controller (with the Lease rights
+    of leader election where asked)."""
     result = subprocess.run(
         [
             str(helm), "template", RELEASE_NAME, str(chart_directory()),
             "--namespace", release_namespace,
             "--set", f"fullnameOverride={RELEASE_NAME}",
             "--set", f"clusters.control.namespace={control_namespace}",
-            "--set", "controller.leaderElection.enabled=false",
+            "--set", f"controller.leaderElection.enabled={str(leader_election).lower()}",
             "--show-only", "templates/controller-rbac.yaml",
             "--show-only", "templates/webhook-rbac.yaml",
         ],
