@@ -21,7 +21,7 @@ from kubernetes.aio.leaderelection.leaderelectionrecord import LeaderElectionRec
 from kubernetes.aio.leaderelection.resourcelock.leaselock import LeaseLock
 
 from machine_preservation.core.clock import system_clock
-from machine_preservation.kube.api_errors import NO_ANSWER
+from machine_preservation.kube.api_errors import NO_ANSWER, ApiError, classify
 
 logger = logging.getLogger(__name__)
 
@@ -127,26 +127,31 @@ class LeaderElector:
             logger.exception("leader election failed")
             self.lost.set()
 
-    async def release(self) -> bool:
-        """Give the Lease up if we hold it: empty holder, 1s duration. True if released."""
+    async def release(self, *, attempts: int = 3) -> bool:
+        """Give the Lease up if we hold it: empty holder, 1s duration. True if released. A conflict (our own renewal
+        cut short as the election stopped may still have landed after the read) is read again and retried."""
         api = client.CoordinationV1Api(self.api_client)
-        try:
-            lease = await api.read_namespaced_lease(self.name, self.namespace)
-            if lease.spec is None or lease.spec.holder_identity != self.identity:
+        for attempt in range(1, attempts + 1):
+            try:
+                lease = await api.read_namespaced_lease(self.name, self.namespace)
+                if lease.spec is None or lease.spec.holder_identity != self.identity:
+                    return False
+                now = system_clock()
+                lease.spec.holder_identity = None
+                lease.spec.lease_duration_seconds = 1
+                lease.spec.acquire_time = now
+                lease.spec.renew_time = now
+                await api.replace_namespaced_lease(self.name, self.namespace, lease)
+            except ApiException as error:
+                if classify(error.status) is ApiError.CONFLICT and attempt < attempts:
+                    continue
+                logger.warning(
+                    "could not release the lease %s/%s: %s %s", self.namespace, self.name, error.status, error.reason
+                )
                 return False
-            now = system_clock()
-            lease.spec.holder_identity = None
-            lease.spec.lease_duration_seconds = 1
-            lease.spec.acquire_time = now
-            lease.spec.renew_time = now
-            await api.replace_namespaced_lease(self.name, self.namespace, lease)
-        except ApiException as error:
-            logger.warning(
-                "could not release the lease %s/%s: %s %s", self.namespace, self.name, error.status, error.reason
-            )
-            return False
-        logger.info("%s released the lease %s/%s", self.identity, self.namespace, self.name)
-        return True
+            logger.info("%s released the lease %s/%s", self.identity, self.namespace, self.name)
+            return True
+        return False
 
 
 async def run_elected(
