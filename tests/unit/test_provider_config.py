@@ -162,11 +162,16 @@ def test_every_error_at_once_and_the_message_aggregates_them() -> None:
 
 def test_absurd_nesting_is_an_error_not_a_crash() -> None:
     deep: Any = "x"
-    for _ in range(100_000):
+    for _ in range(30_000):  # far deeper than Python recurses, and within the document's bound of 64 KiB
         deep = [deep]
     assert errors_of(document({"name": "a", "machinePreserveTimeout": deep}))[0].startswith(
         f"{P}.workers[0].machinePreserveTimeout: Invalid value: "
     )
+    for _ in range(70_000):  # beyond the bound: not decoded at all
+        deep = [deep]
+    assert errors_of(document({"name": "a", "machinePreserveTimeout": deep})) == [
+        f"{P}: Too long: may not be more than 65536 bytes"
+    ]
 
 
 # --- Properties --------------------------------------------------------------------------------------------

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from machine_preservation.core.admission.verdict import deny
 from machine_preservation.core.provider_config import API_VERSION, EXTENSION_TYPE, KIND
 from tests.webhook.conftest import Webhook
 from tests.webhook.reviews import SHOOT_KIND, review, shoot
@@ -101,3 +104,38 @@ async def test_the_extension_provider_config_over_the_wire(webhook: Webhook) -> 
         'spec.extensions[0].providerConfig.workers[0].name: Invalid value: "b": must name a worker pool of '
         "spec.provider.workers (pools: a)"
     )
+
+
+async def test_a_provider_config_with_hundreds_of_errors_is_denied_and_logged_within_2_kib(
+    webhook: Webhook, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="machine_preservation.webhook.app")
+    new = shoot(worker("a"))
+    entry = {"name": "a", **{f"unknown{i}": "v" * 20 for i in range(300)}}
+    new["spec"]["extensions"] = [
+        {"type": EXTENSION_TYPE, "providerConfig": {"apiVersion": API_VERSION, "kind": KIND, "workers": [entry]}}
+    ]
+    body = review(kind=SHOOT_KIND, operation="CREATE", obj=new, uid="big")
+    response = await webhook.review(PATH, body)
+    message = response["status"]["message"]
+    assert message.startswith("[spec.extensions[0].providerConfig.workers[0].unknown0: Forbidden: unknown field ")
+    assert message.endswith(", ... and 290 more errors]")
+    assert len(message.encode()) <= 2048
+    [record] = caplog.records
+    assert record.getMessage() == f"validate-shoot denied request big: {message}"
+
+
+async def test_a_logged_denial_is_cut_to_2_kib_whatever_its_source(
+    webhook: Webhook, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level("INFO", logger="machine_preservation.webhook.app")
+    long = "spec.x: Forbidden: " + "y" * 100_000
+    monkeypatch.setattr("machine_preservation.webhook.app.validate_shoot", lambda **_: deny(long))
+    body = review(kind=SHOOT_KIND, operation="CREATE", obj=shoot(worker("a")), uid="long")
+    response = await webhook.review(PATH, body)
+    assert response["status"]["message"] == long  # the answer is the rule's; only the log is ours to bound
+    [record] = caplog.records
+    logged = record.getMessage().removeprefix("validate-shoot denied request long: ")
+    assert len(logged.encode()) <= 2048
+    assert logged.startswith("spec.x: Forbidden: yyy")
+    assert logged.endswith("...[truncated]")

@@ -13,7 +13,8 @@ named after the type, in the shoot namespace) and waits on it. This module says,
   whose last operation Failed, for an object already migrated away (unless it is migrated or restored again),
   or for a deletion when our finalizer is not there (we never set anything up);
 - the JSON merge patches of the status subresource that report an operation: Processing (progress 1), then
-  Succeeded (progress 100, `observedGeneration`, `lastError` cleared) or Error (progress 50, `lastError`);
+  Succeeded (progress 100, `observedGeneration`, `lastError` cleared) or Error (progress 50, `lastError`, its
+  description at most 2 KiB);
 - the `ControlPlaneHealthy` condition (its times move only on change) and the heartbeat Lease that makes
   gardenlet believe the extension's conditions.
 
@@ -37,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from machine_preservation.core import provider_config
+from machine_preservation.core.admission.field_errors import shorten
 from machine_preservation.core.preservation_record import format_timestamp
 
 EXTENSION_TYPE: Final = provider_config.EXTENSION_TYPE
@@ -476,7 +478,10 @@ def error(
     codes: Iterable[ErrorCode | str] = (),
 ) -> dict[str, Any]:
     """Status patch: the operation failed (progress 50) with `lastError` {description, codes, lastUpdateTime}.
-    The generation counts as observed (it was worked on), so gardenlet reports the error, not a stale object."""
+    The generation counts as observed (it was worked on), so gardenlet reports the error, not a stale object.
+    The description is cut to MAX_MESSAGE_BYTES (2 KiB): a cause quoting much input must neither bloat the object
+    nor make the patch too large to be written, which would leave the Extension in Processing."""
+    description = shorten(description)
     stamp = format_timestamp(now)
     listed = sorted({str(code) for code in codes})
     return {

@@ -42,6 +42,7 @@ from machine_preservation.core.admission.deletion import (
     extension_to_read,
     machine_set_to_read,
 )
+from machine_preservation.core.admission.field_errors import shorten
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.shoot import validate_shoot
 from machine_preservation.core.admission.verdict import Verdict, allow, deny, describe
@@ -381,10 +382,10 @@ def _serve(
             # Denials and patches are rare and are what an operator asks about; allowed requests are only counted.
             if not verdict.allowed:
                 denials.inc()
-                logger.info("%s denied request %s: %s", endpoint, uid, verdict.message)
+                logger.info("%s denied request %s: %s", endpoint, uid, shorten(verdict.message))
             if verdict.patch:
                 patches.inc()
-                logger.info("%s patched request %s: %s", endpoint, uid, "; ".join(verdict.warnings))
+                logger.info("%s patched request %s: %s", endpoint, uid, shorten("; ".join(verdict.warnings)))
             return web.json_response(review_response(uid=uid, verdict=verdict).to_json())
         finally:
             latency.observe(time.perf_counter() - started)

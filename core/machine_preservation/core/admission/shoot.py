@@ -6,14 +6,16 @@ For every `spec.provider.workers[i].machineControllerManager`:
   `maximum` counts as 0, as in Gardener's types;
 - `machinePreserveTimeout`: a Go duration ≥ 0 and ≤ the configured bound, judged on its exact value in
   nanoseconds (so "-1ns" is negative, as Gardener sees it).
-All errors are reported at once, in Kubernetes field-error style with full paths. Field paths use the JSON
+All errors are reported at once, in Kubernetes field-error style with full paths; the denial names the first 10
+within 2 KiB, values cut to about 80 characters, and counts the rest (field_errors.aggregate). Field paths use the JSON
 key `machineControllerManager` (what users write), not Gardener's Go name `machineControllerManagerSettings`.
 A max that cannot be spread evenly over the pool's zones earns a warning saying what each zone gets.
 On UPDATE only workers that changed (compared by name with the old Shoot) are judged.
 
 The extension's `providerConfig` (`spec.extensions[i].providerConfig` of the enabled `machine-preservation`
 entry, provider_config.py) is judged as well:
-- one that does not decode is denied with every bad field's path;
+- one that does not decode is denied with every bad field's path; one beyond the bounds (compact JSON over 64 KiB,
+  more than 256 `workers`; provider_config.py) is denied for that alone, without being decoded;
 - each entry of its `workers` must name a pool of `spec.provider.workers`; its max and timeout follow the rules
   above, against that pool, under the entry's own path;
 - a setting of a pool in both its `machineControllerManager` and the providerConfig with different values (the
@@ -171,6 +173,18 @@ def _conflicts(
     return errors
 
 
+_LISTED_POOLS = 20
+
+
+def _listed(names: list[str]) -> str:
+    """The pools a providerConfig entry may name, the first 20 of many and how many there are."""
+    if not names:
+        return "none"
+    if len(names) <= _LISTED_POOLS:
+        return ", ".join(names)
+    return f"{', '.join(names[:_LISTED_POOLS])}, ... ({len(names)} pools)"
+
+
 def _provider_config_errors(
     *,
     extension: PreservationExtension,
@@ -187,18 +201,20 @@ def _provider_config_errors(
     except InvalidPreservationConfig as error:
         return list(error.errors) if document_changed else []
     pools = _by_name(workers)
+    # Each pool's position, the last of a name as in `pools` (looked up once: a Shoot may have hundreds of pools).
+    positions = {id(worker): index for index, worker in enumerate(workers)}
+    known = _listed(list(pools))
     errors: list[FieldError] = []
     for position, entry in enumerate(config.workers):
         if not document_changed and entry.name not in changed_pools:
             continue
         path = extension.path.child("workers").index(position)
         if entry.name not in pools:
-            known = ", ".join(pools) or "none"
             detail = f"must name a worker pool of {WORKERS_PATH} (pools: {known})"
             errors.append(invalid(path.child("name"), entry.name, detail))
             continue
         worker = pools[entry.name]
-        index = next(index for index, candidate in enumerate(workers) if candidate is worker)
+        index = positions[id(worker)]
         if entry.auto_preserve_failed_machine_max is not None:
             value = entry.auto_preserve_failed_machine_max
             errors += _max_errors(worker=worker, path=path.child(MAX_KEY), value=value, warnings=warnings)
