@@ -227,7 +227,10 @@ def test_taint_and_drain_only_for_failed_machines_and_only_the_condition_alongsi
         assert all(isinstance(step, (SetPreservedCondition, PatchMachineAnnotations)) for step in alongside)
         assert not any(isinstance(step, PatchMachineAnnotations) and step.set for step in alongside)
     if of_type(result, DeleteMachine):
-        assert failed_now
+        # A Failed machine, or one whose Node is gone (MCM asked to delete it when its Node went).
+        record = s["machine"].preservation
+        node_gone = s["node"] is None and s["no_node"] is NoNode.NOT_FOUND and record is not None
+        assert failed_now or (node_gone and record.node_gone_since is not None)
         assert isinstance(api_writes[-1], DeleteMachine)
 
 
