@@ -51,6 +51,7 @@ from tests.controller.support import aio_client
 from tests.controller.tcpproxy import TcpProxy
 from tests.polling import eventually_async
 
+MACHINES = ("machine.sapcloud.io", "v1alpha1")
 WEBHOOK_URL = "https://127.0.0.1:9"  # nothing listens: the shoots' node webhooks fail open (Ignore)
 
 
@@ -560,3 +561,77 @@ async def test_an_extension_of_another_class_is_left_alone(
         assert not found["metadata"].get("finalizers")
         assert not (found.get("status") or {}).get("lastOperation")
         assert shoot.namespace not in extension.controller.supervisor.namespaces()  # type: ignore[union-attr]
+
+
+async def test_every_seed_wide_watch_that_ends_is_started_again(
+    seed: ControlPlane, api: client.ApiClient, extension: Extension, tmp_path: Path
+) -> None:
+    """Each seed-wide informer is broken once (its next event handling raises what its own retries do not cover):
+    it is started again and lists anew, readiness says false meanwhile, and the extension goes on serving."""
+    controller = extension.controller
+    await eventually_async(controller.ready, limit=30)
+    broken: list[str] = []
+
+    def break_once(informer: Any) -> None:
+        original = informer._apply
+
+        def raising(*args: Any) -> None:
+            informer._apply = original
+            broken.append(informer.name)
+            raise RuntimeError(f"{informer.name}: broken by the test")
+
+        informer._apply = raising
+
+    informers = {informer.name: informer for informer in controller.informers}
+    names = sorted(informer.name for informer in controller.informers)  # two named "clusters": the shoots' own
+    for informer in controller.informers:
+        break_once(informer)
+    unready: list[float] = []
+
+    async def watch_readiness() -> None:
+        while True:
+            if not controller.ready():
+                unready.append(time.monotonic())
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.create_task(watch_readiness())
+    try:
+        async with new_shoot(seed, api, tmp_path) as shoot:  # namespace, Cluster, kubeconfig: Cluster events
+            await gardener.apply_extension(api, shoot.namespace)  # Extension and ManagedResource events
+            custom = client.CustomObjectsApi(api)
+            for plural, kind in (
+                ("machinedeployments", "MachineDeployment"),
+                ("machinesets", "MachineSet"),
+                ("machines", "Machine"),
+            ):
+                await custom.create_namespaced_custom_object(
+                    *MACHINES,
+                    shoot.namespace,
+                    plural,
+                    {
+                        "apiVersion": f"{MACHINES[0]}/{MACHINES[1]}",
+                        "kind": kind,
+                        "metadata": {"name": "broken-watch"},
+                        "spec": {} if kind == "Machine" else {"template": {"spec": {}}},
+                    },
+                )
+            await client.CoreV1Api(api).patch_namespaced_secret(  # the CA Secret's informer
+                extension.options.ca_secret[1],
+                extension.namespace,
+                {"metadata": {"labels": {"touched": "true"}}},
+                _content_type=MERGE_PATCH,
+            )
+            await eventually_async(lambda: set(broken) == set(informers), limit=30)
+            await eventually_async(controller.ready, limit=30)
+            assert unready, "readiness said false while a cache was listed anew"
+            # Every cache follows the seed again: the objects made after the break are in it.
+            assert informers["machines"].get(f"{shoot.namespace}/broken-watch") is not None
+            assert informers["machinedeployments"].get(f"{shoot.namespace}/broken-watch") is not None
+            await eventually_async(lambda: served(api, shoot.namespace), limit=30)
+            await gardener.delete_extension(api, shoot.namespace)
+            await eventually_async(lambda: _gone(api, shoot.namespace), limit=30)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    assert sorted(broken) == names, "each broken once"

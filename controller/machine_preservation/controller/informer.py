@@ -161,6 +161,12 @@ class Informer(Generic[T]):
     async def wait_synced(self) -> None:
         await self._synced.wait()
 
+    def relist(self) -> None:
+        """Start over: the next run lists anew, and until it has, the cache counts as not synced (it may have missed
+        changes while nothing watched)."""
+        self.resource_version = ""
+        self._synced.clear()
+
     # --- running -----------------------------------------------------------------------------------
 
     async def run(self) -> None:

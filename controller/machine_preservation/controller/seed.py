@@ -26,6 +26,7 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.certs.rotation import CA_BUNDLE_KEY
 from machine_preservation.controller.actuator import EXTENSION_VERSION, ExtensionActuator, decode_ca_bundle
+from machine_preservation.controller.backoff import Backoff
 from machine_preservation.controller.extensions import ExtensionReconciler
 from machine_preservation.controller.informer import Informer, Source
 from machine_preservation.controller.leader import LeaderElector, run_elected
@@ -91,10 +92,18 @@ class SeedController:
     metrics_port: int = 0
     leading: bool = False
     supervisor: ShootSupervisor | None = None
+    # The seed-wide caches while leading, each run by `_supervise`.
+    informers: tuple[Informer[Any], ...] = ()
+    # Restarts of an informer that ended, 0.5 s doubling to 30 s.
+    informer_backoff: Backoff = field(default_factory=lambda: Backoff(base=0.5, cap=30.0))
     _synced: bool = False
 
     def ready(self) -> bool:
-        return self._synced if self.leading else self.options.leader_elect
+        """A standby is ready; the leader once every seed-wide cache has synced, and again once one that ended (and
+        was restarted) has listed anew."""
+        if not self.leading:
+            return self.options.leader_elect
+        return self._synced and all(informer.synced for informer in self.informers)
 
     async def run(self, stop: asyncio.Event) -> int:
         options = self.options
@@ -248,7 +257,8 @@ class SeedController:
 
         managed_resources.add_handler(report_objects)
         running: tuple[Informer[Any], ...] = (extensions, clusters, ca_secrets, managed_resources, *seed_informers.all)
-        informers = [asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in running]
+        self.informers = running
+        informers = [asyncio.create_task(self._supervise(i), name=f"informer-{i.name}") for i in running]
         heartbeat = asyncio.create_task(self._heartbeat(seed), name="heartbeat")
         workers: list[asyncio.Task[None]] = []
         synced = asyncio.Event()
@@ -278,9 +288,28 @@ class SeedController:
             await stop_workers(workers, grace=0.0 if lost.is_set() else options.shutdown_grace)
             await supervisor.stop_all()
             self.leading = self._synced = False
+            self.informers = ()
             for task in (waiting, heartbeat, *informers):
                 task.cancel()
             await asyncio.gather(waiting, heartbeat, *informers, return_exceptions=True)
+
+    async def _supervise(self, informer: Informer[Any]) -> None:
+        """Run the informer for as long as we lead. One that ends (an answer or a bug its own retries do not cover)
+        is started again with backoff and lists anew; until it has, readiness says false and its cache, which no
+        longer follows the seed, counts as not synced."""
+        failures = 0
+        while True:
+            try:
+                await informer.run()
+                raise RuntimeError("the informer returned")  # it runs until cancelled
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                failures += 1
+                delay = self.informer_backoff.delay(failures)
+                logger.error("informer %s ended (%r); starting it again in %.1f s", informer.name, error, delay)
+                informer.relist()
+                await asyncio.sleep(delay)
 
     async def _heartbeat(self, seed: client.ApiClient) -> None:
         """Renew `gardener-extension-heartbeat`: without it gardenlet reads our conditions as Unknown."""
