@@ -27,6 +27,7 @@ from machine_preservation.certs import commands as certs_commands
 from machine_preservation.cli.main import build_parser
 from machine_preservation.core import shoot_resources
 from machine_preservation.core.admission.settings import AdmissionSettings
+from machine_preservation.localcluster import seed_install
 from machine_preservation.localcluster.controlplane import ControlPlane, free_port
 from machine_preservation.localcluster.crds import apply_crd
 from machine_preservation.localcluster.mcm import GARDENER_MODULE, GARDENER_VERSION, go_module_dir
@@ -214,12 +215,9 @@ def test_the_installation_is_exactly_these_objects(rendered: list[dict[str, Any]
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"foo": 1}, "at '': additional properties 'foo' not allowed"),
-        ({"gardener": {**GARDENLET_VALUES["gardener"], "shoot": {"name": "s"}}}, "additional properties 'shoot'"),
-        (
-            {"gardener": {**GARDENLET_VALUES["gardener"], "seed": {**GARDENLET_VALUES["gardener"]["seed"], "zone": 1}}},
-            "at '/gardener/seed': additional properties 'zone' not allowed",
-        ),
+        # A typo in our own values is still caught, at any depth.
+        ({"contoller": {"workers": 2}, "controller": {"wrokers": 2}}, "at '/controller': additional properties"),
+        ({"webhook": {"timeoutSecnds": 5}}, "at '/webhook': additional properties 'timeoutSecnds' not allowed"),
         (
             {"gardener": {**GARDENLET_VALUES["gardener"], "seed": {"name": "s", "protected": "no"}}},
             "/gardener/seed/protected",
@@ -233,9 +231,8 @@ def test_the_installation_is_exactly_these_objects(rendered: list[dict[str, Any]
         ({"webhook": {"timeoutSeconds": 30}}, "/webhook/timeoutSeconds"),
     ],
     ids=[
-        "top-level",
-        "gardener",
-        "gardener.seed",
+        "our-controller-typo",
+        "our-webhook-typo",
         "seed-type",
         "feature-gate-type",
         "replicas",
@@ -252,6 +249,50 @@ def test_schema_rejects(toolchain: Toolchain, tmp_path: Path, values: dict[str, 
     assert result.returncode != 0
     assert "values don't meet the specifications of the schema" in result.stderr
     assert message in result.stderr, result.stderr
+
+
+# What gardenlet v1.150 adds on a self-hosted shoot cluster (pkg/gardenlet/controller/controllerinstallation/
+# controllerinstallation/reconciler.go): no seed, the shoot, and on the bootstrap control plane node the usable ports.
+SELF_HOSTED_VALUES: dict[str, Any] = {
+    "gardener": {
+        "version": "v1.150.0",
+        "garden": {"clusterIdentity": "landscape-dev"},
+        "gardenlet": {"featureGates": {"IstioTLSTermination": True}},
+        "selfHostedShootCluster": True,
+        "shoot": {
+            "name": "root",
+            "namespace": "garden",
+            "labels": None,
+            "annotations": {"a": "b"},
+            "spec": {"provider": {"type": "local"}},
+            "clusterIdentity": "root-1a2b",
+        },
+    },
+    "usablePorts": [10250, 10255],
+}
+
+
+def test_the_chart_renders_with_every_value_gardenlet_v1_150_injects(toolchain: Toolchain, tmp_path: Path) -> None:
+    """A self-hosted shoot's gardenlet (no seed; the shoot; usable ports), and keys a later gardenlet may add under
+    `gardener` and at the top level: gardenlet would report ChartCannotBeRendered for any of them otherwise."""
+    result = helm(
+        toolchain, "template", RELEASE, str(CHART), "-f", str(values_file(tmp_path, SELF_HOSTED_VALUES)), check=False
+    )
+    assert result.returncode == 0, result.stderr
+    documents = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert not [e for e in container(documents, NAME)["env"] if e["name"] == "SEED_NAME"]
+    future = {
+        "gardener": {
+            **GARDENLET_VALUES["gardener"],
+            "someNewKey": {"x": 1},
+            "seed": {**GARDENLET_VALUES["gardener"]["seed"], "zone": "a"},
+            "garden": {"clusterIdentity": "g", "newField": True},
+        },
+        "aNewTopLevelKey": [1, 2],
+    }
+    assert render(toolchain, tmp_path, future)
+    # The local seed renders as gardenlet v1.150 would (tests and the playground install it so).
+    assert seed_install.gardenlet_values()["gardener"]["version"] == "v1.150.0"
 
 
 def test_schema_accepts_every_value_gardenlet_injects(toolchain: Toolchain, tmp_path: Path) -> None:
