@@ -126,6 +126,7 @@ async def test_the_certs_manager_creates_keeps_and_updates_the_seed_configuratio
     admin: client.ApiClient,
     extension_namespace: str,
     tmp_path: Path,
+    seed_system: None,
 ) -> None:
     namespace = extension_namespace
     release = f"mp-{namespace[-6:]}"

@@ -614,7 +614,7 @@ def test_rbac_grants_exactly_the_verbs_used(rendered: dict[str, list[dict[str, A
         | _expand("coordination.k8s.io", "leases", "create")
     )
     assert _rules(documents, "ClusterRole", _unique(f"{CONTROLLER}-target")) == (
-        _expand("", "nodes", "list watch patch")
+        _expand("", "nodes", "get list watch patch")
         | _expand("", "nodes/status", "patch")
         | _expand("", "pods", "list watch")
         | _expand("", "pods/eviction", "create")

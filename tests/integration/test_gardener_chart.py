@@ -791,35 +791,6 @@ def gardener_module() -> Path:
     return go_module_dir(GARDENER_MODULE, GARDENER_VERSION)
 
 
-# What every Gardener seed has besides Gardener's own CRDs: the VPA and prometheus-operator (their CRDs as Gardener
-# ships them for seeds) and the garden namespace.
-SEED_SYSTEM_CRDS = (
-    "example/seed-crds/10-crd-autoscaling.k8s.io_verticalpodautoscalers.yaml",
-    "example/seed-crds/10-crd-monitoring.coreos.com_prometheusrules.yaml",
-)
-
-
-@pytest.fixture(scope="module")
-def seed_system(kube_client: client.ApiClient) -> None:
-    api = client.ApiextensionsV1Api(kube_client)
-    names = []
-    for path in SEED_SYSTEM_CRDS:
-        manifest = yaml.safe_load((gardener_module() / path).read_text())
-        apply_crd(api, manifest)
-        names.append(manifest["metadata"]["name"])
-
-    def established() -> bool:
-        crds = [api.read_custom_resource_definition(name) for name in names]
-        return all(
-            any(c.type == "Established" and c.status == "True" for c in (crd.status and crd.status.conditions) or [])
-            for crd in crds
-        )
-
-    eventually(established)
-    with contextlib.suppress(client.exceptions.ApiException):
-        client.CoreV1Api(kube_client).create_namespace({"metadata": {"name": "garden"}})
-
-
 @pytest.fixture(scope="module")
 def operator_extension_crd(kube_client: client.ApiClient) -> str:
     manifest = yaml.safe_load((gardener_module() / OPERATOR_EXTENSION_CRD).read_text())
