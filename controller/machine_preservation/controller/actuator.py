@@ -115,14 +115,7 @@ class ExtensionActuator:
         namespace = extension.metadata.namespace
         await self.supervisor.stop(namespace)
         self._provisioned.pop(namespace, None)
-        await self._patch_object(
-            "resources.gardener.cloud",
-            "v1alpha1",
-            "managedresources",
-            namespace,
-            shoot_resources.MANAGED_RESOURCE,
-            shoot_resources.keep_objects_patch(),
-        )
+        await self._keep_shoot_objects(namespace)
         custom = client.CustomObjectsApi(self.seed)
         data = await self._data_secrets(namespace)
         await _absent(custom.delete_namespaced_custom_object(*_managed_resource(namespace)))
@@ -142,14 +135,7 @@ class ExtensionActuator:
         namespace = extension.metadata.namespace
         await self.supervisor.stop(namespace)
         # The objects in the shoot stay for the destination seed's installation to take over.
-        await self._patch_object(
-            "resources.gardener.cloud",
-            "v1alpha1",
-            "managedresources",
-            namespace,
-            shoot_resources.MANAGED_RESOURCE,
-            shoot_resources.keep_objects_patch(),
-        )
+        await self._keep_shoot_objects(namespace)
         await self._delete_objects(namespace)
 
     async def keep(self, extension: contract.Extension, facts: ShootFacts | None) -> None:
@@ -245,6 +231,11 @@ class ExtensionActuator:
                 )
             await asyncio.sleep(0.5)
         await self._delete_secrets(namespace, data)
+
+    async def _keep_shoot_objects(self, namespace: str) -> None:
+        """Set `keepObjects` on the namespace's ManagedResource: deleting it then removes nothing in the shoot."""
+        group, version, _, plural, name = _managed_resource(namespace)
+        await self._patch_object(group, version, plural, namespace, name, shoot_resources.keep_objects_patch())
 
     async def _data_secrets(self, namespace: str) -> list[str]:
         """The data Secrets the namespace's ManagedResource refers to now (deleted with it: the seed's GRM would

@@ -102,15 +102,13 @@ def node_of_another_machine(*, machine: Machine, node: Node) -> tuple[RecordEven
         f'Label node="{node.metadata.name}" names a Node whose providerID "{node.spec.provider_id}" is not the '
         f'machine\'s ("{machine.spec.provider_id}"): that node is left alone.'
     )
-    return (
-        RecordEvent(
-            kind="Machine",
-            name=machine.metadata.name,
-            type=v.EventType.WARNING,
-            reason=v.EventReason.NODE_OF_ANOTHER_MACHINE,
-            message=message,
-            once=True,
-        ),
+    return on_machine_and_node(
+        machine=machine,
+        node=None,
+        event_type=v.EventType.WARNING,
+        reason=v.EventReason.NODE_OF_ANOTHER_MACHINE,
+        message=message,
+        once=True,
     )
 
 
@@ -121,16 +119,14 @@ def node_gone(*, machine: Machine, since: dt.datetime, expiry: dt.datetime) -> t
         f"{go_time_string(expiry)}: machine-controller-manager's deletes of it are denied, and a Node of that name "
         f"that registers again is preserved. To release it, annotate the machine with {v.PRESERVE_ANNOTATION}=false."
     )
-    return (
-        RecordEvent(
-            kind="Machine",
-            name=machine.metadata.name,
-            type=v.EventType.WARNING,
-            reason=v.EventReason.PRESERVED_NODE_GONE,
-            message=message,
-            once=True,
-            key=f"node gone since {format_timestamp(since)}",
-        ),
+    return on_machine_and_node(
+        machine=machine,
+        node=None,
+        event_type=v.EventType.WARNING,
+        reason=v.EventReason.PRESERVED_NODE_GONE,
+        message=message,
+        once=True,
+        key=f"node gone since {format_timestamp(since)}",
     )
 
 
