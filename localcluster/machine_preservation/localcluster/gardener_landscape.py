@@ -134,7 +134,13 @@ async def installation(
     """The seed chart's webhook and extension processes; `extra_extension_args` go after the rendered ones."""
     namespace = f"extension-machine-preservation-{uuid.uuid4().hex[:5]}"
     documents = seed_install.render(
-        toolchain.helm, namespace=namespace, values=seed_install.gardenlet_values(), directory=directory
+        toolchain.helm,
+        namespace=namespace,
+        values=seed_install.gardenlet_values(),
+        directory=directory,
+        # A release name of its own: installations made one after the other in one seed keep their
+        # cluster-wide RBAC apart (gardenlet names the release after the registration).
+        release=f"mp-{namespace[-5:]}",
     )
     await processes.apply_manifests(api, seed_install.identities(documents))
     kubeconfigs = {
