@@ -251,48 +251,216 @@ def test_schema_rejects(toolchain: Toolchain, tmp_path: Path, values: dict[str, 
     assert message in result.stderr, result.stderr
 
 
-# What gardenlet v1.150 adds on a self-hosted shoot cluster (pkg/gardenlet/controller/controllerinstallation/
-# controllerinstallation/reconciler.go): no seed, the shoot, and on the bootstrap control plane node the usable ports.
-SELF_HOSTED_VALUES: dict[str, Any] = {
-    "gardener": {
-        "version": "v1.150.0",
-        "garden": {"clusterIdentity": "landscape-dev"},
-        "gardenlet": {"featureGates": {"IstioTLSTermination": True}},
-        "selfHostedShootCluster": True,
-        "shoot": {
-            "name": "root",
-            "namespace": "garden",
-            "labels": None,
-            "annotations": {"a": "b"},
-            "spec": {"provider": {"type": "local"}},
-            "clusterIdentity": "root-1a2b",
-        },
-    },
-    "usablePorts": [10250, 10255],
+# --- what gardenlet v1.150 injects ----------------------------------------------------------------------------
+# pkg/gardenlet/controller/controllerinstallation/controllerinstallation/reconciler.go of Gardener v1.150.0 merges
+# these over the ControllerDeployment's values (l. 284-374), as JSON (nil maps and slices arrive as null):
+# - always: gardener.version (l. 286), gardener.garden.clusterIdentity (l. 287-289; empty in gardenadm) and
+#   gardener.gardenlet.featureGates (l. 279-292: every gate gardenlet knows, on or off);
+# - with a Seed (the ControllerInstallation's seedRef, or a self-hosted shoot that is a Seed too, l. 153-172):
+#   gardener.seed.{name, clusterIdentity, annotations, labels, provider, region, volumeProvider, volumeProviders,
+#   protected, visible, taints, networks, blockCIDRs, spec} (l. 295-323), and ingressDomain (l. 325-327);
+# - in a self-hosted shoot cluster (gardenadm, or the shoot's own gardenlet): gardener.selfHostedShootCluster
+#   (l. 332-333) and gardener.shoot.{name, namespace, labels, annotations, spec} (l. 335-341), and clusterIdentity
+#   once the shoot has one (l. 343-345);
+# - with the ControllerDeployment's injectGardenKubeconfig: gardener.garden.genericKubeconfigSecretName (l. 350-352);
+# - on gardenadm's bootstrap control plane node: the top-level usablePorts, five free ports (l. 356-362, 725-736).
+
+# features.DefaultFeatureGate.GetAll() (pkg/features/features.go), with Kubernetes' AllAlpha and AllBeta.
+V1_150_FEATURE_GATES: dict[str, bool] = {
+    "AllAlpha": False,
+    "AllBeta": False,
+    "BackupEntryForGarden": True,
+    "CloudProfileCapabilities": True,
+    "CustomDNSServerInNodeLocalDNS": True,
+    "DefaultSeccompProfile": False,
+    "DisableNginxIngressInGarden": True,
+    "DisableNginxIngressInSeed": True,
+    "DisableNginxIngressInShoot": False,
+    "DoNotCopyBackupCredentials": True,
+    "InPlaceNodeUpdates": False,
+    "IstioTLSTermination": True,
+    "LiveControlPlaneMigration": False,
+    "OpenTelemetryCollector": True,
+    "PrometheusHealthChecks": False,
+    "RemoveHTTPProxyLegacyPort": False,
+    "RemoveVali": False,
+    "VPNBondingModeRoundRobin": False,
+    "VersionClassificationLifecycle": False,
+    "VictoriaLogsBackend": False,
+}
+V1_150_NETWORKS: dict[str, Any] = {
+    "nodes": "10.250.0.0/16",
+    "pods": "100.96.0.0/11",
+    "services": "100.64.0.0/13",
+    "shootDefaults": {"pods": "100.80.0.0/12", "services": "100.112.0.0/13"},
+    "blockCIDRs": ["169.254.169.254/32"],
+    "ipFamilies": ["IPv4"],
 }
 
 
-def test_the_chart_renders_with_every_value_gardenlet_v1_150_injects(toolchain: Toolchain, tmp_path: Path) -> None:
-    """A self-hosted shoot's gardenlet (no seed; the shoot; usable ports), and keys a later gardenlet may add under
-    `gardener` and at the top level: gardenlet would report ChartCannotBeRendered for any of them otherwise."""
-    result = helm(
-        toolchain, "template", RELEASE, str(CHART), "-f", str(values_file(tmp_path, SELF_HOSTED_VALUES)), check=False
-    )
-    assert result.returncode == 0, result.stderr
-    documents = [d for d in yaml.safe_load_all(result.stdout) if d]
-    assert not [e for e in container(documents, NAME)["env"] if e["name"] == "SEED_NAME"]
+def gardenlet_v1_150(
+    *,
+    seed: bool = True,
+    self_hosted: bool = False,
+    shoot_identity: bool = True,
+    garden_kubeconfig: bool = False,
+    usable_ports: bool = False,
+    garden_identity: str = "landscape-dev",
+) -> dict[str, Any]:
+    """The values gardenlet v1.150 merges over an extension chart's, built as its reconciler builds them: `seed`
+    with a Seed; `self_hosted` in a self-hosted shoot cluster (with `seed`: one that is a Seed too), the shoot with
+    its cluster identity if `shoot_identity`; `garden_kubeconfig` for a ControllerDeployment with
+    injectGardenKubeconfig; `usable_ports` on gardenadm's bootstrap control plane node."""
+    gardener: dict[str, Any] = {
+        "version": "v1.150.0",
+        "garden": {"clusterIdentity": garden_identity},
+        "gardenlet": {"featureGates": dict(V1_150_FEATURE_GATES)},
+    }
+    if seed:
+        gardener["seed"] = {
+            "name": "root",
+            "clusterIdentity": "root-7f3a2c",
+            "annotations": None,
+            "labels": {"seed.gardener.cloud/provider": "local"},
+            "provider": "local",
+            "region": "local",
+            "volumeProvider": "local-path",
+            "volumeProviders": [{"purpose": "etcd-main", "name": "local-path"}],
+            "protected": True,
+            "visible": True,
+            "taints": [{"key": "seed.gardener.cloud/protected"}],
+            "networks": V1_150_NETWORKS,
+            "blockCIDRs": V1_150_NETWORKS["blockCIDRs"],
+            "spec": {
+                "provider": {"type": "local", "region": "local", "zones": ["0"]},
+                "networks": V1_150_NETWORKS,
+                "ingress": {"domain": "ingress.root.local.gardener.cloud", "controller": {"kind": "nginx"}},
+                "settings": {"scheduling": {"visible": True}},
+                "taints": [{"key": "seed.gardener.cloud/protected"}],
+                "volume": {"providers": [{"purpose": "etcd-main", "name": "local-path"}]},
+            },
+            "ingressDomain": "ingress.root.local.gardener.cloud",
+        }
+    if self_hosted:
+        gardener["selfHostedShootCluster"] = True
+        gardener["shoot"] = {
+            "name": "root",
+            "namespace": "garden",
+            "labels": None,
+            "annotations": {"gardener.cloud/created-by": "gardenadm"},
+            "spec": {
+                "provider": {
+                    "type": "local",
+                    "workers": [{"name": "control-plane", "minimum": 1, "maximum": 1, "controlPlane": {}}],
+                },
+                "kubernetes": {"version": "1.34.1"},
+                "networking": {"type": "calico", "nodes": "10.250.0.0/16"},
+                "region": "local",
+            },
+        }
+        if shoot_identity:
+            gardener["shoot"]["clusterIdentity"] = "root-garden-1a2b3c"
+    if garden_kubeconfig:
+        gardener["garden"]["genericKubeconfigSecretName"] = "generic-garden-kubeconfig-81f9a2b5"
+    values: dict[str, Any] = {"gardener": gardener}
+    if usable_ports:
+        values["usablePorts"] = [39001, 39002, 39003, 39004, 39005]
+    # As JSON, as gardenlet hands them to Helm (and no YAML aliases for the networks named twice).
+    copied: dict[str, Any] = json.loads(json.dumps(values))
+    return copied
+
+
+# Every key at once: a self-hosted shoot that is a Seed too, with the garden kubeconfig, on the bootstrap node.
+EVERY_V1_150_VALUE = gardenlet_v1_150(seed=True, self_hosted=True, garden_kubeconfig=True, usable_ports=True)
+
+
+@pytest.mark.parametrize(
+    ("values", "seed_name"),
+    [
+        (gardenlet_v1_150(), "root"),
+        (gardenlet_v1_150(garden_kubeconfig=True), "root"),
+        (gardenlet_v1_150(seed=False, self_hosted=True), None),
+        (gardenlet_v1_150(seed=True, self_hosted=True), "root"),
+        (
+            gardenlet_v1_150(seed=False, self_hosted=True, shoot_identity=False, usable_ports=True, garden_identity=""),
+            None,
+        ),
+        (EVERY_V1_150_VALUE, "root"),
+    ],
+    ids=["seed", "garden-kubeconfig", "self-hosted-shoot", "self-hosted-seed", "gardenadm-bootstrap", "every-key"],
+)
+def test_the_chart_renders_with_the_values_gardenlet_v1_150_injects(
+    toolchain: Toolchain, tmp_path: Path, values: dict[str, Any], seed_name: str | None
+) -> None:
+    """Helm checks the schema when gardenlet renders the chart: a key it rejects is ChartCannotBeRendered on that
+    seed. Without a Seed (a self-hosted shoot that is no Seed) the components get no SEED_NAME."""
+    documents = render(toolchain, tmp_path, values)
+    env = {e["name"]: e.get("value") for e in container(documents, NAME)["env"]}
+    assert env.get("SEED_NAME") == seed_name
+
+
+def test_the_chart_renders_with_keys_a_later_gardenlet_adds(toolchain: Toolchain, tmp_path: Path) -> None:
+    """Under `gardener` at any depth, and at the top level: any gardenlet release may add some."""
+    gardener = EVERY_V1_150_VALUE["gardener"]
     future = {
         "gardener": {
-            **GARDENLET_VALUES["gardener"],
+            **gardener,
             "someNewKey": {"x": 1},
-            "seed": {**GARDENLET_VALUES["gardener"]["seed"], "zone": "a"},
-            "garden": {"clusterIdentity": "g", "newField": True},
+            "seed": {**gardener["seed"], "zone": "a"},
+            "shoot": {**gardener["shoot"], "status": {"phase": "Running"}},
+            "garden": {**gardener["garden"], "newField": True},
+            "gardenlet": {**gardener["gardenlet"], "config": {"logLevel": "info"}},
         },
+        "usablePorts": EVERY_V1_150_VALUE["usablePorts"],
         "aNewTopLevelKey": [1, 2],
     }
     assert render(toolchain, tmp_path, future)
-    # The local seed renders as gardenlet v1.150 would (tests and the playground install it so).
-    assert seed_install.gardenlet_values()["gardener"]["version"] == "v1.150.0"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"webhook": {"timeoutSecnds": 5}}, "at '/webhook': additional properties 'timeoutSecnds' not allowed"),
+        ({"controller": {"wrokers": 2}}, "at '/controller': additional properties 'wrokers' not allowed"),
+        (
+            {"certificates": {"resources": {"requests": {"cpuu": "10m"}}}},
+            "at '/certificates/resources/requests': additional properties 'cpuu' not allowed",
+        ),
+        ({"image": {"repository": "r", "tg": "1"}}, "at '/image': additional properties 'tg' not allowed"),
+    ],
+    ids=["webhook", "controller", "nested", "image"],
+)
+def test_a_typo_in_our_values_is_rejected_next_to_gardenlets(
+    toolchain: Toolchain, tmp_path: Path, values: dict[str, Any], message: str
+) -> None:
+    """Accepting whatever gardenlet adds does not let a typo in our own sections through: helm names its path."""
+    merged = {**EVERY_V1_150_VALUE, **values}
+    result = helm(toolchain, "template", RELEASE, str(CHART), "-f", str(values_file(tmp_path, merged)), check=False)
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr, result.stderr
+    assert message in result.stderr, result.stderr
+
+
+def key_paths(values: dict[str, Any]) -> set[str]:
+    """The top-level keys, gardener.<key> and gardener.<section>.<key> (not what a Seed's or Shoot's spec or the
+    feature gates hold)."""
+    paths = set(values)
+    for key, value in values.get("gardener", {}).items():
+        paths.add(f"gardener.{key}")
+        if isinstance(value, dict):
+            paths |= {f"gardener.{key}.{inner}" for inner in value}
+    return paths
+
+
+def test_the_local_seed_gets_every_value_gardenlet_v1_150_injects(toolchain: Toolchain, tmp_path: Path) -> None:
+    """The end-to-end tests, the benchmarks and the playground install the seed chart with
+    seed_install.gardenlet_values(): every key above, so the local seed renders as a v1.150 one would."""
+    local = seed_install.gardenlet_values()
+    assert key_paths(local) == key_paths(EVERY_V1_150_VALUE)
+    assert local["gardener"]["gardenlet"]["featureGates"] == V1_150_FEATURE_GATES
+    assert local["gardener"]["version"] == "v1.150.0"
+    documents = render(toolchain, tmp_path, local)
+    assert {"name": "SEED_NAME", "value": "local"} in container(documents, NAME)["env"]
 
 
 def test_schema_accepts_every_value_gardenlet_injects(toolchain: Toolchain, tmp_path: Path) -> None:

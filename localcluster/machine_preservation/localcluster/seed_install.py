@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -42,11 +43,22 @@ def seed_chart_directory() -> Path:
 
 
 def gardenlet_values(*, seed_name: str = "local") -> dict[str, Any]:
-    """The `gardener` block gardenlet injects into an extension's chart."""
+    """Every value gardenlet v1.150 can merge over an extension's chart values (pkg/gardenlet/controller/
+    controllerinstallation/controllerinstallation/reconciler.go), as it would for a self-hosted shoot cluster that
+    is a Seed too, with the garden kubeconfig injected, on gardenadm's bootstrap control plane node: so the local
+    seed's chart passes the schema check every v1.150 gardenlet's does. The chart reads only gardener.seed.name."""
+    networks = {
+        "nodes": "10.3.0.0/16",
+        "pods": "10.1.0.0/16",
+        "services": "10.2.0.0/16",
+        "shootDefaults": {"pods": "10.4.0.0/16", "services": "10.5.0.0/16"},
+        "blockCIDRs": [],
+        "ipFamilies": ["IPv4"],
+    }
     return {
         "gardener": {
             "version": "v1.150.0",
-            "garden": {"clusterIdentity": "local-garden"},
+            "garden": {"clusterIdentity": "local-garden", "genericKubeconfigSecretName": "generic-garden-kubeconfig"},
             "seed": {
                 "name": seed_name,
                 "clusterIdentity": f"{seed_name}-seed",
@@ -60,12 +72,53 @@ def gardenlet_values(*, seed_name: str = "local") -> dict[str, Any]:
                 "protected": False,
                 "visible": True,
                 "taints": [],
-                "networks": {"pods": "10.1.0.0/16", "services": "10.2.0.0/16", "nodes": "10.3.0.0/16"},
+                "networks": networks,
                 "blockCIDRs": [],
-                "spec": {},
+                "spec": {
+                    "provider": {"type": "local", "region": "local"},
+                    "networks": copy.deepcopy(networks),
+                    "ingress": {"domain": f"ingress.{seed_name}.seed.local"},
+                    "settings": {"scheduling": {"visible": True}},
+                },
             },
-            "gardenlet": {"featureGates": {}},
-        }
+            # features.DefaultFeatureGate.GetAll(): every gate gardenlet v1.150 knows, at its default.
+            "gardenlet": {
+                "featureGates": {
+                    "AllAlpha": False,
+                    "AllBeta": False,
+                    "BackupEntryForGarden": True,
+                    "CloudProfileCapabilities": True,
+                    "CustomDNSServerInNodeLocalDNS": True,
+                    "DefaultSeccompProfile": False,
+                    "DisableNginxIngressInGarden": True,
+                    "DisableNginxIngressInSeed": True,
+                    "DisableNginxIngressInShoot": False,
+                    "DoNotCopyBackupCredentials": True,
+                    "InPlaceNodeUpdates": False,
+                    "IstioTLSTermination": True,
+                    "LiveControlPlaneMigration": False,
+                    "OpenTelemetryCollector": True,
+                    "PrometheusHealthChecks": False,
+                    "RemoveHTTPProxyLegacyPort": False,
+                    "RemoveVali": False,
+                    "VPNBondingModeRoundRobin": False,
+                    "VersionClassificationLifecycle": False,
+                    "VictoriaLogsBackend": False,
+                }
+            },
+            # A self-hosted shoot that is a Seed is named as the Seed.
+            "selfHostedShootCluster": True,
+            "shoot": {
+                "name": seed_name,
+                "namespace": "garden",
+                "labels": {},
+                "annotations": {},
+                "spec": {"provider": {"type": "local"}, "region": "local"},
+                "clusterIdentity": f"{seed_name}-shoot",
+            },
+        },
+        # Free ports gardenadm found on the bootstrap control plane node; the chart uses none.
+        "usablePorts": [39001, 39002, 39003, 39004, 39005],
     }
 
 
