@@ -22,6 +22,7 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.core.mcm_generation import NativePreservationMode
 from machine_preservation.core.models import Machine, Node
 from machine_preservation.localcluster.controlplane import ControlPlane
+from tests.controller.running import chart_identity
 from tests.controller.support import (
     GROUP,
     VERSION,
@@ -117,11 +118,12 @@ async def auto_node(api: client.ApiClient, namespace: str, node_names: list[str]
 async def run_controller(
     control_plane: ControlPlane, namespace: str, metrics: Metrics, *, until: Any
 ) -> asyncio.Task[int]:
+    identity = await chart_identity(control_plane.kubeconfig, namespace, leader_election=False)
     controller = Controller(
         options=ControllerOptions(
             namespace=namespace,
-            control_kubeconfig=control_plane.kubeconfig,
-            target_kubeconfig=control_plane.kubeconfig,
+            control_kubeconfig=identity,
+            target_kubeconfig=identity,
             leader_elect=False,
             metrics_port=0,
             native_preservation=NativePreservationMode.FALSE,

@@ -17,6 +17,7 @@ from machine_preservation.controller.node_pods import NodePods
 from machine_preservation.core.models import Pod
 from machine_preservation.kube.clients import new_api_client
 from machine_preservation.localcluster.controlplane import ControlPlane
+from tests.controller.running import chart_identity
 from tests.controller.support import guarded_pods, new_node, pdb_settled, read_node_model, read_raw, running_pod
 from tests.polling import eventually_async
 
@@ -213,7 +214,8 @@ async def test_a_pod_whose_eviction_was_accepted_is_not_evicted_again_while_the_
 
     tracing = aiohttp.TraceConfig()
     tracing.on_request_end.append(on_request_end)
-    target = await new_api_client(kubeconfig=control_plane.kubeconfig, trace_configs=[tracing])
+    identity = await chart_identity(control_plane.kubeconfig, namespace, leader_election=False)
+    target = await new_api_client(kubeconfig=identity, trace_configs=[tracing])  # as the chart's controller
     lagging = LaggingPods(pods.by_index(POD_NODE_INDEX, node))
     try:
         drainer = Drainer(target=target, pods=lagging, poll_interval=0.05)  # type: ignore[arg-type]

@@ -24,7 +24,7 @@ from machine_preservation.controller.manager import LEASE_NAME
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Node
 from machine_preservation.localcluster.controlplane import ControlPlane, free_port
-from tests.controller.running import running_controller
+from tests.controller.running import chart_identity, running_controller
 from tests.controller.support import create_machine, create_node, is_preserved, machine_model, read_node_model
 from tests.polling import eventually_async
 
@@ -188,14 +188,15 @@ async def test_the_cli_runs_until_sigterm_and_exits_cleanly(
     control_plane: ControlPlane, api: client.ApiClient, namespace: str, tmp_path: Path
 ) -> None:
     port = free_port()
+    identity = await chart_identity(control_plane.kubeconfig, namespace, leader_election=True)
     log = (tmp_path / "controller.log").open("wb")
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "machine_preservation.cli",
         "controller",
-        f"--control-kubeconfig={control_plane.kubeconfig}",
-        f"--target-kubeconfig={control_plane.kubeconfig}",
+        f"--control-kubeconfig={identity}",
+        f"--target-kubeconfig={identity}",
         f"--namespace={namespace}",
         f"--metrics-port={port}",
         "--machine-preserve-timeout=1h",

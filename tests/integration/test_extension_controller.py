@@ -454,7 +454,12 @@ async def test_hibernation_pauses_the_shoots_lifecycle_and_waking_up_resumes_it(
         await gardener.update_cluster_shoot(
             api, shoot.namespace, gardener.shoot_manifest(shoot.namespace, workers=workers, hibernated=False)
         )
-        await eventually_async(lambda: served(api, shoot.namespace, reason="HealthCheckSuccessful"), limit=30)
+
+        async def awake() -> bool:  # served again, not hibernated (the same reason, another message)
+            found = await served(api, shoot.namespace, reason="HealthCheckSuccessful")
+            return found is not None and found["message"].startswith("All health checks successful")
+
+        await eventually_async(awake, limit=30)
         assert shoot.namespace in supervisor.namespaces()
         await gardener.delete_extension(api, shoot.namespace)
         await eventually_async(lambda: _gone(api, shoot.namespace), limit=30)
