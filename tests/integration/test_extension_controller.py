@@ -98,13 +98,10 @@ def ca_pem() -> bytes:
     return new_ca_pem("test-webhook-ca")
 
 
-@contextlib.asynccontextmanager
-async def running_extension(
-    seed: ControlPlane, api: client.ApiClient, ca_pem: bytes, **options: Any
-) -> AsyncIterator[Extension]:
-    """The extension process, in this event loop, with its namespace and the certs manager's Secret, as the seed
-    chart's ServiceAccount under the RBAC the chart ships (never as an administrator); `options` override
-    SeedOptions."""
+async def installed_extension(seed: ControlPlane, api: client.ApiClient, ca_pem: bytes, **options: Any) -> SeedOptions:
+    """The extension's namespace, the certs manager's Secret and the seed chart's ServiceAccount with the RBAC the
+    chart ships; the options of an extension process running as that ServiceAccount (never as an administrator),
+    `options` overriding them."""
     namespace = f"extension-machine-preservation-{uuid.uuid4().hex[:6]}"
     core = client.CoreV1Api(api)
     await core.create_namespace({"metadata": {"name": namespace}})  # type: ignore[arg-type]
@@ -146,7 +143,17 @@ async def running_extension(
         heartbeat_period=1.0,
         native_preservation=NativePreservationMode.FALSE,
     )
-    seed_options = dataclasses.replace(seed_options, **options)
+    return dataclasses.replace(seed_options, **options)
+
+
+@contextlib.asynccontextmanager
+async def running_extension(
+    seed: ControlPlane, api: client.ApiClient, ca_pem: bytes, **options: Any
+) -> AsyncIterator[Extension]:
+    """The extension process of an `installed_extension`, in this event loop; `options` override SeedOptions."""
+    seed_options = await installed_extension(seed, api, ca_pem, **options)
+    namespace = seed_options.namespace
+    core = client.CoreV1Api(api)
     controller = SeedController(options=seed_options)
     stop = asyncio.Event()
     running = Extension(

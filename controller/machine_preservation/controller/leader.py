@@ -1,8 +1,15 @@
 """Leader election on a coordination.k8s.io/v1 Lease with kubernetes.aio's LeaderElection.
 
 The library acquires and renews; what it lacks we add: events the manager can wait on (leading /
-lost), and releasing the Lease on a graceful shutdown (client-go's ReleaseOnCancel) so the next
-replica takes over within its retry period instead of waiting for the lease to expire.
+lost), releasing the Lease on a graceful shutdown (client-go's ReleaseOnCancel) so the next
+replica takes over within its retry period instead of waiting for the lease to expire, and a fence
+on the renew deadline.
+
+The fence: another replica may take the Lease over once it has seen the same record for `lease_duration`, counted
+from no earlier than our last successful renewal was sent. The library only gives up after a whole renew loop, each
+attempt's requests bounded by their timeout, which can end well after that. So `lost` is set as soon as
+`renew_deadline` has passed since the last successful renewal was sent: everything that writes stops then, and
+`lease_duration - renew_deadline` is left for what was already sent to land before another leader can start.
 """
 
 from __future__ import annotations
@@ -59,6 +66,8 @@ class _LeaseLock(LeaseLock):
     # attempts: a request the API server never answers would keep a leader leading on a Lease that has expired
     # (another replica may lead meanwhile). An unanswered or failed request is one failed attempt, as in client-go.
     request_timeout: float = 5.0
+    # When (event loop clock) the last successful create or update of the Lease was sent; None before.
+    renewed_at: float | None = None
 
     async def get(self, name: str, namespace: str) -> tuple[bool, Any]:
         try:
@@ -68,14 +77,19 @@ class _LeaseLock(LeaseLock):
             return False, ApiException(status=0, reason=f"no answer: {error!r}")
 
     async def update(self, name: str, namespace: str, updated_record: LeaderElectionRecord) -> bool:
+        sent = asyncio.get_running_loop().time()
         try:
-            return await asyncio.wait_for(super().update(name, namespace, updated_record), self.request_timeout)
+            updated = await asyncio.wait_for(super().update(name, namespace, updated_record), self.request_timeout)
         except NO_ANSWER as error:
             logger.warning("could not renew the lease %s/%s: %r", namespace, name, error)
             return False
+        if updated:
+            self.renewed_at = sent
+        return updated
 
     async def create(self, name: str, namespace: str, election_record: LeaderElectionRecord) -> bool:
         body = client.V1Lease(metadata=client.V1ObjectMeta(name=name), spec=self.update_lease(election_record))
+        sent = asyncio.get_running_loop().time()
         try:
             await asyncio.wait_for(self.api_instance.create_namespaced_lease(namespace, body), self.request_timeout)
         except ApiException as error:
@@ -84,6 +98,7 @@ class _LeaseLock(LeaseLock):
         except NO_ANSWER as error:
             logger.warning("could not create the lease %s/%s: %r", namespace, name, error)
             return False
+        self.renewed_at = sent
         return True
 
 
@@ -99,9 +114,13 @@ class LeaderElector:
     leading: asyncio.Event = field(default_factory=asyncio.Event)
     lost: asyncio.Event = field(default_factory=asyncio.Event)
 
+    def __post_init__(self) -> None:
+        if not 0 < self.renew_deadline < self.lease_duration:
+            raise ValueError("the renew deadline must be shorter than the lease: what was sent before it must land")
+
     async def run(self) -> None:
-        """Campaign, then renew; returns when leadership is lost or the election fails (sets `lost`).
-        Cancel to stop campaigning."""
+        """Campaign, then renew; returns when leadership is lost, the renew deadline passed without a renewal or the
+        election fails (sets `lost`). Cancel to stop campaigning."""
 
         async def started() -> None:
             logger.info("%s leads (lease %s/%s)", self.identity, self.namespace, self.name)
@@ -121,11 +140,40 @@ class LeaderElector:
             onstarted_leading=started,
             onstopped_leading=stopped,
         )
+        election = asyncio.create_task(self._elect(config), name="lease-renewals")
+        fence = asyncio.create_task(self._fence(lock), name="lease-fence")
+        try:
+            await asyncio.wait((election, fence), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (election, fence):
+                task.cancel()
+            await asyncio.gather(election, fence, return_exceptions=True)
+
+    async def _elect(self, config: electionconfig.Config) -> None:
         try:
             await leaderelection.LeaderElection(config).run()
         except Exception:
             logger.exception("leader election failed")
             self.lost.set()
+
+    async def _fence(self, lock: _LeaseLock) -> None:
+        """Once leading: set `lost` when `renew_deadline` has passed since the last successful renewal was sent."""
+        await self.leading.wait()
+        loop = asyncio.get_running_loop()
+        while True:
+            assert lock.renewed_at is not None  # leading: the Lease was created or updated
+            left = lock.renewed_at + self.renew_deadline - loop.time()
+            if left <= 0:
+                logger.error(
+                    "%s did not renew the lease %s/%s within %g s: stopping before another replica may lead",
+                    self.identity,
+                    self.namespace,
+                    self.name,
+                    self.renew_deadline,
+                )
+                self.lost.set()
+                return
+            await asyncio.sleep(left)
 
     async def release(self, *, attempts: int = 3) -> bool:
         """Give the Lease up if we hold it: empty holder, 1s duration. True if released. A conflict (our own renewal

@@ -120,10 +120,14 @@ class Controller:
         """Run until `stop` is set (exit 0) or leadership is lost (exit 1)."""
         options = self.options
         control = await new_api_client(
-            kubeconfig=options.control_kubeconfig, trace_configs=[self.metrics.trace_config(cluster="control")]
+            kubeconfig=options.control_kubeconfig,
+            trace_configs=[self.metrics.trace_config(cluster="control")],
+            identity=options.identity,
         )
         target = await new_api_client(
-            kubeconfig=options.target_kubeconfig, trace_configs=[self.metrics.trace_config(cluster="target")]
+            kubeconfig=options.target_kubeconfig,
+            trace_configs=[self.metrics.trace_config(cluster="target")],
+            identity=options.identity,
         )
         self.clients = Clients(control=control, target=target)
         runner = None

@@ -9,7 +9,8 @@ Lifecycle:
    `gardener-extension-heartbeat` renewed every 30 s so gardenlet trusts our conditions; each enabled shoot's
    preservation lifecycle in `shoots.ShootSupervisor`;
 4. on stop: no new work, in-flight reconciles finish (bounded), every shoot's lifecycle stops, the Lease is
-   released. Losing the Lease ends the process with an error (crash-only).
+   released. Losing the Lease (or passing its renew deadline, `leader.LeaderElector`) cancels every reconcile of
+   every shoot at once, before another replica may lead, and ends the process with an error (crash-only).
 """
 
 from __future__ import annotations
@@ -108,7 +109,9 @@ class SeedController:
     async def run(self, stop: asyncio.Event) -> int:
         options = self.options
         seed = await new_api_client(
-            kubeconfig=options.kubeconfig, trace_configs=[self.metrics.trace_config(cluster="seed")]
+            kubeconfig=options.kubeconfig,
+            trace_configs=[self.metrics.trace_config(cluster="seed")],
+            identity=options.identity,
         )
         runner = None
         try:
@@ -209,6 +212,7 @@ class SeedController:
             probe=options.shoot_probe,
             notify=lambda namespace: conditions.add(namespace),
             slots=slots,
+            lost=lost,
         )
 
         def ca_bundle() -> bytes | None:
@@ -283,10 +287,14 @@ class SeedController:
                 await wait_any(stop, lost)
             return EXIT_LOST_LEADERSHIP if lost.is_set() else EXIT_OK
         finally:
+            if lost.is_set():
+                heartbeat.cancel()  # no write after the Lease is gone, not even our heartbeat
             queue.shutdown()
             conditions.shutdown()
-            await stop_workers(workers, grace=0.0 if lost.is_set() else options.shutdown_grace)
-            await supervisor.stop_all()
+            # On a lost Lease the shoots' runtimes saw `lost` as we did and cancel their reconciles in parallel.
+            await asyncio.gather(
+                stop_workers(workers, grace=0.0 if lost.is_set() else options.shutdown_grace), supervisor.stop_all()
+            )
             self.leading = self._synced = False
             self.informers = ()
             for task in (waiting, heartbeat, *informers):

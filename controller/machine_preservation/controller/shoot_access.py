@@ -112,8 +112,10 @@ async def new_shoot_client(
     access_secret: str,
     trace_configs: list[aiohttp.TraceConfig] | None = None,
     token_max_age: float = TOKEN_MAX_AGE_SECONDS,
+    identity: str | None = None,
 ) -> client.ApiClient:
-    """A client for the shoot of `namespace`; raises ShootAccessUnavailable while the parts are not there yet."""
+    """A client for the shoot of `namespace` (`identity`: the replica, named in the User-Agent); raises
+    ShootAccessUnavailable while the parts are not there yet."""
     endpoint = await read_endpoint(seed, namespace=namespace, kubeconfig_secret=kubeconfig_secret)
     token = await read_token(seed, namespace=namespace, access_secret=access_secret)
     configuration = client.Configuration(host=endpoint.server)
@@ -132,4 +134,4 @@ async def new_shoot_client(
             current.api_key = {"BearerToken": await read_token(seed, namespace=namespace, access_secret=access_secret)}
 
     configuration.refresh_api_key_hook = refresh  # type: ignore[assignment]
-    return api_client(configuration, trace_configs=trace_configs)
+    return api_client(configuration, trace_configs=trace_configs, identity=identity)

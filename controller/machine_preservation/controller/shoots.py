@@ -100,6 +100,8 @@ class ShootSupervisor:
     backoff: Backoff = field(default_factory=lambda: Backoff(base=1.0, cap=300.0))
     # Reconciles at once over all shoots (fair: first come, first served; drains not counted).
     slots: ReconcileSlots = field(default_factory=ReconcileSlots)
+    # Leadership is gone: every runtime stops at once, in-flight reconciles cancelled (another leader may write).
+    lost: asyncio.Event = field(default_factory=asyncio.Event)
     _shoots: dict[str, _Shoot] = field(default_factory=dict)
     # The seed's CRDs, read once per recheck period for every shoot.
     control_facts: ControlFactsCache = field(init=False)
@@ -124,6 +126,8 @@ class ShootSupervisor:
 
     def ensure_running(self, namespace: str, *, kubeconfig_secret: str) -> None:
         """Start the shoot's lifecycle unless it runs; a changed kubeconfig Secret restarts it."""
+        if self.lost.is_set():
+            return
         shoot = self._shoots.get(namespace)
         if shoot is not None and shoot.kubeconfig_secret == kubeconfig_secret and shoot.task and not shoot.task.done():
             return
@@ -157,6 +161,7 @@ class ShootSupervisor:
                 kubeconfig_secret=kubeconfig_secret,
                 access_secret=self.access_secret,
                 trace_configs=[self.metrics.trace_config(cluster="shoot")],
+                identity=options.identity,
             )
         except ShootAccessUnavailable as error:
             return f"cannot reach the shoot to end its preservations: {error}"
@@ -165,7 +170,7 @@ class ShootSupervisor:
         task: asyncio.Task[Outcome] | None = None
         try:
             await runtime.prepare(await self.control_facts.get())
-            task = asyncio.create_task(runtime.run(stop=stop, lost=asyncio.Event()), name=f"release-{namespace}")
+            task = asyncio.create_task(runtime.run(stop=stop, lost=self.lost), name=f"release-{namespace}")
             loop = asyncio.get_running_loop()
             deadline = loop.time() + limit
             while loop.time() < deadline and not task.done():
@@ -199,7 +204,7 @@ class ShootSupervisor:
                 outcome = None
             finally:
                 shoot.runtime = None
-            if shoot.halt.is_set():
+            if shoot.halt.is_set() or self.lost.is_set():
                 return
             self.notify(shoot.namespace)
             if outcome is Outcome.STOPPED and restart.is_set():
@@ -219,6 +224,7 @@ class ShootSupervisor:
             kubeconfig_secret=shoot.kubeconfig_secret,
             access_secret=self.access_secret,
             trace_configs=[self.metrics.trace_config(cluster="shoot")],
+            identity=options.identity,
         )
         try:
             runtime = self._runtime(options, target)
@@ -234,7 +240,7 @@ class ShootSupervisor:
                 asyncio.create_task(self._probe(shoot, target)),
             )
             try:
-                outcome = await runtime.run(stop=stop, lost=asyncio.Event())
+                outcome = await runtime.run(stop=stop, lost=self.lost)
             finally:
                 for task in tasks:
                     task.cancel()

@@ -47,20 +47,32 @@ def environment_proxy(server: str) -> Proxy | None:
     return Proxy(url=bare, headers={"Proxy-Authorization": aiohttp.encode_basic_auth(user, password)})
 
 
+def user_agent(identity: str) -> str:
+    """The User-Agent naming a replica: the API servers' audit logs then tell which replica sent what."""
+    return f"machine-preservation ({identity})"
+
+
 def api_client(
-    configuration: client.Configuration, *, trace_configs: list[aiohttp.TraceConfig] | None = None
+    configuration: client.Configuration,
+    *,
+    trace_configs: list[aiohttp.TraceConfig] | None = None,
+    identity: str | None = None,
 ) -> client.ApiClient:
-    """An ApiClient for the configured server whose requests look up nothing in the environment."""
+    """An ApiClient for the configured server whose requests look up nothing in the environment, naming the replica
+    `identity` in its User-Agent."""
     configuration.client_session_kwargs = {"trust_env": False}
     configuration.trace_configs = trace_configs
     if configuration.proxy is None and (proxy := environment_proxy(configuration.host)) is not None:
         configuration.proxy = proxy.url
         configuration.proxy_headers = proxy.headers or None
-    return client.ApiClient(configuration=configuration)
+    api = client.ApiClient(configuration=configuration)
+    if identity is not None:
+        api.user_agent = user_agent(identity)
+    return api
 
 
 async def new_api_client(
-    *, kubeconfig: Path | None, trace_configs: list[aiohttp.TraceConfig] | None = None
+    *, kubeconfig: Path | None, trace_configs: list[aiohttp.TraceConfig] | None = None, identity: str | None = None
 ) -> client.ApiClient:
     """A client from the kubeconfig file; without one, from the in-cluster service account when running in a pod,
     else from the default kubeconfig ($KUBECONFIG, ~/.kube/config), in controller-runtime's order."""
@@ -71,4 +83,4 @@ async def new_api_client(
         await config.load_kube_config(  # type: ignore[no-untyped-call]
             config_file=str(kubeconfig) if kubeconfig is not None else None, client_configuration=configuration
         )
-    return api_client(configuration, trace_configs=trace_configs)
+    return api_client(configuration, trace_configs=trace_configs, identity=identity)

@@ -94,13 +94,15 @@ def start_shoot_control_plane(
     namespaces: Sequence[str],
     controller_manager: bool = False,
     feature_gates: Mapping[str, bool] | None = None,
+    audit_policy: dict[str, object] | None = None,
     timeout: float = 120.0,
 ) -> ControlPlane:
     """A shoot's kube-apiserver: its own CA, on a loopback address of its own at port 443, stored in the seed's etcd
     under `/shoots/<name>`, accepting tokens for the audience `gardener` (gardener-resource-manager requests those).
     `kube-apiserver.<namespace>.svc` of each of `namespaces` names it (in its certificate and, from now on, in the
     private hosts file: `hosts.make_private` first). Without kube-controller-manager by default (no namespace
-    deletion or garbage collection in the shoot); `stop()` ends it."""
+    deletion or garbage collection in the shoot); with `audit_policy`, an audit log (`ControlPlane.audit_log`);
+    `stop()` ends it."""
     services = [hosts.api_server_service(namespace) for namespace in namespaces]
     shoot = ControlPlane(
         address=hosts.free_loopback_address(),
@@ -114,6 +116,7 @@ def start_shoot_control_plane(
         extra_api_audiences=(SHOOT_AUDIENCE,),
         controller_manager=controller_manager,
         feature_gates=dict(feature_gates or {}),
+        audit_policy=audit_policy,
     )
     shoot.start(timeout=timeout)
     for service in services:

@@ -252,10 +252,11 @@ async def bare_shoot(
     workers: list[dict[str, Any]],
     provider_config: dict[str, Any] | None = None,
     namespace: str | None = None,
+    audit_policy: dict[str, object] | None = None,
 ) -> AsyncIterator[BareShoot]:
     """A shoot as gardenlet prepares it for extensions: namespace, `Cluster`, generic token kubeconfig, its API
-    server and its GRM. `namespace` (default `shoot--t--<5 hex>`) must stay short: GRM's client certificate names
-    its ServiceAccount in it, within 64 characters."""
+    server (audited with `audit_policy`) and its GRM. `namespace` (default `shoot--t--<5 hex>`) must stay short:
+    GRM's client certificate names its ServiceAccount in it, within 64 characters."""
     namespace = namespace or gardener.shoot_namespace_name("t", uuid.uuid4().hex[:5])
     shoot_plane = await asyncio.to_thread(
         gardener.start_shoot_control_plane,
@@ -263,6 +264,7 @@ async def bare_shoot(
         directory / "plane",
         name=namespace.rpartition("--")[2],
         namespaces=[namespace],
+        audit_policy=audit_policy,
     )
     grm = GrmRunner(seed=plane, shoot=shoot_plane, namespace=namespace, directory=directory / "grm")
     shoot_api = await new_api_client(kubeconfig=shoot_plane.kubeconfig)
