@@ -1,12 +1,12 @@
-"""The seed's Machine webhook configuration, owned by the certs manager, on a real kube-apiserver (with its garbage
-collector).
+"""The seed's Machine webhook configuration, kept by the certs manager, on a real kube-apiserver.
 
 gardenlet hands the seed chart to the seed's gardener-resource-manager (GRM), which re-applies every rendered
-object on each sync. The chart therefore renders no ValidatingWebhookConfiguration, only its manifest in a
-ConfigMap: the certs manager creates the configuration from it with the caBundle and keeps it. Here the chart's
-objects are created as GRM creates them, the certs manager runs with the rendered arguments under the rendered
-ServiceAccount (so the chart's RBAC is what it gets), the chart's objects are re-applied with a plain update as GRM
-re-applies them, and the manifest changes as a chart upgrade changes it."""
+object on each sync. The chart therefore renders the ValidatingWebhookConfiguration for GRM to create once
+(`resources.gardener.cloud/ignore`), and its manifest in a ConfigMap: the certs manager keeps the configuration as
+the manifest says, with the caBundle, by patching it; it cannot create one. Here the chart's objects are created as
+GRM creates them, the certs manager runs with the rendered arguments under the rendered ServiceAccount (so the
+chart's RBAC is what it gets), the chart's objects are re-applied with a plain update as GRM re-applies them, and
+the manifest changes as a chart upgrade changes it."""
 
 from __future__ import annotations
 
@@ -30,7 +30,6 @@ from machine_preservation.cli.main import build_parser
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.toolchain import Toolchain
 from tests.integration import chart as standalone
-from tests.polling import eventually
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "gardener-extension-machine-preservation"
 CERTS = "gardener-extension-machine-preservation-certs"
@@ -131,11 +130,12 @@ async def test_the_certs_manager_creates_keeps_and_updates_the_seed_configuratio
     namespace = extension_namespace
     release = f"mp-{namespace[-6:]}"
     documents = render(toolchain, tmp_path, namespace=namespace, release=release)
-    assert not [d for d in documents if d["kind"].endswith("WebhookConfiguration")], "GRM would wipe its caBundle"
     cluster_scoped = [d for d in documents if "namespace" not in d["metadata"]]
+    # Created once, never updated by GRM (it would wipe the caBundle).
     assert {(d["kind"], d["metadata"]["name"]) for d in documents if d not in reapplied(documents)} == {
         ("Secret", "gardener-extension-machine-preservation-webhook-certs"),
         ("Secret", "gardener-extension-machine-preservation-webhook-tls"),
+        ("ValidatingWebhookConfiguration", release),
     }
     registration = sync_client.AdmissionregistrationV1Api(kube_client)
     core = sync_client.CoreV1Api(kube_client)
@@ -165,10 +165,6 @@ async def test_the_certs_manager_creates_keeps_and_updates_the_seed_configuratio
             trusted = base64.b64decode(secret.data["ca-bundle.crt"])
             assert bundles(live) == [trusted, trusted]
             assert [w.name for w in live.webhooks] == [w["name"] for w in manifest["webhooks"]]
-            owner = live.metadata.owner_references
-            assert [(o.kind, o.name, o.uid) for o in owner] == [
-                ("Namespace", namespace, core.read_namespace(namespace).metadata.uid)
-            ]
             assert (await manager.sync_once()).injected == (), "nothing to do: the defaulted object is as wanted"
 
             # GRM's next sync: every rendered object re-applied with a plain update. The configuration is not among
@@ -197,21 +193,20 @@ async def test_the_certs_manager_creates_keeps_and_updates_the_seed_configuratio
             assert (await manager.sync_once()).injected == (f"validating/{release}",)
             live = registration.read_validating_webhook_configuration(release)
             conditions = next(w for w in live.webhooks if w.name == DELETION).match_conditions
-            assert [c.name for c in conditions] == ["deleted-by-mcm", "machine-failed-or-preserved", "not-a-dry-run"]
+            assert [c.name for c in conditions] == [c["name"] for c in deletion["matchConditions"]]
+            assert conditions[-1].name == "not-a-dry-run"
             assert bundles(live) == [trusted, trusted]
             # GRM's syncs of the upgraded chart leave it so.
             kubectl(toolchain, control_plane.kubeconfig, "replace", documents=reapplied(documents))
             assert bundles(registration.read_validating_webhook_configuration(release)) == [trusted, trusted]
             assert (await manager.sync_once()).injected == ()
 
-        # gardenlet removes the installation by deleting the namespace: the garbage collector takes the
-        # configuration with it (otherwise a Fail webhook would be left pointing at nothing).
-        core.delete_namespace(namespace)
-
-        def gone() -> bool:
-            return release not in {c.metadata.name for c in registration.list_validating_webhook_configuration().items}
-
-        await asyncio.to_thread(eventually, gone, limit=90)
+            # GRM deletes the installation's objects, this one too (`ignore` only spares it updates): the certs
+            # manager, still running for a moment, never brings it back.
+            registration.delete_validating_webhook_configuration(release)
+            assert (await manager.sync_once()).injected == ()
+            names = {c.metadata.name for c in registration.list_validating_webhook_configuration().items}
+            assert release not in names
     finally:
         leftovers = [
             *cluster_scoped,

@@ -176,8 +176,11 @@ def test_the_installation_is_exactly_these_objects(rendered: list[dict[str, Any]
             ("Deployment", NAME, NAMESPACE),
             ("ClusterRole", f"{prefix}:controller", ""),
             ("ClusterRoleBinding", f"{prefix}:controller", ""),
-            ("Role", f"{NAME}-leases", NAMESPACE),
-            ("RoleBinding", f"{NAME}-leases", NAMESPACE),
+            ("Role", NAME, NAMESPACE),
+            ("RoleBinding", NAME, NAMESPACE),
+            # What RBAC cannot limit by name: the controller's writes of Secrets and ManagedResources.
+            ("ValidatingAdmissionPolicy", f"{NAME}.{NAMESPACE}", ""),
+            ("ValidatingAdmissionPolicyBinding", f"{NAME}.{NAMESPACE}", ""),
             ("ServiceAccount", WEBHOOK, NAMESPACE),
             ("Deployment", WEBHOOK, NAMESPACE),
             ("Service", WEBHOOK, NAMESPACE),
@@ -192,8 +195,9 @@ def test_the_installation_is_exactly_these_objects(rendered: list[dict[str, Any]
             ("RoleBinding", CERTS, NAMESPACE),
             ("ClusterRole", f"{prefix}:seed-webhooks", ""),
             ("ClusterRoleBinding", f"{prefix}:seed-webhooks", ""),
-            # The seed webhook configuration's manifest: the certs manager creates and keeps the configuration
-            # (the seed's gardener-resource-manager would wipe its caBundle on every sync).
+            # The seed webhook configuration, created once (the seed's gardener-resource-manager would wipe its
+            # caBundle on every sync), and its manifest, which the certs manager keeps it to.
+            ("ValidatingWebhookConfiguration", RELEASE, ""),
             ("ConfigMap", SEED_WEBHOOKS, NAMESPACE),
             # What a seed's monitoring, VPA and disruption handling take from an extension.
             ("Service", f"{NAME}-metrics", NAMESPACE),
@@ -209,7 +213,9 @@ def test_the_installation_is_exactly_these_objects(rendered: list[dict[str, Any]
     # them (it would wipe `data` on every sync otherwise).
     secrets = [d for d in rendered if d["kind"] == "Secret"]
     assert all("data" not in d for d in secrets)
-    assert all(d["metadata"]["annotations"] == {"resources.gardener.cloud/ignore": "true"} for d in secrets)
+    # Likewise the seed webhook configuration: the certs manager keeps its webhooks and caBundle.
+    created_once = [*secrets, standalone.find(rendered, "ValidatingWebhookConfiguration", RELEASE)]
+    assert all(d["metadata"]["annotations"] == {"resources.gardener.cloud/ignore": "true"} for d in created_once)
 
 
 @pytest.mark.parametrize(
@@ -583,13 +589,11 @@ def test_webhook_and_certs_commands_are_accepted_by_the_cli(rendered: list[dict[
     certs = certs_commands.settings_from(parser.parse_args(container(rendered, CERTS)["args"]))
     assert (certs.secret_namespace, certs.secret_name) == (NAMESPACE, f"{WEBHOOK}-certs")
     assert certs.serving_secret == (NAMESPACE, f"{WEBHOOK}-tls")
-    # The seed webhook configuration: owned entirely (created and kept from the mounted manifest), owned in turn
-    # by the extension namespace (gone with it).
+    # The seed webhook configuration: kept entirely from the mounted manifest (the chart creates it).
     assert [str(c) for c in certs.configurations] == [f"validating/{RELEASE}"]
     mount = next(m for m in container(rendered, CERTS)["volumeMounts"] if m["name"] == "seed-webhooks")
     key = "validatingwebhookconfiguration.yaml"
     assert certs.configurations[0].template == Path(mount["mountPath"]) / key
-    assert certs.owner_namespace == NAMESPACE
     manifests = next(v for v in pod_spec(rendered, CERTS)["volumes"] if v["name"] == "seed-webhooks")
     assert manifests["configMap"]["name"] == SEED_WEBHOOKS
     assert key in standalone.find(rendered, "ConfigMap", SEED_WEBHOOKS)["data"]
@@ -658,16 +662,25 @@ def test_every_container_is_locked_down(rendered: list[dict[str, Any]]) -> None:
 def test_rbac_is_exactly_what_each_component_does(rendered: list[dict[str, Any]]) -> None:
     prefix = f"extensions.gardener.cloud:{RELEASE}"
     ext, mcm = "extensions.gardener.cloud", "machine.sapcloud.io"
+    # Exactly what the extension calls, as the seed's audit log shows it (tests/e2e/test_gardener_rbac.py).
     assert rules(rendered, "ClusterRole", f"{prefix}:controller") == (
-        expand(ext, "extensions", "get list watch patch update")
-        | expand(ext, "extensions/status", "patch update")
-        | expand(ext, "clusters", "get list watch")
+        expand(ext, "extensions", "get list watch patch", "machine-preservation")
+        | expand(ext, "extensions/status", "patch", "machine-preservation")
+        | expand(ext, "clusters", "list watch")
         # The standalone chart's controller verbs on MCM's objects.
         | expand(mcm, "machines", "list watch patch delete")
         | expand(mcm, "machinesets machinedeployments", "list watch")
         | expand(mcm, "machines/status machinesets/status machinedeployments/status", "patch")
-        | expand("", "secrets", "get list watch create patch update delete")
-        | expand("resources.gardener.cloud", "managedresources", "get list watch create patch update delete")
+        # Secrets: get by name (never list or watch); writes limited to our names by the admission policy.
+        | expand("", "secrets", "get create delete")
+        | expand("", "secrets", "patch", shoot_resources.SHOOT_ACCESS_SECRET)
+        | expand(
+            "resources.gardener.cloud",
+            "managedresources",
+            "get list watch patch delete",
+            shoot_resources.MANAGED_RESOURCE,
+        )
+        | expand("resources.gardener.cloud", "managedresources", "create")
         | expand("apps", "deployments", "get", "machine-controller-manager")
         | expand(
             "apiextensions.k8s.io",
@@ -676,10 +689,12 @@ def test_rbac_is_exactly_what_each_component_does(rendered: list[dict[str, Any]]
             "machines.machine.sapcloud.io,machinesets.machine.sapcloud.io,clusters.extensions.gardener.cloud",
         )
         | expand("", "events", "create get patch")
-        | expand("", "namespaces", "get list watch")
     )
-    assert rules(rendered, "Role", f"{NAME}-leases") == expand(
-        "coordination.k8s.io", "leases", "get create update patch"
+    assert rules(rendered, "Role", NAME) == (
+        expand("coordination.k8s.io", "leases", "create")
+        | expand("coordination.k8s.io", "leases", "get update", "gardener-extension-machine-preservation")
+        | expand("coordination.k8s.io", "leases", "patch", "gardener-extension-heartbeat")
+        | expand("", "secrets", "list watch", f"{WEBHOOK}-certs")
     )
     assert rules(rendered, "ClusterRole", f"{prefix}:webhook") == (
         expand(mcm, "machines machinesets", "list")
@@ -696,16 +711,14 @@ def test_rbac_is_exactly_what_each_component_does(rendered: list[dict[str, Any]]
         | expand(ext, "extensions", "get")
     )
     assert rules(rendered, "Role", CERTS) == expand("", "secrets", "get patch", f"{WEBHOOK}-certs,{WEBHOOK}-tls")
-    # `create` cannot be limited by name (the API server authorizes a create before the object has one).
-    assert rules(rendered, "ClusterRole", f"{prefix}:seed-webhooks") == (
-        expand("admissionregistration.k8s.io", "validatingwebhookconfigurations", "get patch", RELEASE)
-        | expand("admissionregistration.k8s.io", "validatingwebhookconfigurations", "create")
-        | expand("", "namespaces", "get", NAMESPACE)
+    # The chart creates the seed webhook configuration: the certs manager may not create any.
+    assert rules(rendered, "ClusterRole", f"{prefix}:seed-webhooks") == expand(
+        "admissionregistration.k8s.io", "validatingwebhookconfigurations", "get patch", RELEASE
     )
     # Each binding binds its role to its component's ServiceAccount, and only that.
     for kind, name, account in (
         ("ClusterRoleBinding", f"{prefix}:controller", NAME),
-        ("RoleBinding", f"{NAME}-leases", NAME),
+        ("RoleBinding", NAME, NAME),
         ("ClusterRoleBinding", f"{prefix}:webhook", WEBHOOK),
         ("RoleBinding", CERTS, CERTS),
         ("ClusterRoleBinding", f"{prefix}:seed-webhooks", CERTS),
@@ -714,7 +727,7 @@ def test_rbac_is_exactly_what_each_component_does(rendered: list[dict[str, Any]]
         assert binding["roleRef"]["name"] == name
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
     # The webhook's identity holds no key material: only the certs manager reads the CA Secret by name, and the
-    # controller (which needs the CA for every shoot) through its cluster-wide Secret rights.
+    # controller (which needs the CA for every shoot) watches it by name.
     assert not any(r[1] == "secrets" for r in rules(rendered, "ClusterRole", f"{prefix}:webhook"))
 
 
@@ -784,8 +797,7 @@ def test_every_object_is_accepted_by_the_api_server(
     toolchain: Toolchain, control_plane: ControlPlane, namespace: str, tmp_path: Path, seed_system: None
 ) -> None:
     rendered = render(toolchain, tmp_path, namespace=namespace, release=f"mp-{namespace}")
-    # And the seed webhook configuration as the certs manager creates it from its manifest.
-    documents = [*rendered, seed_webhook_configuration(rendered)]
+    documents = rendered
     result = kubectl(
         toolchain,
         control_plane.kubeconfig,

@@ -1,6 +1,6 @@
-"""Webhook configurations the certs manager owns entirely: checking the manifest, the desired object, and the plan
-that turns a live object into it. Pure. (The API server taking these creates and patches, defaulting, and
-rejecting stale patches is tested in tests/integration/test_certs_seed_webhooks.py.)"""
+"""Webhook configurations the certs manager keeps entirely: checking the manifest, the desired object, and the plan
+that turns a live object into it. Pure. (The API server taking these patches, defaulting, and rejecting stale
+patches is tested in tests/integration/test_certs_seed_webhooks.py.)"""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from machine_preservation.cli.main import build_parser
 NOW = dt.datetime(2026, 11, 26, tzinfo=dt.UTC)
 CA_A = generate_ca(common_name="a", now=NOW, valid_for=dt.timedelta(days=1))
 CA_B = generate_ca(common_name="b", now=NOW, valid_for=dt.timedelta(days=1))
-OWNER = managed.OwnerNamespace(name="extension-mp-x", uid="0b6c-uid")
 
 
 def template(*conditions: str) -> dict[str, Any]:
@@ -115,31 +114,17 @@ def test_what_is_not_a_manifest_is_refused(text: str) -> None:
 # --- the desired object ----------------------------------------------------------------------------------------
 
 
-def test_desired_trusts_the_bundle_in_every_webhook_and_is_owned_by_the_namespace() -> None:
+def test_desired_trusts_the_bundle_in_every_webhook() -> None:
     two = template("true")
     two["webhooks"].append({**copy.deepcopy(two["webhooks"][0]), "name": "other.machines.example.com"})
     two["metadata"]["namespace"] = "ignored"  # a cluster-scoped object: only name, labels, annotations are kept
     pem = bundle.compose_bundle([CA_A.certificate, CA_B.certificate])
-    wanted = managed.desired(two, bundle_pem=pem, owner=OWNER)
+    wanted = managed.desired(two, bundle_pem=pem)
     assert all(w["clientConfig"]["caBundle"] == bundle.encode(pem) for w in wanted["webhooks"])
     assert bundle.trusts(wanted, CA_A.certificate)
     assert bundle.trusts(wanted, CA_B.certificate)
-    assert wanted["metadata"] == {
-        "name": "mp",
-        "labels": {"app.kubernetes.io/name": "mp"},
-        "ownerReferences": [
-            {
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "name": "extension-mp-x",
-                "uid": "0b6c-uid",
-                "controller": True,
-                "blockOwnerDeletion": False,
-            }
-        ],
-    }
+    assert wanted["metadata"] == {"name": "mp", "labels": {"app.kubernetes.io/name": "mp"}}
     assert "caBundle" not in two["webhooks"][0]["clientConfig"], "the manifest itself is left alone"
-    assert "ownerReferences" not in managed.desired(two, bundle_pem=pem, owner=None)["metadata"]
 
 
 # --- covers ----------------------------------------------------------------------------------------------------
@@ -191,19 +176,11 @@ def test_a_default_the_manifest_does_not_state_is_never_a_difference(
 PEM_A = CA_A.cert_pem
 
 
-def test_absent_is_created_as_desired() -> None:
-    wanted = managed.desired(template("true"), bundle_pem=PEM_A, owner=OWNER)
-    step = managed.plan(None, wanted)
-    assert step.create == wanted
-    assert (step.patch, step.reasons) == ((), ("absent",))
-
-
 def test_the_object_as_served_needs_nothing() -> None:
-    wanted = managed.desired(template("true"), bundle_pem=PEM_A, owner=OWNER)
+    wanted = managed.desired(template("true"), bundle_pem=PEM_A)
     live = as_served(wanted)
     live["metadata"]["labels"]["resources.gardener.cloud/managed-by"] = "gardener"  # someone else's label
-    step = managed.plan(live, wanted)
-    assert not step.changes
+    assert managed.plan(live, wanted) == managed.Plan()
 
 
 @pytest.mark.parametrize(
@@ -216,7 +193,6 @@ def test_the_object_as_served_needs_nothing() -> None:
         (lambda live: live["webhooks"][0]["matchConditions"].pop(), ("webhooks",)),
         (lambda live: live["webhooks"][0].update(failurePolicy="Ignore"), ("webhooks",)),
         (lambda live: live["webhooks"].append({**live["webhooks"][0], "name": "stray.example.com"}), ("webhooks",)),
-        (lambda live: live["metadata"].pop("ownerReferences"), ("ownerReferences",)),
         (lambda live: live["metadata"]["labels"].update({"app.kubernetes.io/name": "x"}), ("labels",)),
         (lambda live: live["metadata"].pop("labels"), ("labels",)),
     ],
@@ -226,7 +202,6 @@ def test_the_object_as_served_needs_nothing() -> None:
         "matchCondition",
         "hand-edit",
         "extra-webhook",
-        "owner",
         "label",
         "no-labels",
     ],
@@ -234,26 +209,26 @@ def test_the_object_as_served_needs_nothing() -> None:
 def test_any_difference_is_one_conditional_patch_that_reaches_the_desired_object(
     change: Any, reasons: tuple[str, ...]
 ) -> None:
-    wanted = managed.desired(template("true", "false"), bundle_pem=PEM_A, owner=OWNER)
+    wanted = managed.desired(template("true", "false"), bundle_pem=PEM_A)
     live = as_served(wanted, resource_version="41")
     live["metadata"]["labels"]["keep.example.com/mine"] = "yes"
     change(live)
     step = managed.plan(live, wanted)
-    assert step.create is None
     assert step.reasons == reasons
     assert step.patch[0] == {"op": "replace", "path": "/metadata/resourceVersion", "value": "41"}
     patched = apply_patch(live, step.patch)
     assert managed.covers(patched, wanted)
-    assert not managed.plan(patched, wanted).changes
+    assert managed.plan(patched, wanted) == managed.Plan()
     assert [w["name"] for w in patched["webhooks"]] == ["deletion.machines.example.com"]
     if "labels" in live["metadata"]:
         assert patched["metadata"]["labels"]["keep.example.com/mine"] == "yes", "others' labels stay"
 
 
-def test_without_an_owner_the_owner_references_are_left_alone() -> None:
-    wanted = managed.desired(template("true"), bundle_pem=PEM_A, owner=None)
-    live = as_served(managed.desired(template("true"), bundle_pem=PEM_A, owner=OWNER))
-    assert not managed.plan(live, wanted).changes
+def test_owner_references_someone_set_are_left_alone() -> None:
+    wanted = managed.desired(template("true"), bundle_pem=PEM_A)
+    live = as_served(wanted)
+    live["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Namespace", "name": "x", "uid": "u"}]
+    assert managed.plan(live, wanted) == managed.Plan()
 
 
 # --- flags and settings ----------------------------------------------------------------------------------------
@@ -306,20 +281,10 @@ def test_the_flags_reach_the_settings() -> None:
             "--namespace=ns",
             "--webhook-configuration=mutating/m",
             "--own-webhook-configuration=validating/mp=/etc/seed/c.yaml",
-            "--owner-namespace=ns",
         ]
     )
     settings = commands.settings_from(args)
     assert settings.configurations == (
         WebhookConfigurationRef(WebhookKind.MUTATING, "m"),
         WebhookConfigurationRef(WebhookKind.VALIDATING, "mp", template=Path("/etc/seed/c.yaml")),
-    )
-    assert settings.owner_namespace == "ns"
-    assert (
-        commands.settings_from(
-            build_parser().parse_args(
-                ["certs", "run", "--secret=ns/c", "--cert-dir=/c", "--service=s", "--namespace=ns"]
-            )
-        ).owner_namespace
-        is None
     )

@@ -82,7 +82,6 @@ def settings_from(args: argparse.Namespace) -> ManagerSettings:
         ca_common_name=args.ca_common_name or f"{args.service}.{args.namespace}-ca",
         resync=dt.timedelta(seconds=args.resync),
         serving_secret=args.serving_secret,
-        owner_namespace=args.owner_namespace or None,
     )
 
 
@@ -148,14 +147,8 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
         action="append",
         default=[],
         metavar="KIND/NAME=FILE",
-        help="create and keep validating/NAME or mutating/NAME (local cluster) exactly as the manifest FILE "
-        "describes it (without caBundle; re-read every pass), with the caBundle (repeatable)",
-    )
-    loop.add_argument(
-        "--owner-namespace",
-        default="",
-        metavar="NAMESPACE",
-        help="the Namespace owning the --own-webhook-configuration objects: deleting it deletes them",
+        help="keep validating/NAME or mutating/NAME (local cluster, created by the chart) exactly as the manifest "
+        "FILE describes it (without caBundle; re-read every pass), with the caBundle (repeatable)",
     )
     loop.add_argument("--ca-common-name", default="", help="default: <service>.<namespace>-ca")
     # RotationPolicy checks these durations against each other, with messages that name both.

@@ -1,12 +1,13 @@
-"""Webhook configurations the certs manager owns entirely: what the live object should be and how to get there.
+"""Webhook configurations the certs manager keeps entirely: what the live object should be and how to get there.
 Pure.
 
 Such a configuration is described by a manifest without caBundle (the seed chart renders it into a ConfigMap the
-certs manager mounts, so nobody else applies it). Every pass turns the manifest into the desired object (every
-webhook gets the current trust bundle, the object an owner reference to the installation's namespace) and compares
-it with the live object: absent → create; the live object differs in anything the desired object states → one
-conditional JSON patch that sets the webhooks wholesale and the metadata the manifest states. Fields the API server
-defaults (and the manifest leaves out) never count as a difference.
+certs manager mounts). The chart creates the object once (gardener-resource-manager's `ignore`: created, never
+updated, deleted with the installation), so the certs manager needs no right to create webhook configurations.
+Every pass turns the manifest into the desired object (every webhook gets the current trust bundle) and compares it
+with the live object: when it differs in anything the desired object states, one conditional JSON patch sets the
+webhooks wholesale and the metadata the manifest states. Fields the API server defaults (and the manifest leaves
+out) never count as a difference.
 """
 
 from __future__ import annotations
@@ -26,27 +27,6 @@ KINDS = {"validating": "ValidatingWebhookConfiguration", "mutating": "MutatingWe
 
 class TemplateProblem(ValueError):
     """The manifest cannot describe the configuration it is meant for."""
-
-
-@dataclass(frozen=True)
-class OwnerNamespace:
-    """The Namespace that owns the configuration: when it is deleted, the garbage collector deletes the
-    configuration (a cluster-scoped object a namespace's deletion would otherwise leave behind)."""
-
-    name: str
-    uid: str
-
-    def reference(self) -> dict[str, Any]:
-        # Not blocking the owner's deletion: needs no rights on the Namespace's finalizers, and a namespace
-        # being deleted must not wait for its webhook configuration.
-        return {
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "name": self.name,
-            "uid": self.uid,
-            "controller": True,
-            "blockOwnerDeletion": False,
-        }
 
 
 def load_template(text: str, *, kind: str, name: str) -> dict[str, Any]:
@@ -76,13 +56,10 @@ def load_template(text: str, *, kind: str, name: str) -> dict[str, Any]:
     return document
 
 
-def desired(template: Mapping[str, Any], *, bundle_pem: bytes, owner: OwnerNamespace | None) -> dict[str, Any]:
-    """The object to have live: the manifest, every webhook trusting `bundle_pem`, owned by `owner`."""
+def desired(template: Mapping[str, Any], *, bundle_pem: bytes) -> dict[str, Any]:
+    """The object to have live: the manifest, every webhook trusting `bundle_pem`."""
     result = copy.deepcopy(dict(template))
-    metadata = {k: v for k, v in result["metadata"].items() if k in ("name", "labels", "annotations")}
-    if owner is not None:
-        metadata["ownerReferences"] = [owner.reference()]
-    result["metadata"] = metadata
+    result["metadata"] = {k: v for k, v in result["metadata"].items() if k in ("name", "labels", "annotations")}
     for webhook in result["webhooks"]:
         webhook["clientConfig"]["caBundle"] = encode(bundle_pem)
     return result
@@ -106,26 +83,19 @@ def covers(actual: Any, wanted: Any) -> bool:
 
 @dataclass(frozen=True)
 class Plan:
-    """What one pass does to the configuration: create `body`, apply `patch`, or nothing."""
+    """What one pass does to the configuration: apply `patch`, or nothing."""
 
-    create: dict[str, Any] | None = None
     patch: tuple[dict[str, Any], ...] = ()
     reasons: tuple[str, ...] = ()
 
-    @property
-    def changes(self) -> bool:
-        return self.create is not None or bool(self.patch)
 
-
-def plan(live: Mapping[str, Any] | None, wanted: Mapping[str, Any]) -> Plan:
-    """How to turn `live` (None: absent) into `wanted` (from `desired`).
+def plan(live: Mapping[str, Any], wanted: Mapping[str, Any]) -> Plan:
+    """How to turn `live` into `wanted` (from `desired`).
 
     The patch re-states the resourceVersion read, so the API server rejects it with 409 when the object changed
-    meanwhile. It replaces the webhooks as a whole (a webhook the manifest no longer has goes away), adds or
-    changes the labels and annotations the manifest states (others' stay) and sets the owner references.
+    meanwhile. It replaces the webhooks as a whole (a webhook the manifest no longer has goes away) and adds or
+    changes the labels and annotations the manifest states (others' stay).
     """
-    if live is None:
-        return Plan(create=copy.deepcopy(dict(wanted)), reasons=("absent",))
     reasons = []
     live_metadata = live.get("metadata") or {}
     wanted_metadata = wanted["metadata"]
@@ -135,10 +105,6 @@ def plan(live: Mapping[str, Any] | None, wanted: Mapping[str, Any]) -> Plan:
             merged = {**(live_metadata.get(key) or {}), **wanted_metadata[key]}
             operations.append({"op": "add", "path": f"/metadata/{key}", "value": merged})
             reasons.append(key)
-    owners = wanted_metadata.get("ownerReferences")
-    if owners is not None and live_metadata.get("ownerReferences") != owners:
-        operations.append({"op": "add", "path": "/metadata/ownerReferences", "value": owners})
-        reasons.append("ownerReferences")
     if not covers(live.get("webhooks") or [], wanted["webhooks"]):
         operations.append({"op": "add", "path": "/webhooks", "value": copy.deepcopy(wanted["webhooks"])})
         reasons.append("webhooks")

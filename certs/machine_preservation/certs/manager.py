@@ -1,6 +1,6 @@
 """The I/O shell around the rotation decision (kubernetes.aio): Secret, serving Secret, cert dir, caBundle
-injection, and webhook configurations owned entirely (created and kept as a manifest describes them, see
-`managed`).
+injection, and webhook configurations kept entirely (as a manifest describes them, see `managed`; the chart creates
+them, so the certs manager never needs the right to create webhook configurations).
 
 Any number of managers may run at once (replicas, a rolling update). There is no leader: each pass reads the
 webhook configurations and the serving Secret, then the Secret, decides, and writes with optimistic
@@ -71,8 +71,8 @@ class WebhookConfigurationRef:
     name: str
     # The cluster the configuration lives in: None is the cluster holding the Secret.
     kubeconfig: Path | None = None
-    # A manifest without caBundle, re-read every pass: the configuration is created and kept as it describes
-    # (owned entirely); None: only the caBundle is injected into a configuration someone else keeps.
+    # A manifest without caBundle, re-read every pass: the configuration (created by the chart) is kept as it
+    # describes (owned entirely); None: only the caBundle is injected into a configuration someone else keeps.
     template: Path | None = None
 
     def __str__(self) -> str:
@@ -110,8 +110,6 @@ class ManagerSettings:
     resync: dt.timedelta = dt.timedelta(seconds=60)
     # (namespace, name) of the Secret that receives only the serving pair; None: no such Secret.
     serving_secret: tuple[str, str] | None = None
-    # The Namespace that owns the configurations with a template (garbage-collected with it); None: no owner.
-    owner_namespace: str | None = None
 
     def __post_init__(self) -> None:
         targets = [(ref.kind, ref.name, ref.kubeconfig) for ref in self.configurations]
@@ -132,7 +130,7 @@ class PassResult:
     state: CertificateState
     next_check: dt.datetime
     rotated: tuple[str, ...]  # the decision's reasons when this pass changed the Secret
-    injected: tuple[str, ...]  # configurations this pass wrote (caBundle patched, or an owned one created/updated)
+    injected: tuple[str, ...]  # configurations this pass wrote (caBundle patched, or an owned one updated)
     published: bool = False  # this pass wrote a new pair into the serving Secret
 
 
@@ -181,8 +179,6 @@ class CertificateManager:
         }
         self._local_registration = client.AdmissionregistrationV1Api(api_client)
         self._clock = clock
-        # Owned configurations found absent by the last read (created by the pass).
-        self._absent: set[WebhookConfigurationRef] = set()
         # The last manifest that could be read and checked, per owned configuration.
         self._templates: dict[WebhookConfigurationRef, dict[str, Any]] = {}
 
@@ -192,13 +188,12 @@ class CertificateManager:
         return self._local_registration if ref.kubeconfig is None else self._registration[ref.kubeconfig]
 
     async def _read_configuration(self, ref: WebhookConfigurationRef) -> dict[str, Any] | None:
-        """The configuration, or None when it cannot be read now (or is absent: see `_absent`).
+        """The configuration, or None when it cannot be read now (or is absent).
 
         An unreadable configuration (absent, forbidden, its cluster unreachable) only holds back the move of
         the serving certificate to a new CA; the Secret, the cert dir and the other configurations are still
         kept current, so one unreachable remote cluster cannot let the local certificate expire.
         """
-        self._absent.discard(ref)
         api = self._api_for(ref)
         model: client.V1ValidatingWebhookConfiguration | client.V1MutatingWebhookConfiguration
         try:
@@ -207,9 +202,6 @@ class CertificateManager:
             else:
                 model = await api.read_mutating_webhook_configuration(ref.name)
         except ApiException as error:
-            if classify(error.status) is ApiError.NOT_FOUND and ref.template is not None:
-                self._absent.add(ref)  # ours to create
-                return None
             logger.warning("cannot read %s; not injecting there this pass: %s %s", ref, error.status, error.reason)
             return None
         except NO_ANSWER as error:
@@ -230,20 +222,6 @@ class CertificateManager:
                 raise Conflict(f"{ref} changed meanwhile") from error
             raise
 
-    async def _create_configuration(self, ref: WebhookConfigurationRef, body: dict[str, Any]) -> None:
-        api = self._api_for(ref)
-        try:
-            if ref.kind is WebhookKind.VALIDATING:
-                model = client.V1ValidatingWebhookConfiguration.model_validate(body)
-                await api.create_validating_webhook_configuration(model, field_manager=FIELD_MANAGER)
-            else:
-                mutating = client.V1MutatingWebhookConfiguration.model_validate(body)
-                await api.create_mutating_webhook_configuration(mutating, field_manager=FIELD_MANAGER)
-        except ApiException as error:
-            if classify(error.status) is ApiError.CONFLICT:  # another replica created it first
-                raise Conflict(f"{ref} created meanwhile") from error
-            raise
-
     def _template(self, ref: WebhookConfigurationRef) -> dict[str, Any] | None:
         """The manifest of an owned configuration as the file holds it now; when the file cannot be read or
         checked, the last good one (a half-updated ConfigMap volume never removes webhooks)."""
@@ -256,52 +234,22 @@ class CertificateManager:
             logger.warning("manifest %s of %s unusable, %s: %s", ref.template, ref, keeping, problem)
         return self._templates.get(ref)
 
-    async def _owner(self) -> tuple[managed.OwnerNamespace | None, bool]:
-        """The owner of the owned configurations, and whether an absent one may be created now: not while the
-        owner cannot be read (it would have no owner), nor while it is being deleted (the installation is going
-        away). Existing ones are kept current either way."""
-        name = self.settings.owner_namespace
-        if name is None:
-            return None, True
-        try:
-            namespace = await self._core.read_namespace(name)
-        except ApiException as error:
-            logger.warning("cannot read owner namespace %s; not writing owned configurations: %s", name, error.status)
-            return None, False
-        if namespace.metadata is None or not namespace.metadata.uid:
-            return None, False
-        if namespace.metadata.deletion_timestamp is not None:
-            logger.info("owner namespace %s is being deleted; not creating owned configurations", name)
-            return managed.OwnerNamespace(name=name, uid=namespace.metadata.uid), False
-        return managed.OwnerNamespace(name=name, uid=namespace.metadata.uid), True
-
     async def _reconcile_owned(
         self,
         ref: WebhookConfigurationRef,
-        live: dict[str, Any] | None,
+        live: dict[str, Any],
         *,
         bundle_pem: bytes,
-        owner: managed.OwnerNamespace | None,
-        may_create: bool,
     ) -> bool:
-        """Create or update an owned configuration from its manifest; True if it wrote. Without a usable
-        manifest, only the caBundle of the live object is kept current."""
+        """Bring an owned configuration to its manifest; True if it wrote. Without a usable manifest, only the
+        caBundle of the live object is kept current."""
         template = self._template(ref)
         if template is None:
-            if live is None:
-                return False
             patch = bundle.ca_bundle_patch(live, bundle_pem=bundle_pem)
             if patch:
                 await self._patch_configuration(ref, patch)
             return bool(patch)
-        wanted = managed.desired(template, bundle_pem=bundle_pem, owner=owner)
-        step = managed.plan(live, wanted)
-        if step.create is not None:
-            if not may_create:
-                return False
-            await self._create_configuration(ref, step.create)
-            logger.info("created %s", ref)
-            return True
+        step = managed.plan(live, managed.desired(template, bundle_pem=bundle_pem))
         if step.patch:
             await self._patch_configuration(ref, list(step.patch))
             logger.info("updated %s (%s)", ref, ", ".join(step.reasons))
@@ -389,21 +337,12 @@ class CertificateManager:
                 published = True
                 logger.info("serving certificate published to Secret %s", "/".join(settings.serving_secret))
         patched = []
-        absent = set(self._absent)
-        owner, may_create = (None, True)
-        if any(ref.template is not None for ref in configurations):
-            owner, may_create = await self._owner()
         for ref, configuration in configurations.items():
-            if ref.template is not None:
-                # Absent: ours to create (unless the owner forbids); unreadable: left alone this pass.
-                if configuration is None and ref not in absent:
-                    continue
-                if await self._reconcile_owned(
-                    ref, configuration, bundle_pem=state.bundle_pem, owner=owner, may_create=may_create
-                ):
-                    patched.append(str(ref))
+            if configuration is None:  # unreadable, or not created yet (by the chart): left alone this pass
                 continue
-            if configuration is None:
+            if ref.template is not None:
+                if await self._reconcile_owned(ref, configuration, bundle_pem=state.bundle_pem):
+                    patched.append(str(ref))
                 continue
             patch = bundle.ca_bundle_patch(configuration, bundle_pem=state.bundle_pem)
             if patch:

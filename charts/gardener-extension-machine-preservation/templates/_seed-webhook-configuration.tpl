@@ -5,12 +5,12 @@ the Machine webhooks of charts/machine-preservation/templates/webhook-configurat
 scope (all enabled shoot namespaces instead of one control namespace) and MCM's identity (one ServiceAccount per
 shoot namespace instead of a list of names).
 
-Not an object of the chart: gardenlet hands the chart to the seed's gardener-resource-manager, which re-applies
-every object as rendered on each sync and would wipe the caBundle each time (failurePolicy Fail: Machine requests
-refused until the next injection). The chart puts this manifest into a ConfigMap instead, and the certs manager
-owns the configuration entirely (--own-webhook-configuration): it creates it and keeps it as the manifest says,
-with the caBundle of its CA, owned by the extension namespace (deleted with it). As Gardener's own extensions
-register their seed webhooks from the extension process.
+gardenlet hands the chart to the seed's gardener-resource-manager, which re-applies every object as rendered on
+each sync and would wipe the caBundle each time (failurePolicy Fail: Machine requests refused until the next
+injection). So the chart renders the configuration with `resources.gardener.cloud/ignore` (created once, never
+updated, deleted with the installation) and puts this manifest into a ConfigMap too: the certs manager keeps the
+live object as the manifest says, with the caBundle of its CA (--own-webhook-configuration), by patching it by name.
+It cannot create webhook configurations at all.
 */ -}}
 {{- define "gemp.seedWebhookConfiguration" -}}
 {{- $controller := include "gemp.controllerUsername" . -}}

@@ -29,8 +29,16 @@ RELEASE = "machine-preservation"
 CHART_NAME = "gardener-extension-machine-preservation"
 EXTENSION_DEPLOYMENT = CHART_NAME
 WEBHOOK_DEPLOYMENT = f"{CHART_NAME}-webhook"
-# The kinds that make up the components' identities and rights.
-IDENTITY_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+# The kinds that make up the components' identities and rights (the admission policy limits what RBAC cannot name).
+IDENTITY_KINDS = (
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+)
 TOKEN_SECONDS = 24 * 3600
 
 
@@ -174,7 +182,8 @@ def replace_args(args: Sequence[str], replacements: Mapping[str, str | None], ex
 
 
 def identities(documents: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The rendered ServiceAccounts and RBAC, as they are (`product.apply_manifests` creates them)."""
+    """The rendered ServiceAccounts, RBAC and admission policies, as they are (`product.apply_manifests` creates
+    them)."""
     return [dict(document) for document in documents if document.get("kind") in IDENTITY_KINDS]
 
 
