@@ -103,6 +103,7 @@ class Installation:
     logs: Path
     extension_user: str  # the extension process's identity towards the seed (its ServiceAccount)
     metrics_port: int = 0
+    documents: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # the chart as rendered for it
 
     def extension_log(self) -> str:
         return (self.logs / "extension.log").read_text(errors="replace")
@@ -212,6 +213,7 @@ async def installation(
             logs=logs,
             extension_user=f"system:serviceaccount:{namespace}:{extension_account}",
             metrics_port=metrics_port,
+            documents=documents,
         )
     finally:
         if extension is not None:
