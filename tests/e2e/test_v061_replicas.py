@@ -8,7 +8,8 @@ run the whole lifecycle, and MCM's replica counts always win.
   Failed machine against that: the next failure in its MachineDeployment waits, Unknown, neither preserved
   nor replaced, so two kept failures in one MachineSet (and "oldest released first") cannot occur here.
 - A scale-down takes unpreserved machines first; a scale to zero (hibernation) and the deletion of the
-  MachineDeployment take every machine, preserved ones included.
+  MachineDeployment take every machine, preserved ones included, also with the webhook and the controller down
+  once Gardener marked the machines for forced deletion.
 - A rollout completes, and a machine of the MachineSet it replaces that fails meanwhile is not auto-preserved.
 - With the webhook down MCM still deletes healthy machines; only the delete of a Failed machine is refused
   (the guard fails closed), and once the webhook is back everything converges on MCM's next MachineSet sync.
@@ -405,6 +406,36 @@ async def test_deleting_the_machine_deployment_deletes_every_machine(real_mcm: R
 
     await eventually_async(no_sets, limit=60, interval=0.5)
     for name in (healthy, broken):
+        assert real_mcm.recorder.history(name)[-1] == "deleted"
+
+
+async def test_with_webhook_and_controller_down_hibernation_and_shoot_deletion_take_every_machine(
+    real_mcm: RealMcm, product: Product
+) -> None:
+    await product.start(preserve_timeout=LONG)
+    sleeping = await preserve_a_healthy_and_a_failed_machine(real_mcm, "sleeping")
+    deleted = await preserve_a_healthy_and_a_failed_machine(real_mcm, "deleted")
+    await product.stop_webhook()
+    await product.stop_controller()
+
+    # Gardener's Worker actuator, on hibernation and on the Shoot's deletion alike: every machine of the namespace
+    # marked for forced deletion first, then the pools scaled to zero (hibernation) or their MachineDeployments
+    # deleted (deletion). MCM's deletes of the kept machines never reach the webhook, so its outage blocks neither.
+    objects = client.CustomObjectsApi(real_mcm.api)
+    for machine in await real_mcm.machines():
+        await objects.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            real_mcm.namespace,
+            "machines",
+            machine["metadata"]["name"],
+            {"metadata": {"labels": {"force-deletion": "True"}}},
+            _content_type=MERGE_PATCH,
+        )
+    await real_mcm.scale("sleeping", 0)
+    await objects.delete_namespaced_custom_object(GROUP, VERSION, real_mcm.namespace, "machinedeployments", "deleted")
+    await all_gone(real_mcm, [*sleeping, *deleted])
+    for name in (*sleeping, *deleted):
         assert real_mcm.recorder.history(name)[-1] == "deleted"
 
 

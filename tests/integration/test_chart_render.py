@@ -737,6 +737,11 @@ def test_deletion_guard_is_only_called_for_mcms_deletes_of_failed_or_preserved_m
             )
             + ")"
         ),
+        # Gardener marks every machine of a Shoot it hibernates or deletes: those deletes never wait for us.
+        "not-force-deletion": (
+            "!(oldObject != null && has(oldObject.metadata.labels) && 'force-deletion' in oldObject.metadata.labels "
+            "&& oldObject.metadata.labels['force-deletion'] == 'True')"
+        ),
     }
 
 

@@ -770,6 +770,7 @@ def test_seed_webhooks(rendered: list[dict[str, Any]], toolchain: Toolchain) -> 
     theirs = standalone.webhooks_by_name(standalone.template(toolchain.helm))
     their_deletion = {c["name"]: c["expression"] for c in theirs[deletion["name"]]["matchConditions"]}
     assert conditions["machine-failed-or-preserved"] == their_deletion["machine-failed-or-preserved"]
+    assert conditions["not-force-deletion"] == their_deletion["not-force-deletion"]
     their_preserve = {c["name"]: c["expression"] for c in theirs[preserve["name"]]["matchConditions"]}
     assert preserve_conditions["preserve-annotations-change"] == their_preserve["preserve-annotations-change"]
     for ours in webhooks.values():
@@ -962,6 +963,73 @@ async def test_the_seed_webhooks_see_only_mcms_deletes_in_enabled_shoot_namespac
         finally:
             registration.delete_validating_webhook_configuration(release)
             await machine_sets.close()
+
+
+def test_with_the_seed_webhook_down_gardeners_deletes_still_pass(
+    toolchain: Toolchain,
+    kube_client: client.ApiClient,
+    kubeconfig_for: Callable[..., Path],
+    tmp_path: Path,
+) -> None:
+    """The chart's seed configuration as rendered, its webhook unreachable (failurePolicy Fail): MCM's delete of a
+    kept machine is refused, but not once Gardener labelled the machine `force-deletion=True` (as its Worker
+    actuator does on hibernation and on shoot deletion before MCM deletes), and never gardenlet's own delete (force
+    deletion, migration). Decided by the API server alone: neither the webhook nor the controller runs here."""
+    tag = uuid.uuid4().hex[:4]
+    shoot = f"shoot--{tag}--h"
+    release = f"mp-{tag}"
+    configuration = seed_webhook_configuration(
+        render(toolchain, tmp_path, namespace=f"extension-mp-{tag}", release=release)
+    )
+    port = free_port()  # nothing listens there
+    for webhook in configuration["webhooks"]:
+        path = webhook["clientConfig"]["service"]["path"]
+        webhook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}"}
+    core = client.CoreV1Api(kube_client)
+    custom = client.CustomObjectsApi(kube_client)
+    registration = client.AdmissionregistrationV1Api(kube_client)
+
+    def as_user(user: str) -> client.CustomObjectsApi:
+        api_client: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=str(kubeconfig_for(user, ("system:masters",)))
+        )
+        return client.CustomObjectsApi(api_client)
+
+    mcm = as_user(f"system:serviceaccount:{shoot}:machine-controller-manager")
+    gardenlet = as_user("system:serviceaccount:garden:gardenlet")
+    counter = iter(range(1000))
+
+    def mcm_delete_refused() -> bool:
+        name = f"kept-{next(counter)}"
+        failed_machine(custom, shoot, name)
+        try:
+            mcm.delete_namespaced_custom_object(*MACHINES, shoot, "machines", name)
+        except client.ApiException as error:
+            return "failed calling webhook" in str(error.body)
+        return False
+
+    with namespaces(core, (shoot, {ENABLED_LABEL: "true", "gardener.cloud/role": "shoot"})):
+        registration.create_validating_webhook_configuration(
+            client.V1ValidatingWebhookConfiguration.model_validate(configuration)
+        )
+        try:
+            # The API server picks the configuration up through an informer: until then MCM's deletes pass.
+            eventually(mcm_delete_refused)
+            failed_machine(custom, shoot, "hibernated")
+            custom.patch_namespaced_custom_object(
+                *MACHINES, shoot, "machines", "hibernated", {"metadata": {"labels": {"force-deletion": "True"}}}
+            )
+            mcm.delete_namespaced_custom_object(*MACHINES, shoot, "machines", "hibernated")
+            failed_machine(custom, shoot, "force-deleted")
+            gardenlet.delete_namespaced_custom_object(*MACHINES, shoot, "machines", "force-deleted")
+            left = {
+                m["metadata"]["name"]
+                for m in custom.list_namespaced_custom_object(*MACHINES, shoot, "machines")["items"]
+            }
+            assert not left & {"hibernated", "force-deleted"}, left
+            assert mcm_delete_refused(), "an unlabelled kept machine still waits for the webhook"
+        finally:
+            registration.delete_validating_webhook_configuration(release)
 
 
 # --- example/ ------------------------------------------------------------------------------------------------

@@ -69,6 +69,12 @@ def test_machine_and_shoot_webhooks_fail_closed_by_default() -> None:
     assert "oldObject.status.currentStatus.phase == 'Failed'" in failed["expression"]
     for key in v.PRESERVATION_RECORD_ANNOTATIONS:
         assert f"'{key}' in oldObject.metadata.annotations" in failed["expression"]
+    # Nor a machine Gardener marked for forced deletion (hibernation, shoot deletion): an outage never blocks those.
+    assert deletion["matchConditions"][2] == {
+        "name": "not-force-deletion",
+        "expression": "!(oldObject != null && has(oldObject.metadata.labels) && 'force-deletion' in "
+        "oldObject.metadata.labels && oldObject.metadata.labels['force-deletion'] == 'True')",
+    }
     assert shoot["rules"][0]["apiGroups"] == ["core.gardener.cloud"]
     assert c.shoot_webhook(client=SERVICE, failure_policy="Ignore")["failurePolicy"] == "Ignore"
 

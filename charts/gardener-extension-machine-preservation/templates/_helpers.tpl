@@ -146,6 +146,12 @@ podAntiAffinity:
 ({{ include "gemp.cel.failed" $obj }} || {{ join " || " $parts }})
 {{- end -}}
 
+{{- /* Not marked for forced deletion (MCM's label; Gardener sets it on every machine of a Shoot it hibernates or
+deletes, core/admission/deletion.py FORCE_DELETION_LABEL). */ -}}
+{{- define "gemp.cel.notForceDeleted" -}}
+!({{ . }} != null && has({{ . }}.metadata.labels) && 'force-deletion' in {{ . }}.metadata.labels && {{ . }}.metadata.labels['force-deletion'] == 'True')
+{{- end -}}
+
 {{/* The preserve annotation and the controller-owned markers (core/vocabulary.py). */}}
 {{- define "gemp.preserveRelatedAnnotations" -}}
 {{- list

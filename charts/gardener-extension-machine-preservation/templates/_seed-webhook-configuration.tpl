@@ -76,6 +76,10 @@ webhooks:
       # Machine of a deleted Node) are ever kept, so an outage never blocks MCM deleting the others.
       - name: machine-failed-or-preserved
         expression: {{ include "gemp.cel.failedOrPreserved" "oldObject" | toJson }}
+      # Never a machine Gardener marked for forced deletion: it marks every machine of a Shoot it hibernates or
+      # deletes before MCM deletes them, so an outage of ours never blocks hibernation or shoot deletion.
+      - name: not-force-deletion
+        expression: {{ include "gemp.cel.notForceDeleted" "oldObject" | toJson }}
     failurePolicy: Fail
     matchPolicy: Equivalent
     sideEffects: None

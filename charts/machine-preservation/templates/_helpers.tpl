@@ -185,6 +185,12 @@ app.kubernetes.io/component: {{ .component }}
 ({{ include "mp.cel.failed" $obj }} || {{ join " || " $parts }})
 {{- end -}}
 
+{{- /* Not marked for forced deletion (MCM's label; Gardener sets it on every machine of a Shoot it hibernates or
+deletes, core/admission/deletion.py FORCE_DELETION_LABEL). */ -}}
+{{- define "mp.cel.notForceDeleted" -}}
+!({{ . }} != null && has({{ . }}.metadata.labels) && 'force-deletion' in {{ . }}.metadata.labels && {{ . }}.metadata.labels['force-deletion'] == 'True')
+{{- end -}}
+
 {{- define "mp.cel.workersPresent" -}}
 (has({{ . }}.spec) && has({{ . }}.spec.provider) && has({{ . }}.spec.provider.workers))
 {{- end -}}

@@ -8,7 +8,9 @@ the chart's webhook configurations with these builders. The narrowing they encod
   controller, with `failurePolicy: Ignore` and `timeoutSeconds` ≤ 5, so a webhook outage cannot block nodes;
 - Machine and Shoot rules may fail closed; the deletion guard is only called for MCM's own deletes of
   Failed machines and of machines carrying our preservation record, so an outage never blocks MCM deleting
-  the healthy machines nobody preserves;
+  the healthy machines nobody preserves; and never for a machine Gardener marked for forced deletion (it marks
+  every machine of a Shoot it hibernates or deletes before MCM deletes them), so an outage never blocks
+  hibernation or shoot deletion (force deletion's deletes are gardenlet's, never MCM's);
 - Machine rules are namespaced: the chart pins them to their control namespace (`control_namespace_selector`),
   so several installs in one cluster each judge only their own.
 """
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from machine_preservation.core import vocabulary as v
+from machine_preservation.core.admission.deletion import FORCE_DELETION_LABEL, FORCE_DELETION_VALUE
 
 # The URL paths the webhook server serves (webhook/app.py routes them), one per kind of review.
 PRESERVE_ANNOTATION_PATH: Final = "/validate-preserve-annotation"
@@ -140,6 +143,15 @@ def _failed_or_preserved(obj: str) -> str:
     """CEL: the object is Failed, or carries any key of our preservation record (in any phase)."""
     record = " || ".join(has_annotation(obj, key) for key in v.PRESERVATION_RECORD_ANNOTATIONS)
     return f"({_failed(obj)} || {record})"
+
+
+def _not_force_deleted(obj: str) -> str:
+    """CEL: the object does not carry MCM's forced-deletion mark."""
+    label = cel_string(FORCE_DELETION_LABEL)
+    return (
+        f"!({obj} != null && has({obj}.metadata.labels) && {label} in {obj}.metadata.labels && "
+        f"{obj}.metadata.labels[{label}] == {cel_string(FORCE_DELETION_VALUE)})"
+    )
 
 
 def control_namespace_selector(namespace: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -341,7 +353,7 @@ def machine_deletion_webhook(
     namespace_selector: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Validating, Machines DELETE, called for MCM's deletes of Failed machines and of machines carrying our
-    preservation record only (only those are kept)."""
+    preservation record only (only those are kept), unless Gardener marked the machine for forced deletion."""
     return _webhook(
         name=MACHINE_DELETION_WEBHOOK,
         client=client,
@@ -354,6 +366,7 @@ def machine_deletion_webhook(
         match_conditions=[
             _condition("deleted-by-mcm", f"request.userInfo.username in {username_list(mcm_usernames)}"),
             _condition("machine-failed-or-preserved", _failed_or_preserved("oldObject")),
+            _condition("not-force-deletion", _not_force_deleted("oldObject")),
         ],
         failure_policy=failure_policy,
         timeout_seconds=timeout_seconds,

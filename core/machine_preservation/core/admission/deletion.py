@@ -23,7 +23,9 @@ Which machines we keep:
 
 Replica counts always win: a kept machine's delete passes when
 - the Machine is marked for forced deletion (label `force-deletion=True`; Gardener sets it on every machine
-  of a Shoot it hibernates or deletes);
+  of a Shoot it hibernates or deletes). The webhook configurations keep those deletes away from the webhook
+  (`not-force-deletion`), so that an outage of ours cannot block them; this rule answers one that still comes
+  (a configuration of an earlier release, during an upgrade);
 - its MachineSet, or that set's MachineDeployment, is being deleted;
 - its MachineSet (or MachineDeployment) wants fewer machines than it keeps: among the machines not being
   deleted, even once every machine we do not keep is gone more remain than `spec.replicas`. Then the
