@@ -128,8 +128,16 @@ async def _populate(plane: ControlPlane, helm: Path, directory: Path, shoots: in
         # The global flags (--log-level) come before the subcommand; webhook_command sets its own.
         flags = seed_install.replace_args(
             rendered[rendered.index("webhook") + 1 :],
-            {"--host": None, "--port": None, "--cert-dir": None},
-            extra=[f"--kubeconfig={kubeconfig}"],
+            # One listener for all, as measured before the seed's got its own; every simulated shoot connects
+            # from 127.0.0.1, which one real shoot's kube-apiserver never shares with another's.
+            {
+                "--host": None,
+                "--port": None,
+                "--seed-port": None,
+                "--cert-dir": None,
+                "--max-connections-per-peer": None,
+            },
+            extra=[f"--kubeconfig={kubeconfig}", "--max-connections-per-peer=100000"],
         )
         names = [gardener.shoot_namespace_name("bench", f"s{i:03d}") for i in range(shoots)]
         core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
@@ -209,7 +217,9 @@ async def dropped_connections(port: int, context: ssl.SSLContext) -> dict[str, i
         session.get(f"https://{HOST}:{port}/metrics") as response,
     ):
         text = await response.text()
-    found = re.findall(r'machine_preservation_webhook_connections_dropped_total\{reason="(\w+)"\} ([0-9.e+]+)', text)
+    found = re.findall(
+        r'machine_preservation_webhook_connections_dropped_total\{listener="\w+",reason="(\w+)"\} ([0-9.e+]+)', text
+    )
     return {reason: int(float(value)) for reason, value in found}
 
 

@@ -53,6 +53,7 @@ CONTROLLER_USERNAME = f"system:serviceaccount:{NAMESPACE}:{NAME}"
 MACHINES = ("machine.sapcloud.io", "v1alpha1")
 OPERATOR_EXTENSION_CRD = "example/operator/10-crd-operator.gardener.cloud_extensions.yaml"
 PORT_9443 = '[{"port":9443,"protocol":"TCP"}]'
+PORT_9444 = '[{"port":9444,"protocol":"TCP"}]'
 ENABLED_LABEL = "extensions.gardener.cloud/machine-preservation"
 
 # What gardenlet v1.147 injects (pkg/gardenlet/controller/controllerinstallation/controllerinstallation), as JSON:
@@ -539,7 +540,15 @@ def test_values_reach_the_containers(toolchain: Toolchain, tmp_path: Path) -> No
                 "metricsPort": 9090,
             },
             "maxPreserveTimeout": "168h",
-            "webhook": {"replicas": 3, "port": 10250, "timeoutSeconds": 5, "maxConnections": 700},
+            "webhook": {
+                "replicas": 3,
+                "port": 10250,
+                "seedPort": 10251,
+                "timeoutSeconds": 5,
+                "maxConnections": 700,
+                "seedMaxConnections": 50,
+                "maxConnectionsPerPeer": 20,
+            },
             "image": {"repository": "registry.example.com/mp", "tag": "1.2.3"},
             "priorityClassName": "",
         },
@@ -554,11 +563,17 @@ def test_values_reach_the_containers(toolchain: Toolchain, tmp_path: Path) -> No
     assert "--max-preserve-timeout=168h" in container(documents, WEBHOOK)["args"]
     assert "--port=10250" in container(documents, WEBHOOK)["args"]
     assert "--max-connections=700" in container(documents, WEBHOOK)["args"]
+    assert "--seed-port=10251" in container(documents, WEBHOOK)["args"]
+    assert "--seed-max-connections=50" in container(documents, WEBHOOK)["args"]
+    assert "--max-connections-per-peer=20" in container(documents, WEBHOOK)["args"]
     assert standalone.find(documents, "Deployment", WEBHOOK)["spec"]["replicas"] == 3
     service = standalone.find(documents, "Service", WEBHOOK)
     assert service["metadata"]["annotations"]["networking.resources.gardener.cloud/from-world-to-ports"] == (
-        '[{"port":10250,"protocol":"TCP"}]'
+        '[{"port":10251,"protocol":"TCP"}]'
     )
+    assert service["metadata"]["annotations"][
+        "networking.resources.gardener.cloud/from-all-webhook-targets-allowed-ports"
+    ] == ('[{"port":10250,"protocol":"TCP"}]')
     assert {w["timeoutSeconds"] for w in seed_webhook_configuration(documents)["webhooks"]} == {5}
     for deployment in (NAME, WEBHOOK, CERTS):
         assert container(documents, deployment)["image"] == "registry.example.com/mp:1.2.3"
@@ -570,6 +585,7 @@ def test_webhook_and_certs_commands_are_accepted_by_the_cli(rendered: list[dict[
     webhook = parser.parse_args(container(rendered, WEBHOOK)["args"])
     assert webhook.command == "webhook"
     assert webhook.port == 9443
+    assert webhook.seed_port == 9444
     assert str(webhook.cert_dir) == "/certs"
     assert webhook.controller_username == CONTROLLER_USERNAME
     assert webhook.max_preserve_timeout == dt.timedelta(hours=720)
@@ -612,12 +628,21 @@ def test_webhook_service_pdb_and_network_annotations(rendered: list[dict[str, An
         "networking.resources.gardener.cloud/from-all-webhook-targets-allowed-ports": PORT_9443,
         "networking.resources.gardener.cloud/pod-label-selector-namespace-alias": "extensions",
         "networking.resources.gardener.cloud/namespace-selectors": '[{"matchLabels":{"gardener.cloud/role":"shoot"}}]',
-        "networking.resources.gardener.cloud/from-world-to-ports": PORT_9443,
+        # Only the seed's own kube-apiserver, from outside the seed's pods, reaches the seed's port.
+        "networking.resources.gardener.cloud/from-world-to-ports": PORT_9444,
     }
-    assert service["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"}]
+    assert service["spec"]["ports"] == [
+        {"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"},
+        {"name": "seed", "port": 8443, "targetPort": "seed", "protocol": "TCP"},
+    ]
     webhook = container(rendered, WEBHOOK)
-    assert webhook["ports"] == [{"name": "https", "containerPort": 9443, "protocol": "TCP"}]
-    assert webhook["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
+    assert webhook["ports"] == [
+        {"name": "https", "containerPort": 9443, "protocol": "TCP"},
+        {"name": "seed", "containerPort": 9444, "protocol": "TCP"},
+    ]
+    # Probed on the seed's port: a flood on the shoots' port never takes the pod out of the seed webhooks' Service.
+    assert webhook["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "seed", "scheme": "HTTPS"}
+    assert webhook["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "seed", "scheme": "HTTPS"}
     deployment = standalone.find(rendered, "Deployment", WEBHOOK)
     assert deployment["spec"]["replicas"] >= 2
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
@@ -744,7 +769,7 @@ def test_seed_webhooks(rendered: list[dict[str, Any]], toolchain: Toolchain) -> 
         assert webhook["namespaceSelector"] == {"matchLabels": {ENABLED_LABEL: "true"}}
         assert webhook["clientConfig"]["service"]["name"] == WEBHOOK
         assert webhook["clientConfig"]["service"]["namespace"] == NAMESPACE
-        assert webhook["clientConfig"]["service"]["port"] == 443
+        assert webhook["clientConfig"]["service"]["port"] == 8443  # the Service's seed port
         assert webhook["failurePolicy"] == "Fail"
         assert webhook["timeoutSeconds"] == 10
         assert webhook["sideEffects"] == "None"
@@ -904,9 +929,11 @@ async def test_the_seed_webhooks_see_only_mcms_deletes_in_enabled_shoot_namespac
         return client.CustomObjectsApi(api_client)
 
     machine_sets = KubernetesMachineSets(kubeconfig=control_plane.kubeconfig)
+    # As the chart runs it: the seed's webhooks on their own listener (the shoots' port serves only /shoots/).
     server = WebhookServer(
         host="127.0.0.1",
-        port=port,
+        port=0,
+        seed_port=port,
         cert_dir=cert_dir,
         settings=AdmissionSettings(controller_username=CONTROLLER_USERNAME),
         machine_sets=machine_sets,

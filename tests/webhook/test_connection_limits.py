@@ -12,11 +12,13 @@ import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from machine_preservation.certs.authority import KeyPair
 from machine_preservation.core.admission.settings import AdmissionSettings
-from machine_preservation.webhook.connections import ConnectionLimits
+from machine_preservation.core.webhook_configurations import MACHINE_DELETION_PATH, PRESERVE_ANNOTATION_PATH, shoot_path
+from machine_preservation.webhook.connections import IDLE_AFTER_SECONDS, ConnectionLimits
 from machine_preservation.webhook.server import WebhookServer
 from tests.certificates import install, local_serving_pair
 from tests.polling import eventually_async
@@ -48,6 +50,8 @@ async def start(tmp_path: Path, ca: KeyPair) -> AsyncIterator[Start]:
         header_timeout: float = HEADER_TIMEOUT,
         idle_timeout: float = IDLE_TIMEOUT,
         max_connections: int = 100,
+        max_connections_per_peer: int = 100,
+        seed_port: int | None = None,
     ) -> WebhookServer:
         server = WebhookServer(
             host="127.0.0.1",
@@ -56,8 +60,12 @@ async def start(tmp_path: Path, ca: KeyPair) -> AsyncIterator[Start]:
             settings=AdmissionSettings(),
             machine_sets=StaticMachineSets(),
             limits=ConnectionLimits(
-                header_timeout=header_timeout, idle_timeout=idle_timeout, max_connections=max_connections
+                header_timeout=header_timeout,
+                idle_timeout=idle_timeout,
+                max_connections=max_connections,
+                max_connections_per_peer=max_connections_per_peer,
             ),
+            seed_port=seed_port,
         )
         await server.start()
         started.append(server)
@@ -68,8 +76,13 @@ async def start(tmp_path: Path, ca: KeyPair) -> AsyncIterator[Start]:
         await server.stop()
 
 
-async def connect_tls(server: WebhookServer, ca: KeyPair) -> Stream:
-    return await asyncio.open_connection("127.0.0.1", server.port, ssl=client_context(ca))
+async def connect_tls(
+    server: WebhookServer, ca: KeyPair, *, port: int | None = None, source: str = "127.0.0.1"
+) -> Stream:
+    """A TLS connection to `port` (default: the server's first) from the loopback address `source`."""
+    return await asyncio.open_connection(
+        "127.0.0.1", port or server.port, ssl=client_context(ca), local_addr=(source, 0)
+    )
 
 
 async def connect_tcp(server: WebhookServer) -> Stream:
@@ -104,15 +117,15 @@ async def closed_by_server(stream: Stream, *, within: float) -> bool:
     return True
 
 
-def dropped(server: WebhookServer, reason: str) -> float:
+def dropped(server: WebhookServer, reason: str, listener: str = "all") -> float:
     value = server.metrics.registry.get_sample_value(
-        "machine_preservation_webhook_connections_dropped_total", {"reason": reason}
+        "machine_preservation_webhook_connections_dropped_total", {"listener": listener, "reason": reason}
     )
     return value or 0.0
 
 
-def open_connections(server: WebhookServer) -> float:
-    value = server.metrics.registry.get_sample_value("machine_preservation_webhook_connections")
+def open_connections(server: WebhookServer, listener: str = "all") -> float:
+    value = server.metrics.registry.get_sample_value("machine_preservation_webhook_connections", {"listener": listener})
     return value or 0.0
 
 
@@ -197,58 +210,123 @@ async def test_a_kept_alive_connection_is_closed_after_the_idle_timeout(start: S
     await eventually_no_connections(server)
 
 
-async def test_over_the_limit_a_new_connection_is_refused_and_the_established_ones_keep_working(
-    start: Start, ca: KeyPair
-) -> None:
-    server = await start(max_connections=3)
-    established = [await connect_tls(server, ca) for _ in range(3)]
-    for stream in established:
+async def send_head_of_a_long_request(stream: Stream) -> None:
+    """A request whose head is complete and whose body is still coming: the connection is busy."""
+    _, writer = stream
+    writer.write(HALF_HEAD + b"Content-Length: 100\r\n\r\n{")
+    await writer.drain()
+
+
+async def test_over_the_limit_with_every_connection_busy_a_new_one_is_refused(start: Start, ca: KeyPair) -> None:
+    server = await start(max_connections=3, idle_timeout=60)
+    busy = [await connect_tls(server, ca) for _ in range(3)]
+    for stream in busy:
         assert await get_healthz(stream) == b"ok"
+        await send_head_of_a_long_request(stream)
+    await asyncio.sleep(IDLE_AFTER_SECONDS + 0.2)  # quiet, but each in the middle of a request
     # Closed before TLS: the client sees a reset or an end of stream during its handshake.
     with pytest.raises((ConnectionError, ssl.SSLError)):
         await connect_tls(server, ca)
     assert dropped(server, "limit") == 1
-    for stream in established:
-        assert await get_healthz(stream) == b"ok"
-    established[0][1].close()
-    await established[0][1].wait_closed()
+    assert dropped(server, "evicted_idle") == 0
+    for stream in busy:
+        assert not await closed_by_server(stream, within=0.2)
+    busy[0][1].close()
+    await busy[0][1].wait_closed()
     await eventually_async(lambda: open_connections(server) < 3, limit=SLACK)
     assert await get_healthz(await connect_tls(server, ca)) == b"ok"
 
 
-async def test_at_the_limit_the_oldest_connection_without_a_request_makes_room(start: Start, ca: KeyPair) -> None:
-    """A flood of silent connections cannot lock out a client that sends its request at once."""
-    server = await start(max_connections=3, header_timeout=60)
-    established = await connect_tls(server, ca)
-    assert await get_healthz(established) == b"ok"
-    oldest_silent = await connect_tcp(server)  # not even a handshake
-    newer_silent = await connect_tls(server, ca)
-    assert open_connections(server) == 3
+async def test_at_the_limit_the_least_recently_used_idle_connection_makes_room(start: Start, ca: KeyPair) -> None:
+    """Kept-alive connections are not held forever at the limit: the one used longest ago is closed."""
+    server = await start(max_connections=3, idle_timeout=60)
+    streams = [await connect_tls(server, ca) for _ in range(3)]
+    for stream in streams:
+        assert await get_healthz(stream) == b"ok"
+    # The first connection is used again last: the second is now the least recently used.
+    for stream in (streams[2], streams[0]):
+        assert await get_healthz(stream) == b"ok"
+    await asyncio.sleep(IDLE_AFTER_SECONDS + 0.2)
 
     newcomer = await connect_tls(server, ca)
     assert await get_healthz(newcomer) == b"ok"
-    assert await closed_by_server(oldest_silent, within=SLACK)
-    assert not await closed_by_server(newer_silent, within=0.2)
-    assert await get_healthz(established) == b"ok"
-    assert dropped(server, "evicted") == 1
+    assert await closed_by_server(streams[1], within=SLACK)
+    for stream in (streams[0], streams[2]):
+        assert await get_healthz(stream) == b"ok"
+    assert dropped(server, "evicted_idle") == 1
     assert dropped(server, "limit") == 0
     assert open_connections(server) == 3
 
 
-async def test_stopping_closes_connections_in_every_state(start: Start, ca: KeyPair) -> None:
-    server = await start(header_timeout=60)
-    before_handshake = await connect_tcp(server)
-    before_request = await connect_tls(server, ca)
-    kept_alive = await connect_tls(server, ca)
-    assert await get_healthz(kept_alive) == b"ok"
-    async with asyncio.timeout(SLACK):
-        await server.stop()
-    for stream in (before_handshake, before_request, kept_alive):
-        assert await closed_by_server(stream, within=SLACK)
-    await eventually_no_connections(server)
+async def test_a_connection_that_was_just_used_is_not_closed_to_make_room(start: Start, ca: KeyPair) -> None:
+    server = await start(max_connections=2, idle_timeout=60)
+    streams = [await connect_tls(server, ca) for _ in range(2)]
+    for stream in streams:
+        assert await get_healthz(stream) == b"ok"
+    # Both answered just now: neither is idle yet, so the newcomer is refused rather than a request cut short.
+    with pytest.raises((ConnectionError, ssl.SSLError)):
+        await connect_tls(server, ca)
+    assert dropped(server, "limit") == 1
+    for stream in streams:
+        assert await get_healthz(stream) == b"ok"
+
+
+async def test_one_peer_holds_at_most_its_share_and_replaces_its_own_connections(start: Start, ca: KeyPair) -> None:
+    server = await start(max_connections=10, max_connections_per_peer=2, idle_timeout=60)
+    other = await connect_tls(server, ca, source="127.0.0.2")
+    assert await get_healthz(other) == b"ok"
+    flooder = [await connect_tls(server, ca) for _ in range(2)]
+    for stream in flooder:
+        assert await get_healthz(stream) == b"ok"
+    await asyncio.sleep(IDLE_AFTER_SECONDS + 0.2)
+
+    # The flooding peer's third connection replaces its own least recently used one, never the other peer's.
+    third = await connect_tls(server, ca)
+    assert await get_healthz(third) == b"ok"
+    assert await closed_by_server(flooder[0], within=SLACK)
+    assert dropped(server, "evicted_idle") == 1
+    # With both of its connections busy, its next one is refused, though the listener has room.
+    for stream in (flooder[1], third):
+        await send_head_of_a_long_request(stream)
+    with pytest.raises((ConnectionError, ssl.SSLError)):
+        await connect_tls(server, ca)
+    assert dropped(server, "peer_limit") == 1
+    assert await get_healthz(other) == b"ok"
+    assert await get_healthz(await connect_tls(server, ca, source="127.0.0.3")) == b"ok"
+
+
+async def test_the_seed_listener_has_its_own_routes_and_connections(start: Start, ca: KeyPair) -> None:
+    """Neither port serves the other's webhooks, and the shoot-facing port at its limit with busy connections
+    leaves the seed's port untouched."""
+    server = await start(max_connections=2, seed_port=0)
+    assert server.seed_port is not None
+    assert server.seed_port != server.port
+    context = client_context(ca)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
+        for port, path, status in (
+            (server.port, MACHINE_DELETION_PATH, 404),
+            (server.port, shoot_path("shoot--a--b", PRESERVE_ANNOTATION_PATH), 400),  # served: no review in b""
+            (server.seed_port, shoot_path("shoot--a--b", PRESERVE_ANNOTATION_PATH), 404),
+            (server.seed_port, MACHINE_DELETION_PATH, 400),
+        ):
+            async with session.post(f"https://127.0.0.1:{port}{path}", data=b"") as response:
+                assert response.status == status, (port, path)
+    await eventually_async(lambda: open_connections(server, listener="shoots") == 0, limit=SLACK)
+
+    shoots = [await connect_tls(server, ca) for _ in range(2)]
+    for stream in shoots:
+        await send_head_of_a_long_request(stream)
+    with pytest.raises((ConnectionError, ssl.SSLError)):
+        await connect_tls(server, ca)
+    assert dropped(server, "limit", listener="shoots") == 1
+
+    seed = await connect_tls(server, ca, port=server.seed_port)
+    assert await get_healthz(seed) == b"ok"
+    assert open_connections(server, listener="shoots") == 2
+    assert dropped(server, "limit", listener="seed") == 0
 
 
 def test_limits_must_be_positive() -> None:
-    for field in ("header_timeout", "idle_timeout", "max_connections"):
+    for field in ("header_timeout", "idle_timeout", "max_connections", "max_connections_per_peer"):
         with pytest.raises(ValueError, match=f"{field} must be positive, got 0"):
             ConnectionLimits(**{field: 0})

@@ -115,7 +115,7 @@ async def test_cbc_rsa_key_exchange_and_dhe_suites_are_refused(server: tuple[str
         with pytest.raises((ConnectionError, ssl.SSLError)):
             await negotiate(running.port, client(ciphers=f"{suite}:@SECLEVEL=0", tls12_only=True))
     failed = running.metrics.registry.get_sample_value(
-        "machine_preservation_webhook_connections_dropped_total", {"reason": "tls_handshake"}
+        "machine_preservation_webhook_connections_dropped_total", {"listener": "all", "reason": "tls_handshake"}
     )
     assert failed == len(REFUSED[key_type])
     # The same client offering one good suite too gets it: the refusal is about the suites, not the client.

@@ -25,6 +25,11 @@
 https://{{ include "gemp.webhook.name" . }}.{{ .Release.Namespace }}.svc:443
 {{- end -}}
 
+{{- /* The Service port of the seed's own webhooks (the webhook's --seed-port); 443 is the shoots'. */ -}}
+{{- define "gemp.webhook.seedServicePort" -}}
+8443
+{{- end -}}
+
 {{- define "gemp.controllerUsername" -}}
 system:serviceaccount:{{ .Release.Namespace }}:{{ include "gemp.controller.name" . }}
 {{- end -}}

@@ -28,7 +28,8 @@ webhooks:
       service:
         namespace: {{ .Release.Namespace }}
         name: {{ include "gemp.webhook.name" . }}
-        port: 443
+        # The listener of the seed's webhooks, apart from the one every shoot's kube-apiserver calls.
+        port: {{ include "gemp.webhook.seedServicePort" . }}
         path: /validate-preserve-annotation
     rules:
       - apiGroups: [machine.sapcloud.io]
@@ -58,7 +59,8 @@ webhooks:
       service:
         namespace: {{ .Release.Namespace }}
         name: {{ include "gemp.webhook.name" . }}
-        port: 443
+        # The listener of the seed's webhooks, apart from the one every shoot's kube-apiserver calls.
+        port: {{ include "gemp.webhook.seedServicePort" . }}
         path: /validate-machine-deletion
     rules:
       - apiGroups: [machine.sapcloud.io]

@@ -9,7 +9,9 @@ URL each shoot's kube-apiserver is given, so that a node request says which shoo
 namespace in the seed). There, and for Machine requests (by their namespace), whether MCM preserves natively is
 the namespace's own decision when the server has a `NativeSource` (`--mcm-native-preservation-per-namespace`);
 without one, and on the plain node paths, the process-wide setting applies as before. Metrics and failure
-policies are those of the plain path: no label per shoot.
+policies are those of the plain path: no label per shoot. The server may serve the two on separate listeners
+(`Routes`, `--seed-port`), so that the traffic of every shoot never takes the seed's fail-closed Machine webhook's
+connections.
 
 An unexpected exception (a bug of ours, never something a client sent) is logged, counted and answered as the
 endpoint's failure policy says (`FAILURE_POLICIES`): a Node request is allowed with a warning, because the node
@@ -82,6 +84,10 @@ MACHINE: Final = (v.MACHINE_API_GROUP, "Machine")
 SHOOT: Final = (v.SHOOT_API_GROUP, "Shoot")
 
 FailurePolicy = Literal["Fail", "Ignore"]
+# The admission routes of one listener: "seed", the plain paths (the seed's Machine webhooks, and a standalone
+# installation's node webhooks); "shoots", only `/shoots/{namespace}/…` (every shoot's node webhooks); "all", both.
+# Health and metrics are served everywhere.
+Routes = Literal["all", "seed", "shoots"]
 
 # The failurePolicy each endpoint is registered with, per kind: how an internal error is answered. Node
 # rules are always Ignore; Machine and Shoot rules default to Fail (an operator may register them with
@@ -393,7 +399,8 @@ def _serve(
     return handler
 
 
-def build_app(config: WebhookConfig) -> web.Application:
+def build_app(config: WebhookConfig, *, routes: Routes = "all") -> web.Application:
+    """The app with the admission routes `routes` names (see `Routes`), health and metrics."""
     # aiohttp's own cap (default 1 MiB) would answer 413 before we see the body; ours applies instead.
     app = web.Application(client_max_size=config.max_body_bytes)
     endpoints = Endpoints(config)
@@ -404,8 +411,9 @@ def build_app(config: WebhookConfig) -> web.Application:
         (MACHINE_DELETION_PATH, endpoints.machine_deletion),
         (SHOOT_PATH, endpoints.shoot),
     ):
-        app.router.add_post(path, _serve(config, path, decide))
-        if path in NODE_PATHS:
+        if routes != "shoots":
+            app.router.add_post(path, _serve(config, path, decide))
+        if path in NODE_PATHS and routes != "seed":
             app.router.add_post(shoot_path("{namespace}", path), _serve(config, path, decide, for_shoot=True))
 
     async def healthz(_: web.Request) -> web.Response:
@@ -428,5 +436,6 @@ def build_app(config: WebhookConfig) -> web.Application:
         if config.native is not None:
             await config.native.close()
 
-    app.on_cleanup.append(close_sources)
+    if routes != "shoots":  # the sources are shared: closed once, by the app that serves the seed
+        app.on_cleanup.append(close_sources)
     return app

@@ -6,11 +6,13 @@ handshake is never reported to the application, and nothing bounds how long a cl
 first request: each silent or half-sent connection stays open as long as aiohttp's keep-alive timeout, an hour.
 
 `TLSSite` accepts plain TCP instead and, per connection (`_Connection`):
-1. counts it; at `max_connections`, it makes room by closing the oldest connection that has not sent a whole
-   request head yet (a client in the middle of a slow-loris, or one that went silent), else, when every open
-   connection has sent a request, refuses the new one at once, before any TLS work. A flood of silent
-   connections therefore cannot lock the API server out: its connections send their request within
-   milliseconds of connecting, and the flood would have to replace every waiting connection that fast;
+1. counts it, in all and per peer address; at `max_connections` (or its peer's `max_connections_per_peer`),
+   it makes room by closing the oldest connection (of that peer) that has not sent a whole request head yet (a
+   client in the middle of a slow-loris, or one that went silent), else the least recently used kept-alive
+   connection that is idle between requests, else, when every open connection is in the middle of a request,
+   refuses the new one at once, before any TLS work. A flood of silent or kept-alive connections therefore
+   cannot lock the API server out: its connections send their request within milliseconds of connecting, and
+   one peer holds at most its own share of the slots;
 2. upgrades it to TLS as `loop.start_tls` does, but with one receive buffer for all connections
    (`_TLSProtocol`) instead of asyncio's 256 KiB for each, idle or not;
 3. hands the plaintext to aiohttp's request handler through `_Plaintext`, which passes everything through
@@ -27,6 +29,7 @@ import asyncio
 import logging
 import ssl
 from asyncio import sslproto
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -44,8 +47,13 @@ DEFAULT_IDLE_TIMEOUT: Final = 120.0
 # An open TLS connection costs ~30 KiB idle, up to ~0.12 MiB after a large review (see BENCHMARKS.md); 200 stay
 # well under the chart's 256 MiB limit, and are far more than the API servers' keep-alive pools need.
 DEFAULT_MAX_CONNECTIONS: Final = 200
+# An API server keeps a few connections per replica (each replica is a peer of its own); one peer beyond this many
+# is a flood, which then replaces its own connections instead of everyone else's.
+DEFAULT_MAX_CONNECTIONS_PER_PEER: Final = 100
 # The most one socket read takes in (asyncio's own figure); one buffer of it serves all connections.
 RECEIVE_BUFFER_BYTES: Final = sslproto.SSLProtocol.max_size
+# A kept-alive connection quiet this long with no request in progress may be closed to make room.
+IDLE_AFTER_SECONDS: Final = 1.0
 _LIMIT_WARNING_INTERVAL: Final = 60.0
 _HEAD_END: Final = b"\r\n\r\n"
 
@@ -58,16 +66,20 @@ class ConnectionLimits:
     """Seconds a connection may take to send its next request after a response (keep-alive)."""
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     """Open connections at most: at the limit, a new connection replaces the oldest one that has not sent a
-    request yet, or, when every open connection has, is closed as soon as it is accepted."""
+    request yet, else the least recently used idle one, or, when every open connection is busy with a request,
+    is closed as soon as it is accepted."""
+    max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER
+    """Open connections at most from one peer address, made room for in the same way among its own."""
 
     def __post_init__(self) -> None:
-        for name in ("header_timeout", "idle_timeout", "max_connections"):
+        for name in ("header_timeout", "idle_timeout", "max_connections", "max_connections_per_peer"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
 
 class TLSSite(web.BaseSite):
-    """A TLS listener for an `AppRunner` (start it after `runner.setup()`), bounded by `limits`."""
+    """A TLS listener for an `AppRunner` (start it after `runner.setup()`), bounded by `limits`; `listener` names it
+    in the metrics."""
 
     def __init__(
         self,
@@ -78,15 +90,21 @@ class TLSSite(web.BaseSite):
         ssl_context: ssl.SSLContext,
         limits: ConnectionLimits,
         metrics: WebhookMetrics,
+        listener: str = "all",
     ) -> None:
         super().__init__(runner, ssl_context=ssl_context)
         self._host, self._port = host, port
         self.tls_context = ssl_context
         self.limits = limits
-        self._metrics = metrics
+        self._listener = listener
+        self._open_gauge = metrics.connections.labels(listener)
+        self._dropped = metrics.connections_dropped
         self._open: set[_Connection] = set()
+        self._per_peer: dict[str, int] = {}
         # The open connections whose first request head is not complete yet, oldest first.
         self._waiting: dict[_Connection, None] = {}
+        # The open connections that have sent a request head, least recently used (data received) first.
+        self._used: OrderedDict[_Connection, None] = OrderedDict()
         self._unreported: dict[str, int] = {}
         self._limit_warned_at: float | None = None
         # Every connection receives its TLS records into this one buffer (see `_TLSProtocol`).
@@ -116,28 +134,60 @@ class TLSSite(web.BaseSite):
 
     def admit(self, connection: _Connection) -> bool:
         """Count a new connection in, making room if needed; False: refuse it."""
-        if len(self._open) >= self.limits.max_connections:
-            if not self._waiting:
-                self._dropped_at_limit("limit")
+        peer = connection.peer
+        if self._per_peer.get(peer, 0) >= self.limits.max_connections_per_peer:
+            if not self._make_room(peer):
+                self._dropped_at_limit("peer_limit")
                 return False
-            oldest = next(iter(self._waiting))
-            oldest.close_now()
-            self._dropped_at_limit("evicted")
+        elif len(self._open) >= self.limits.max_connections and not self._make_room(None):
+            self._dropped_at_limit("limit")
+            return False
         self._open.add(connection)
+        self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
         self._waiting[connection] = None
-        self._metrics.connections.set(len(self._open))
+        self._open_gauge.set(len(self._open))
         return True
 
+    def _make_room(self, peer: str | None) -> bool:
+        """Close the oldest connection (of `peer`, None: of anyone) that has not sent a request head, else the least
+        recently used one idle between requests; False when there is none."""
+        waiting = next((c for c in self._waiting if peer is None or c.peer == peer), None)
+        if waiting is not None:
+            waiting.close_now()
+            self._dropped_at_limit("evicted")
+            return True
+        idle = next((c for c in self._used if (peer is None or c.peer == peer) and c.idle()), None)
+        if idle is not None:
+            idle.close_now()
+            self._dropped_at_limit("evicted_idle")
+            return True
+        return False
+
     def head_received(self, connection: _Connection) -> None:
-        self._waiting.pop(connection, None)
+        if connection in self._open:
+            self._waiting.pop(connection, None)
+            self._used[connection] = None
+
+    def used(self, connection: _Connection) -> None:
+        """`connection` received data after its first request head: now the most recently used."""
+        if connection in self._used:
+            self._used.move_to_end(connection)
 
     def release(self, connection: _Connection) -> None:
+        if connection not in self._open:
+            return
         self._open.discard(connection)
         self._waiting.pop(connection, None)
-        self._metrics.connections.set(len(self._open))
+        self._used.pop(connection, None)
+        left = self._per_peer[connection.peer] - 1
+        if left:
+            self._per_peer[connection.peer] = left
+        else:
+            del self._per_peer[connection.peer]
+        self._open_gauge.set(len(self._open))
 
     def dropped(self, reason: str) -> None:
-        self._metrics.connections_dropped.labels(reason).inc()
+        self._dropped.labels(self._listener, reason).inc()
 
     def _dropped_at_limit(self, reason: str) -> None:
         self.dropped(reason)
@@ -146,11 +196,15 @@ class TLSSite(web.BaseSite):
         now = asyncio.get_running_loop().time()
         if self._limit_warned_at is None or now - self._limit_warned_at >= _LIMIT_WARNING_INTERVAL:
             logger.warning(
-                "at the connection limit (%d, --max-connections): closed %d connection(s) that had not sent a "
-                "request, refused %d new one(s)",
+                "%s listener at its connection limits (%d, %d per peer): closed %d connection(s) that had not sent "
+                "a request and %d idle one(s), refused %d new one(s) (%d over a peer's limit)",
+                self._listener,
                 self.limits.max_connections,
+                self.limits.max_connections_per_peer,
                 self._unreported.get("evicted", 0),
-                self._unreported.get("limit", 0),
+                self._unreported.get("evicted_idle", 0),
+                self._unreported.get("limit", 0) + self._unreported.get("peer_limit", 0),
+                self._unreported.get("peer_limit", 0),
             )
             self._limit_warned_at, self._unreported = now, {}
 
@@ -163,10 +217,16 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._deadline: asyncio.TimerHandle | None = None
         self.handshake: asyncio.Task[None] | None = None
+        self._handler: RequestHandler | None = None
         self._released = False
+        self.peer = ""
+        self.last_used = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
+        peername = transport.get_extra_info("peername")
+        # The address without the port: one client host (an API server replica) however many sockets it opens.
+        self.peer = str(peername[0]) if isinstance(peername, tuple) and peername else str(peername)
         if not self._site.admit(self):
             self._released = True
             transport.abort()
@@ -185,7 +245,8 @@ class _Connection(asyncio.Protocol):
 
     async def _secure(self, transport: asyncio.Transport) -> None:
         loop = asyncio.get_running_loop()
-        plaintext = _Plaintext(self, self._site.new_handler())
+        self._handler = self._site.new_handler()
+        plaintext = _Plaintext(self, self._handler)
         timeout = self._site.limits.header_timeout
         try:
             tls = await _start_tls(
@@ -215,7 +276,27 @@ class _Connection(asyncio.Protocol):
 
     def head_received(self) -> None:
         self._cancel_deadline()
+        self.last_used = asyncio.get_running_loop().time()
         self._site.head_received(self)
+
+    def used(self) -> None:
+        self.last_used = asyncio.get_running_loop().time()
+        self._site.used(self)
+
+    def idle(self) -> bool:
+        """Between requests: the last one answered and quiet since (so closing it loses nothing; the client opens
+        a new connection for its next request).
+
+        aiohttp has no public view of its handler's state; it is read defensively (without it, the connection
+        counts as busy and is never closed to make room). The quiet time covers what that state does not show: a
+        request whose head has arrived but whose handling has not started yet, or a head still trickling in.
+        """
+        handler = self._handler
+        if handler is None or getattr(handler, "_request_in_progress", True):
+            return False
+        if getattr(handler, "_messages", None) != deque():
+            return False
+        return asyncio.get_running_loop().time() - self.last_used >= IDLE_AFTER_SECONDS
 
     def _cancel_deadline(self) -> None:
         if self._deadline is not None:
@@ -265,6 +346,8 @@ class _Plaintext(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._watching:
             self._watch(data)
+        else:
+            self._connection.used()
         if self._connected:
             self._handler.data_received(data)
         else:

@@ -54,15 +54,19 @@ class WebhookMetrics:
         )
         self.connections = Gauge(
             f"{prefix}_connections",
-            "Client connections open now (accepted and not yet closed, TLS handshakes included).",
+            "Client connections open now (accepted and not yet closed, TLS handshakes included), by listener "
+            "(seed: the seed's Machine webhooks; shoots: every shoot's node webhooks; all: both on one port).",
+            ["listener"],
             registry=self.registry,
         )
         self.connections_dropped = Counter(
             f"{prefix}_connections_dropped",
-            "Client connections the webhook closed itself, by reason (limit: refused, every open connection had "
-            "sent a request; evicted: closed to make room before it had sent one; header_timeout: TLS handshake "
-            "and first request head not done in time; tls_handshake: failed handshake).",
-            ["reason"],
+            "Client connections the webhook closed itself, by listener and reason (limit, peer_limit: refused, "
+            "every open connection (of its peer) was busy with a request; evicted: closed to make room before it "
+            "had sent a request; evicted_idle: the least recently used kept-alive connection, closed to make room; "
+            "header_timeout: TLS handshake and first request head not done in time; tls_handshake: failed "
+            "handshake).",
+            ["listener", "reason"],
             registry=self.registry,
         )
 
