@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from machine_preservation.controller.leader import LeaderElector
+import pytest
+
+from machine_preservation.controller.leader import LeaderElector, _LeaseLock
 from tests.controller.silent import silent_api_server
 
 
@@ -26,3 +28,34 @@ async def test_unanswered_lease_requests_are_failed_attempts_retried_each_period
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await running
+
+
+async def test_leadership_ends_at_the_renew_deadline_of_the_last_renewal_sent() -> None:
+    """The fence: `lost` once the renew deadline has passed since the last successful renewal was sent, however
+    long the library would go on retrying; each renewal moves it on."""
+    elector = LeaderElector(
+        api_client=None,  # type: ignore[arg-type]  # the fence reads only the lock's last renewal
+        namespace="ns",
+        name="lease",
+        identity="me",
+        lease_duration=1,
+        renew_deadline=0.3,
+    )
+    loop = asyncio.get_running_loop()
+    lock = _LeaseLock("lease", "ns", "me", None)
+    lock.renewed_at = loop.time()
+    elector.leading.set()
+    fence = asyncio.create_task(elector._fence(lock))
+    for _ in range(4):  # renewals every 0.1 s keep it leading
+        await asyncio.sleep(0.1)
+        lock.renewed_at = loop.time()
+        assert not elector.lost.is_set()
+    stopped_renewing = lock.renewed_at
+    await asyncio.wait_for(fence, 5)
+    assert elector.lost.is_set()
+    assert loop.time() >= stopped_renewing + elector.renew_deadline
+
+
+def test_the_renew_deadline_is_shorter_than_the_lease() -> None:
+    with pytest.raises(ValueError, match="shorter than the lease"):
+        LeaderElector(api_client=None, namespace="ns", name="lease", identity="me", lease_duration=10)  # type: ignore[arg-type]
