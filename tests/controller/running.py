@@ -33,9 +33,12 @@ class Running:
         return await asyncio.wait_for(self.task, 60)
 
 
-async def chart_identity(admin_kubeconfig: Path, namespace: str, *, leader_election: bool) -> Path:
-    """A kubeconfig of the standalone chart's controller ServiceAccount (release in `namespace`, serving it), under
-    the RBAC the chart ships: the tests run the controller as users run it, never as an administrator."""
+async def chart_identity(
+    admin_kubeconfig: Path, namespace: str, *, leader_election: bool, component: str = "controller"
+) -> Path:
+    """A kubeconfig of the standalone chart's `component` ServiceAccount (controller or webhook; release in
+    `namespace`, serving it), under the RBAC the chart ships: the tests run the product as users run it, never as an
+    administrator."""
     admin = await new_api_client(kubeconfig=admin_kubeconfig)
     try:
         rbac = await asyncio.to_thread(
@@ -45,7 +48,7 @@ async def chart_identity(admin_kubeconfig: Path, namespace: str, *, leader_elect
             release_namespace=namespace,
             leader_election=leader_election,
         )
-        account = mp.component_users(namespace)["controller"].rpartition(":")[2]
+        account = mp.component_users(namespace)[component].rpartition(":")[2]
         core = client.CoreV1Api(admin)
         with contextlib.suppress(ConflictException):  # there already (a second controller of the same test)
             await core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})  # type: ignore[arg-type]
@@ -64,7 +67,7 @@ async def chart_identity(admin_kubeconfig: Path, namespace: str, *, leader_elect
     document["users"] = [{"name": account, "user": {"token": answer.status.token}}]
     for context in document["contexts"]:
         context["context"]["user"] = account
-    path = admin_kubeconfig.parent / f"controller-{namespace}.kubeconfig"
+    path = admin_kubeconfig.parent / f"{component}-{namespace}.kubeconfig"
     await asyncio.to_thread(path.write_text, yaml.safe_dump(document))
     await asyncio.to_thread(path.chmod, 0o600)
     return path

@@ -1,6 +1,9 @@
 """The certificate manager's I/O shell against the real API server: Secret, serving Secret, cert dir, caBundle
 injection, optimistic concurrency between replicas, a full CA rotation driven by a controlled clock, and the
-CLI."""
+CLI. Every manager runs as the standalone chart's certs manager ServiceAccount under the chart's RBAC
+(tests/integration/certs_identity.py): the chart creates its two Secrets empty and the release's webhook
+configurations, and the manager only reads and patches them by name. The administrator's client only sets up and
+checks."""
 
 from __future__ import annotations
 
@@ -34,7 +37,9 @@ from machine_preservation.certs.manager import (
 from machine_preservation.certs.pairs import load_certificates, validate_serving_pair
 from machine_preservation.certs.rotation import RotationPolicy, ServingIdentity
 from machine_preservation.localcluster.controlplane import ControlPlane, free_port
+from machine_preservation.localcluster.toolchain import Toolchain
 from tests.integration import kube
+from tests.integration.certs_identity import CA_SECRET, SERVING_SECRET, CertsIdentity, certs_identity
 
 POLICY = RotationPolicy(
     ca_validity=dt.timedelta(hours=10),
@@ -47,9 +52,24 @@ IDENTITY = ServingIdentity(dns_names=("mp.ns.svc",), ip_addresses=("127.0.0.1",)
 
 
 @pytest.fixture
-def configurations(kube_client: sync_client.ApiClient, namespace: str) -> Iterator[tuple[WebhookConfigurationRef, ...]]:
+def certs(
+    toolchain: Toolchain,
+    control_plane: ControlPlane,
+    kube_client: sync_client.ApiClient,
+    namespace: str,
+    tmp_path: Path,
+) -> Iterator[CertsIdentity]:
+    with certs_identity(toolchain, control_plane, kube_client, namespace, tmp_path) as identity:
+        yield identity
+
+
+@pytest.fixture
+def configurations(
+    kube_client: sync_client.ApiClient, certs: CertsIdentity
+) -> Iterator[tuple[WebhookConfigurationRef, ...]]:
+    """The release's two webhook configurations, as the chart creates them (without caBundle)."""
     api = sync_client.AdmissionregistrationV1Api(kube_client)
-    name = f"certs-{namespace}"
+    name = certs.configuration
     api.create_validating_webhook_configuration(
         {"metadata": {"name": name}, "webhooks": [kube.unused_webhook("a.mp.test"), kube.unused_webhook("b.mp.test")]}
     )
@@ -65,8 +85,9 @@ def configurations(kube_client: sync_client.ApiClient, namespace: str) -> Iterat
 
 
 @pytest.fixture
-async def aio_client(control_plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
-    api_client = await config.new_client_from_config(config_file=str(control_plane.kubeconfig))
+async def aio_client(certs: CertsIdentity) -> AsyncIterator[client.ApiClient]:
+    """The certs manager's client: its ServiceAccount's token."""
+    api_client = await config.new_client_from_config(config_file=str(certs.kubeconfig))
     async with api_client:
         yield api_client
 
@@ -77,9 +98,6 @@ class Clock:
 
     def __call__(self) -> dt.datetime:
         return self.now
-
-
-SERVING_SECRET = "webhook-tls"
 
 
 def manager(
@@ -94,7 +112,7 @@ def manager(
 ) -> CertificateManager:
     settings = ManagerSettings(
         secret_namespace=namespace,
-        secret_name="webhook-certs",
+        secret_name=CA_SECRET,
         cert_dir=cert_dir,
         identity=identity,
         policy=POLICY,
@@ -107,7 +125,7 @@ def manager(
     return CertificateManager(settings=settings, api_client=aio_client, remote_clients={}, clock=clock)
 
 
-def read_secret(kube_client: sync_client.ApiClient, namespace: str, name: str = "webhook-certs") -> dict[str, bytes]:
+def read_secret(kube_client: sync_client.ApiClient, namespace: str, name: str = CA_SECRET) -> dict[str, bytes]:
     secret = sync_client.CoreV1Api(kube_client).read_namespaced_secret(name, namespace)
     return {key: base64.b64decode(value) for key, value in (secret.data or {}).items()}
 
@@ -137,7 +155,7 @@ def assert_cert_dir_matches(cert_dir: Path, data: dict[str, bytes]) -> None:
     assert not [p for p in cert_dir.iterdir() if p.name.startswith(".")], "no temporary files left behind"
 
 
-async def test_first_pass_creates_secret_fills_cert_dir_and_injects_every_webhook(
+async def test_first_pass_fills_the_secret_and_cert_dir_and_injects_every_webhook(
     kube_client: sync_client.ApiClient,
     aio_client: client.ApiClient,
     namespace: str,
@@ -161,12 +179,12 @@ async def test_first_pass_creates_secret_fills_cert_dir_and_injects_every_webhoo
     )
 
     # Another replica adopts the same certificates and writes nothing to the API.
-    resource_version = sync_client.CoreV1Api(kube_client).read_namespaced_secret("webhook-certs", namespace)
+    resource_version = sync_client.CoreV1Api(kube_client).read_namespaced_secret(CA_SECRET, namespace)
     second = manager(aio_client=aio_client, namespace=namespace, configurations=configurations, cert_dir=tmp_path / "b")
     again = await second.sync_once()
     assert (again.rotated, again.injected) == ((), ())
     assert_cert_dir_matches(tmp_path / "b", data)
-    after = sync_client.CoreV1Api(kube_client).read_namespaced_secret("webhook-certs", namespace)
+    after = sync_client.CoreV1Api(kube_client).read_namespaced_secret(CA_SECRET, namespace)
     assert after.metadata.resource_version == resource_version.metadata.resource_version
 
 
@@ -177,10 +195,7 @@ async def test_replicas_racing_on_an_empty_secret_converge_on_one_certificate(
     configurations: tuple[WebhookConfigurationRef, ...],
     tmp_path: Path,
 ) -> None:
-    # The chart renders the Secret empty, so the managers only ever need `update` on it.
-    sync_client.CoreV1Api(kube_client).create_namespaced_secret(
-        namespace, {"metadata": {"name": "webhook-certs"}, "type": "Opaque"}
-    )
+    # The chart renders the Secret empty, so the managers only ever need to patch it.
     replicas = [
         manager(aio_client=aio_client, namespace=namespace, configurations=configurations, cert_dir=tmp_path / str(i))
         for i in range(3)
@@ -264,7 +279,7 @@ async def test_ca_rotation_with_overlap_against_the_real_api(
 
 
 def test_cli_once_fills_the_cert_dir_and_exits(
-    control_plane: ControlPlane,
+    certs: CertsIdentity,
     kube_client: sync_client.ApiClient,
     namespace: str,
     configurations: tuple[WebhookConfigurationRef, ...],
@@ -277,13 +292,13 @@ def test_cli_once_fills_the_cert_dir_and_exits(
         "certs",
         "run",
         "--once",
-        f"--kubeconfig={control_plane.kubeconfig}",
-        f"--secret={namespace}/webhook-certs",
+        f"--kubeconfig={certs.kubeconfig}",
+        f"--secret={namespace}/{CA_SECRET}",
         f"--cert-dir={tmp_path}",
         "--service=mp-webhook",
         f"--namespace={namespace}",
         f"--webhook-configuration=validating/{configurations[0].name}",
-        f"--webhook-configuration=mutating/{configurations[1].name}@{control_plane.kubeconfig}",
+        f"--webhook-configuration=mutating/{configurations[1].name}@{certs.kubeconfig}",
         "--serving-validity=1h",
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=os.environ, check=False)
@@ -326,7 +341,7 @@ async def test_an_unreachable_remote_cluster_does_not_stop_the_local_work(
     async with remote_client:
         settings = ManagerSettings(
             secret_namespace=namespace,
-            secret_name="webhook-certs",
+            secret_name=CA_SECRET,
             cert_dir=tmp_path / "certs",
             identity=IDENTITY,
             policy=POLICY,
@@ -352,8 +367,6 @@ async def test_the_serving_secret_gets_only_the_serving_pair_and_only_when_it_ch
 ) -> None:
     # The chart renders both Secrets empty, so the manager only ever needs `get` and `patch` on them.
     core = sync_client.CoreV1Api(kube_client)
-    for name in ("webhook-certs", SERVING_SECRET):
-        core.create_namespaced_secret(namespace, {"metadata": {"name": name}, "type": "Opaque"})
     replica = manager(
         aio_client=aio_client, namespace=namespace, configurations=configurations, cert_dir=None, serving_secret=True
     )

@@ -1,6 +1,8 @@
 """Rotation under load: seconds-long certificates (CA and serving) rotated by the certs manager while the real
 API server keeps calling a webhook over TLS. Every connection is closed after its answer, so every request
-is a fresh handshake against whatever certificate and caBundle are current. No request may fail."""
+is a fresh handshake against whatever certificate and caBundle are current. No request may fail. The manager runs
+as the standalone chart's certs manager ServiceAccount under the chart's RBAC (tests/integration/certs_identity.py),
+on the release's Secret and webhook configuration; the administrator only sets up, loads and checks."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import datetime as dt
 import ssl
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +25,10 @@ from machine_preservation.certs.manager import CertificateManager, ManagerSettin
 from machine_preservation.certs.pairs import fingerprint, load_certificates
 from machine_preservation.certs.rotation import RotationPolicy, ServingIdentity
 from machine_preservation.localcluster.controlplane import ControlPlane, free_port
+from machine_preservation.localcluster.toolchain import Toolchain
 from machine_preservation.webhook.certificates import CertificateStore
 from machine_preservation.webhook.metrics import WebhookMetrics
+from tests.integration.certs_identity import CA_SECRET, CertsIdentity, certs_identity
 
 POLICY = RotationPolicy(
     ca_validity=dt.timedelta(seconds=24),
@@ -40,8 +44,21 @@ GIVE_UP_AFTER = 180.0
 
 
 @pytest.fixture
-async def aio_client(control_plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
-    api_client = await config.new_client_from_config(config_file=str(control_plane.kubeconfig))
+def certs(
+    toolchain: Toolchain,
+    control_plane: ControlPlane,
+    kube_client: sync_client.ApiClient,
+    namespace: str,
+    tmp_path: Path,
+) -> Iterator[CertsIdentity]:
+    with certs_identity(toolchain, control_plane, kube_client, namespace, tmp_path) as identity:
+        yield identity
+
+
+@pytest.fixture
+async def aio_client(certs: CertsIdentity) -> AsyncIterator[client.ApiClient]:
+    """The certs manager's client: its ServiceAccount's token."""
+    api_client = await config.new_client_from_config(config_file=str(certs.kubeconfig))
     async with api_client:
         yield api_client
 
@@ -93,10 +110,14 @@ class Load:
 
 
 async def test_short_lived_certificates_rotate_while_requests_keep_flowing(
-    kube_client: sync_client.ApiClient, aio_client: client.ApiClient, namespace: str, tmp_path: Path
+    kube_client: sync_client.ApiClient,
+    aio_client: client.ApiClient,
+    certs: CertsIdentity,
+    namespace: str,
+    tmp_path: Path,
 ) -> None:
     port = free_port()
-    name = f"rotation-{namespace}"
+    name = certs.configuration  # the release's, which its certs manager may patch
     registration = sync_client.AdmissionregistrationV1Api(kube_client)
     registration.create_validating_webhook_configuration(
         {
@@ -126,7 +147,7 @@ async def test_short_lived_certificates_rotate_while_requests_keep_flowing(
     manager = CertificateManager(
         settings=ManagerSettings(
             secret_namespace=namespace,
-            secret_name="rotation-certs",
+            secret_name=CA_SECRET,
             cert_dir=cert_dir,
             identity=ServingIdentity(dns_names=("localhost",), ip_addresses=("127.0.0.1",)),
             policy=POLICY,

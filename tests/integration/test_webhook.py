@@ -38,6 +38,7 @@ from machine_preservation.localcluster.toolchain import Toolchain
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import WebhookServer
 from tests.certificates import install, local_serving_pair
+from tests.controller.running import chart_identity
 from tests.polling import eventually
 from tests.webhook import configurations as wc
 
@@ -162,6 +163,13 @@ def env(
     ca = generate_ca(common_name="webhook-test-ca", now=dt.datetime.now(dt.UTC), valid_for=dt.timedelta(hours=3))
     install(directory, local_serving_pair(ca))
 
+    namespace = f"wh-{token}"
+    core = client.CoreV1Api(kube_client)
+    core.create_namespace(client.V1Namespace.model_validate({"metadata": {"name": namespace}}))
+    # The deletion guard's reads as the chart's webhook ServiceAccount (a release serving `namespace`).
+    identity = asyncio.run(
+        chart_identity(control_plane.kubeconfig, namespace, leader_election=False, component="webhook")
+    )
     settings = AdmissionSettings(controller_username=CONTROLLER, mcm_usernames=frozenset({MCM}))
     thread = ServerThread(
         lambda: WebhookServer(
@@ -169,16 +177,12 @@ def env(
             port=0,
             cert_dir=directory,
             settings=settings,
-            machine_sets=KubernetesMachineSets(kubeconfig=control_plane.kubeconfig),
+            machine_sets=KubernetesMachineSets(kubeconfig=identity),
             cert_poll_interval=1.0,
         )
     )
     server = thread.start()
     thread.ca_pem = ca.cert_pem.decode()
-
-    namespace = f"wh-{token}"
-    core = client.CoreV1Api(kube_client)
-    core.create_namespace(client.V1Namespace.model_validate({"metadata": {"name": namespace}}))
     # Everyone may do everything (system:masters): what is judged here is admission, not authorization.
     kubeconfigs = {
         user: control_plane.write_kubeconfig(directory / f"{index}.kubeconfig", user=user, groups=groups)

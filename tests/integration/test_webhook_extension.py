@@ -9,6 +9,7 @@ the same API server; MCM's deletes come through the real admission chain.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import uuid
 from collections.abc import Iterator
@@ -24,12 +25,13 @@ from machine_preservation.certs.authority import generate_ca
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.deletion import ShootExtension
 from machine_preservation.core.admission.settings import AdmissionSettings
-from machine_preservation.localcluster import gardener
+from machine_preservation.localcluster import gardener, seed_install
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.webhook import machine_sets
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import WebhookServer
 from tests.certificates import install, local_serving_pair
+from tests.integration.seed_identity import seed_chart_identity
 from tests.integration.test_webhook import ServerThread
 from tests.polling import eventually
 from tests.webhook import configurations as wc
@@ -62,13 +64,15 @@ def seed(
     settings = AdmissionSettings(
         controller_username=CONTROLLER, mcm_usernames=frozenset(), mcm_service_accounts=frozenset({MCM_SERVICE_ACCOUNT})
     )
+    # The deletion guard's reads as the seed chart's webhook ServiceAccount, under the chart's RBAC.
+    identity = asyncio.run(seed_chart_identity(control_plane, directory, deployment=seed_install.WEBHOOK_DEPLOYMENT))
     thread = ServerThread(
         lambda: WebhookServer(
             host="127.0.0.1",
             port=0,
             cert_dir=directory,
             settings=settings,
-            machine_sets=KubernetesMachineSets(kubeconfig=control_plane.kubeconfig, gardener_extension=True),
+            machine_sets=KubernetesMachineSets(kubeconfig=identity, gardener_extension=True),
             cert_poll_interval=1.0,
         )
     )

@@ -20,11 +20,13 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.core import webhook_configurations as wc
 from machine_preservation.core.admission.settings import service_account_username
 from machine_preservation.core.preservation_record import PreservationRecord
+from machine_preservation.localcluster import seed_install
 from machine_preservation.localcluster.controlplane import ControlPlane, free_port
 from machine_preservation.webhook.commands import settings_from, write_self_signed
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.mcm_detection import NativeByNamespace
 from machine_preservation.webhook.server import WebhookServer
+from tests.integration.seed_identity import seed_chart_identity
 from tests.polling import eventually
 
 MACHINES = (v.MACHINE_API_GROUP, v.MACHINE_API_VERSION)
@@ -101,8 +103,10 @@ async def test_mcm_per_namespace_and_native_preservation_per_namespace(
     cert_dir = tmp_path / "certs"
     write_self_signed(cert_dir=cert_dir, names=("127.0.0.1",), now=dt.datetime.now(dt.UTC))
     port = free_port()
-    machine_sets = KubernetesMachineSets(kubeconfig=control_plane.kubeconfig)
-    natives = NativeByNamespace.from_kubeconfig(control_plane.kubeconfig, ttl=args.native_preservation_ttl)
+    # The deletion guard's and the MCM detection's reads as the seed chart's webhook ServiceAccount.
+    identity = await seed_chart_identity(control_plane, tmp_path, deployment=seed_install.WEBHOOK_DEPLOYMENT)
+    machine_sets = KubernetesMachineSets(kubeconfig=identity)
+    natives = NativeByNamespace.from_kubeconfig(identity, ttl=args.native_preservation_ttl)
     server = WebhookServer(
         host="127.0.0.1",
         port=port,
