@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import aiohttp
 import pytest
+from aiohttp import web
 
-from machine_preservation.controller.leader import LeaderElector, _LeaseLock
+from machine_preservation.controller.leader import LeaderElector, LeadershipLost, WriteFence, _LeaseLock
 from tests.controller.silent import silent_api_server
 
 
@@ -59,3 +61,41 @@ async def test_leadership_ends_at_the_renew_deadline_of_the_last_renewal_sent() 
 def test_the_renew_deadline_is_shorter_than_the_lease() -> None:
     with pytest.raises(ValueError, match="shorter than the lease"):
         LeaderElector(api_client=None, namespace="ns", name="lease", identity="me", lease_duration=10)  # type: ignore[arg-type]
+
+
+async def test_no_write_is_sent_past_the_renew_deadline_even_before_lost_is_set() -> None:
+    """A stalled event loop may run a worker before the fence's timer: the client itself refuses to send."""
+    received: list[str] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        received.append(request.method)
+        return web.Response(text="{}")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    elector = LeaderElector(api_client=None, namespace="ns", name="lease", identity="me", renew_deadline=0.3)  # type: ignore[arg-type]
+    fence = WriteFence(elector=elector)
+    url = f"http://127.0.0.1:{port}/api/v1/namespaces/ns/pods/p/eviction"
+    try:
+        async with aiohttp.ClientSession(trace_configs=[fence.trace_config()]) as session:
+            async with session.post(url) as response:
+                assert response.status == 200, "before leading: the campaign writes"
+            lock = elector._lock = _LeaseLock("lease", "ns", "me", None)
+            lock.renewed_at = asyncio.get_running_loop().time()
+            elector.leading.set()
+            async with session.post(url) as response:
+                assert response.status == 200, "within the renew deadline"
+            await asyncio.sleep(0.4)
+            assert not elector.lost.is_set()  # the fence's timer has not run (there is none here)
+            with pytest.raises(LeadershipLost):
+                await session.post(url)
+            async with session.get(url) as response:
+                assert response.status == 200, "reads go on"
+        assert received == ["POST", "POST", "GET"]
+    finally:
+        await runner.cleanup()

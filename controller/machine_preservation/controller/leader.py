@@ -10,6 +10,8 @@ from no earlier than our last successful renewal was sent. The library only give
 attempt's requests bounded by their timeout, which can end well after that. So `lost` is set as soon as
 `renew_deadline` has passed since the last successful renewal was sent: everything that writes stops then, and
 `lease_duration - renew_deadline` is left for what was already sent to land before another leader can start.
+`WriteFence` refuses to send a write past that deadline even before the timer setting `lost` has run (an event
+loop stalled past it).
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import types
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 from kubernetes.aio.leaderelection import electionconfig, leaderelection
@@ -113,10 +117,19 @@ class LeaderElector:
     retry_period: float = 2.0
     leading: asyncio.Event = field(default_factory=asyncio.Event)
     lost: asyncio.Event = field(default_factory=asyncio.Event)
+    _lock: _LeaseLock | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.renew_deadline < self.lease_duration:
             raise ValueError("the renew deadline must be shorter than the lease: what was sent before it must land")
+
+    def may_write(self) -> bool:
+        """False once leadership is lost or the renew deadline of the last renewal sent has passed; True before
+        leading (the campaign's own writes)."""
+        if self.lost.is_set():
+            return False
+        renewed = self._lock.renewed_at if self.leading.is_set() and self._lock is not None else None
+        return renewed is None or asyncio.get_running_loop().time() < renewed + self.renew_deadline
 
     async def run(self) -> None:
         """Campaign, then renew; returns when leadership is lost, the renew deadline passed without a renewal or the
@@ -130,7 +143,7 @@ class LeaderElector:
             logger.error("%s lost the lease %s/%s", self.identity, self.namespace, self.name)
             self.lost.set()
 
-        lock = _LeaseLock(self.name, self.namespace, self.identity, self.api_client)
+        lock = self._lock = _LeaseLock(self.name, self.namespace, self.identity, self.api_client)
         lock.request_timeout = self.renew_deadline / 2  # two attempts fit in a renew deadline
         config = electionconfig.Config(
             lock,
@@ -200,6 +213,34 @@ class LeaderElector:
             logger.info("%s released the lease %s/%s", self.identity, self.namespace, self.name)
             return True
         return False
+
+
+class LeadershipLost(Exception):
+    """A write was not sent: leadership is lost, or may be."""
+
+
+_READS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+@dataclass
+class WriteFence:
+    """Put into every API client of a replica: once its `elector` says leadership may be gone, no write is sent
+    (the request raises `LeadershipLost`). Without an elector (leader election off) every write is sent."""
+
+    elector: LeaderElector | None = None
+
+    def trace_config(self) -> aiohttp.TraceConfig:
+        """Comes first in a client's trace configs: a refused write is no request for the others to count."""
+        trace = aiohttp.TraceConfig()
+
+        async def on_start(
+            _session: aiohttp.ClientSession, _context: types.SimpleNamespace, params: aiohttp.TraceRequestStartParams
+        ) -> None:
+            if params.method not in _READS and self.elector is not None and not self.elector.may_write():
+                raise LeadershipLost(f"{params.method} {params.url.path} not sent: leadership is lost")
+
+        trace.on_request_start.append(on_start)
+        return trace
 
 
 async def run_elected(

@@ -26,7 +26,7 @@ from pathlib import Path
 from machine_preservation.controller.caches import Caches
 from machine_preservation.controller.clients import Clients
 from machine_preservation.controller.crd_check import inspect_control
-from machine_preservation.controller.leader import LeaderElector, run_elected
+from machine_preservation.controller.leader import LeaderElector, WriteFence, run_elected
 from machine_preservation.controller.metrics import Metrics, Probes, metrics_app, start_metrics_server
 from machine_preservation.controller.runtime import (
     DEFAULT_DRAIN_ATTEMPT_TIMEOUT,
@@ -88,6 +88,8 @@ class Controller:
     runtime: ShootRuntime | None = None
     metrics_port: int = 0  # the port actually bound (options.metrics_port may be 0)
     leading: bool = False
+    # In both clients: no write is sent once leadership may be gone.
+    fence: WriteFence = field(default_factory=WriteFence)
 
     @property
     def caches(self) -> Caches | None:
@@ -121,12 +123,12 @@ class Controller:
         options = self.options
         control = await new_api_client(
             kubeconfig=options.control_kubeconfig,
-            trace_configs=[self.metrics.trace_config(cluster="control")],
+            trace_configs=[self.fence.trace_config(), self.metrics.trace_config(cluster="control")],
             identity=options.identity,
         )
         target = await new_api_client(
             kubeconfig=options.target_kubeconfig,
-            trace_configs=[self.metrics.trace_config(cluster="target")],
+            trace_configs=[self.fence.trace_config(), self.metrics.trace_config(cluster="target")],
             identity=options.identity,
         )
         self.clients = Clients(control=control, target=target)
@@ -171,6 +173,7 @@ class Controller:
             renew_deadline=options.renew_deadline,
             retry_period=options.retry_period,
         )
+        self.fence.elector = elector
         return await run_elected(
             elector,
             stop=stop,

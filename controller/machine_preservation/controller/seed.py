@@ -30,7 +30,7 @@ from machine_preservation.controller.actuator import EXTENSION_VERSION, Extensio
 from machine_preservation.controller.backoff import Backoff
 from machine_preservation.controller.extensions import ExtensionReconciler
 from machine_preservation.controller.informer import Informer, Source
-from machine_preservation.controller.leader import LeaderElector, run_elected
+from machine_preservation.controller.leader import LeaderElector, WriteFence, run_elected
 from machine_preservation.controller.metrics import Metrics, Probes, metrics_app, start_metrics_server
 from machine_preservation.controller.queue import WorkQueue, run_worker, stop_workers
 from machine_preservation.controller.runtime import DEFAULT_DRAIN_ATTEMPT_TIMEOUT, RuntimeOptions, wait_any
@@ -98,6 +98,8 @@ class SeedController:
     # Restarts of an informer that ended, 0.5 s doubling to 30 s.
     informer_backoff: Backoff = field(default_factory=lambda: Backoff(base=0.5, cap=30.0))
     _synced: bool = False
+    # In every client of the process, the shoots' too: no write is sent once leadership may be gone.
+    fence: WriteFence = field(default_factory=WriteFence)
 
     def ready(self) -> bool:
         """A standby is ready; the leader once every seed-wide cache has synced, and again once one that ended (and
@@ -110,7 +112,7 @@ class SeedController:
         options = self.options
         seed = await new_api_client(
             kubeconfig=options.kubeconfig,
-            trace_configs=[self.metrics.trace_config(cluster="seed")],
+            trace_configs=[self.fence.trace_config(), self.metrics.trace_config(cluster="seed")],
             identity=options.identity,
         )
         runner = None
@@ -129,6 +131,7 @@ class SeedController:
                 renew_deadline=options.renew_deadline,
                 retry_period=options.retry_period,
             )
+            self.fence.elector = elector
             return await run_elected(
                 elector,
                 stop=stop,
@@ -213,6 +216,7 @@ class SeedController:
             notify=lambda namespace: conditions.add(namespace),
             slots=slots,
             lost=lost,
+            fence=self.fence,
         )
 
         def ca_bundle() -> bytes | None:

@@ -24,6 +24,7 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.backoff import Backoff
 from machine_preservation.controller.crd_check import ControlFactsCache
+from machine_preservation.controller.leader import WriteFence
 from machine_preservation.controller.metrics import Metrics
 from machine_preservation.controller.runtime import Outcome, RuntimeOptions, ShootRuntime, inspect_mcm, wait_any
 from machine_preservation.controller.shoot_access import ShootAccessUnavailable, new_shoot_client
@@ -102,6 +103,8 @@ class ShootSupervisor:
     slots: ReconcileSlots = field(default_factory=ReconcileSlots)
     # Leadership is gone: every runtime stops at once, in-flight reconciles cancelled (another leader may write).
     lost: asyncio.Event = field(default_factory=asyncio.Event)
+    # The process's: the shoots' clients send no write once leadership may be gone.
+    fence: WriteFence = field(default_factory=WriteFence)
     _shoots: dict[str, _Shoot] = field(default_factory=dict)
     # The seed's CRDs, read once per recheck period for every shoot.
     control_facts: ControlFactsCache = field(init=False)
@@ -160,7 +163,7 @@ class ShootSupervisor:
                 namespace=namespace,
                 kubeconfig_secret=kubeconfig_secret,
                 access_secret=self.access_secret,
-                trace_configs=[self.metrics.trace_config(cluster="shoot")],
+                trace_configs=[self.fence.trace_config(), self.metrics.trace_config(cluster="shoot")],
                 identity=options.identity,
             )
         except ShootAccessUnavailable as error:
@@ -223,7 +226,7 @@ class ShootSupervisor:
             namespace=shoot.namespace,
             kubeconfig_secret=shoot.kubeconfig_secret,
             access_secret=self.access_secret,
-            trace_configs=[self.metrics.trace_config(cluster="shoot")],
+            trace_configs=[self.fence.trace_config(), self.metrics.trace_config(cluster="shoot")],
             identity=options.identity,
         )
         try:
