@@ -128,12 +128,12 @@ async def _populate(plane: ControlPlane, helm: Path, directory: Path, shoots: in
         # The global flags (--log-level) come before the subcommand; webhook_command sets its own.
         flags = seed_install.replace_args(
             rendered[rendered.index("webhook") + 1 :],
-            # One listener for all, as measured before the seed's got its own; every simulated shoot connects
+            # All routes, as measured before the seed's got a process of their own; every simulated shoot connects
             # from 127.0.0.1, which one real shoot's kube-apiserver never shares with another's.
             {
                 "--host": None,
                 "--port": None,
-                "--seed-port": None,
+                "--routes": None,
                 "--cert-dir": None,
                 "--max-connections-per-peer": None,
             },

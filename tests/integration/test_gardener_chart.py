@@ -131,11 +131,21 @@ def pod_spec(documents: list[dict[str, Any]], deployment: str) -> dict[str, Any]
     return spec
 
 
-def container(documents: list[dict[str, Any]], deployment: str) -> dict[str, Any]:
+def container(documents: list[dict[str, Any]], deployment: str, name: str | None = None) -> dict[str, Any]:
+    """The Deployment's only container, or the one called `name`."""
     containers = pod_spec(documents, deployment)["containers"]
-    assert len(containers) == 1
-    only: dict[str, Any] = containers[0]
-    return only
+    if name is None:
+        assert len(containers) == 1
+        only: dict[str, Any] = containers[0]
+        return only
+    named: dict[str, Any] = next(c for c in containers if c["name"] == name)
+    return named
+
+
+def webhook_containers(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    containers: list[dict[str, Any]] = pod_spec(documents, WEBHOOK)["containers"]
+    assert [c["name"] for c in containers] == ["webhook", "seed-webhook"]
+    return containers
 
 
 def rules(documents: list[dict[str, Any]], kind: str, name: str) -> set[tuple[str, str, str, str]]:
@@ -560,12 +570,11 @@ def test_values_reach_the_containers(toolchain: Toolchain, tmp_path: Path) -> No
     assert "--extension-workers=20" in args
     assert "--max-concurrent-reconciles=50" in args
     assert "--metrics-port=9090" in args
-    assert "--max-preserve-timeout=168h" in container(documents, WEBHOOK)["args"]
-    assert "--port=10250" in container(documents, WEBHOOK)["args"]
-    assert "--max-connections=700" in container(documents, WEBHOOK)["args"]
-    assert "--seed-port=10251" in container(documents, WEBHOOK)["args"]
-    assert "--seed-max-connections=50" in container(documents, WEBHOOK)["args"]
-    assert "--max-connections-per-peer=20" in container(documents, WEBHOOK)["args"]
+    shoots, seed = (c["args"] for c in webhook_containers(documents))
+    assert "--max-preserve-timeout=168h" in shoots
+    assert "--max-preserve-timeout=168h" in seed
+    assert {"--routes=shoots", "--port=10250", "--max-connections=700", "--max-connections-per-peer=20"} <= set(shoots)
+    assert {"--routes=seed", "--port=10251", "--max-connections=50", "--max-connections-per-peer=20"} <= set(seed)
     assert standalone.find(documents, "Deployment", WEBHOOK)["spec"]["replicas"] == 3
     service = standalone.find(documents, "Service", WEBHOOK)
     assert service["metadata"]["annotations"]["networking.resources.gardener.cloud/from-world-to-ports"] == (
@@ -576,16 +585,20 @@ def test_values_reach_the_containers(toolchain: Toolchain, tmp_path: Path) -> No
     ] == ('[{"port":10250,"protocol":"TCP"}]')
     assert {w["timeoutSeconds"] for w in seed_webhook_configuration(documents)["webhooks"]} == {5}
     for deployment in (NAME, WEBHOOK, CERTS):
-        assert container(documents, deployment)["image"] == "registry.example.com/mp:1.2.3"
+        for each in pod_spec(documents, deployment)["containers"]:
+            assert each["image"] == "registry.example.com/mp:1.2.3"
         assert "priorityClassName" not in pod_spec(documents, deployment)
 
 
 def test_webhook_and_certs_commands_are_accepted_by_the_cli(rendered: list[dict[str, Any]]) -> None:
     parser = build_parser()
-    webhook = parser.parse_args(container(rendered, WEBHOOK)["args"])
+    shoots = parser.parse_args(container(rendered, WEBHOOK, "webhook")["args"])
+    assert (shoots.routes, shoots.port) == ("shoots", 9443)
+    webhook = parser.parse_args(container(rendered, WEBHOOK, "seed-webhook")["args"])
+    assert (webhook.routes, webhook.port) == ("seed", 9444)
+    # The same server otherwise.
+    assert {**vars(shoots), "routes": "seed", "port": 9444, "max_connections": 200} == vars(webhook)
     assert webhook.command == "webhook"
-    assert webhook.port == 9443
-    assert webhook.seed_port == 9444
     assert str(webhook.cert_dir) == "/certs"
     assert webhook.controller_username == CONTROLLER_USERNAME
     assert webhook.max_preserve_timeout == dt.timedelta(hours=720)
@@ -635,14 +648,15 @@ def test_webhook_service_pdb_and_network_annotations(rendered: list[dict[str, An
         {"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"},
         {"name": "seed", "port": 8443, "targetPort": "seed", "protocol": "TCP"},
     ]
-    webhook = container(rendered, WEBHOOK)
-    assert webhook["ports"] == [
-        {"name": "https", "containerPort": 9443, "protocol": "TCP"},
-        {"name": "seed", "containerPort": 9444, "protocol": "TCP"},
-    ]
-    # Probed on the seed's port: a flood on the shoots' port never takes the pod out of the seed webhooks' Service.
-    assert webhook["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "seed", "scheme": "HTTPS"}
-    assert webhook["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "seed", "scheme": "HTTPS"}
+    shoots, seed = webhook_containers(rendered)
+    assert shoots["ports"] == [{"name": "https", "containerPort": 9443, "protocol": "TCP"}]
+    assert seed["ports"] == [{"name": "seed", "containerPort": 9444, "protocol": "TCP"}]
+    assert seed["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "seed", "scheme": "HTTPS"}
+    # Ready once started: a flood on the shoots' port never takes the pod out of the seed webhooks' Service.
+    assert "readinessProbe" not in shoots
+    assert shoots["startupProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
+    for server in (shoots, seed):
+        assert server["livenessProbe"]["httpGet"]["port"] == server["ports"][0]["name"]
     deployment = standalone.find(rendered, "Deployment", WEBHOOK)
     assert deployment["spec"]["replicas"] >= 2
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
@@ -671,17 +685,17 @@ def test_every_container_is_locked_down(rendered: list[dict[str, Any]]) -> None:
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
         assert pod["priorityClassName"] == "gardener-system-900"
-        box = container(rendered, name)
-        assert box["securityContext"] == {
-            "allowPrivilegeEscalation": False,
-            "privileged": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        }
-        assert {"name": "TMPDIR", "value": "/tmp"} in box["env"]
-        assert {"name": "tmp", "mountPath": "/tmp"} in box["volumeMounts"]
-        assert box["resources"]["requests"]
-        assert box["resources"]["limits"]["memory"]
+        for box in pod["containers"]:
+            assert box["securityContext"] == {
+                "allowPrivilegeEscalation": False,
+                "privileged": False,
+                "readOnlyRootFilesystem": True,
+                "capabilities": {"drop": ["ALL"]},
+            }
+            assert {"name": "TMPDIR", "value": "/tmp"} in box["env"]
+            assert {"name": "tmp", "mountPath": "/tmp"} in box["volumeMounts"]
+            assert box["resources"]["requests"]
+            assert box["resources"]["limits"]["memory"]
 
 
 def test_rbac_is_exactly_what_each_component_does(rendered: list[dict[str, Any]]) -> None:
@@ -929,11 +943,11 @@ async def test_the_seed_webhooks_see_only_mcms_deletes_in_enabled_shoot_namespac
         return client.CustomObjectsApi(api_client)
 
     machine_sets = KubernetesMachineSets(kubeconfig=control_plane.kubeconfig)
-    # As the chart runs it: the seed's webhooks on their own listener (the shoots' port serves only /shoots/).
+    # As the chart's seed-webhook container runs it: the seed's routes only.
     server = WebhookServer(
         host="127.0.0.1",
-        port=0,
-        seed_port=port,
+        port=port,
+        routes="seed",
         cert_dir=cert_dir,
         settings=AdmissionSettings(controller_username=CONTROLLER_USERNAME),
         machine_sets=machine_sets,

@@ -18,6 +18,7 @@ import pytest
 from machine_preservation.certs.authority import KeyPair
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.webhook_configurations import MACHINE_DELETION_PATH, PRESERVE_ANNOTATION_PATH, shoot_path
+from machine_preservation.webhook.app import Routes
 from machine_preservation.webhook.connections import IDLE_AFTER_SECONDS, ConnectionLimits
 from machine_preservation.webhook.server import WebhookServer
 from tests.certificates import install, local_serving_pair
@@ -51,7 +52,7 @@ async def start(tmp_path: Path, ca: KeyPair) -> AsyncIterator[Start]:
         idle_timeout: float = IDLE_TIMEOUT,
         max_connections: int = 100,
         max_connections_per_peer: int = 100,
-        seed_port: int | None = None,
+        routes: Routes = "all",
     ) -> WebhookServer:
         server = WebhookServer(
             host="127.0.0.1",
@@ -65,7 +66,7 @@ async def start(tmp_path: Path, ca: KeyPair) -> AsyncIterator[Start]:
                 max_connections=max_connections,
                 max_connections_per_peer=max_connections_per_peer,
             ),
-            seed_port=seed_port,
+            routes=routes,
         )
         await server.start()
         started.append(server)
@@ -295,35 +296,27 @@ async def test_one_peer_holds_at_most_its_share_and_replaces_its_own_connections
     assert await get_healthz(await connect_tls(server, ca, source="127.0.0.3")) == b"ok"
 
 
-async def test_the_seed_listener_has_its_own_routes_and_connections(start: Start, ca: KeyPair) -> None:
-    """Neither port serves the other's webhooks, and the shoot-facing port at its limit with busy connections
-    leaves the seed's port untouched."""
-    server = await start(max_connections=2, seed_port=0)
-    assert server.seed_port is not None
-    assert server.seed_port != server.port
+async def test_the_seed_and_the_shoots_servers_serve_only_their_own_routes(start: Start, ca: KeyPair) -> None:
+    """The seed chart's two servers: a shoot's kube-apiserver (or anything in a shoot namespace) on the shoots' port
+    cannot reach the seed's fail-closed Machine webhooks, and the seed's port serves no shoot."""
+    shoots, seed = await start(routes="shoots"), await start(routes="seed")
     context = client_context(ca)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
-        for port, path, status in (
-            (server.port, MACHINE_DELETION_PATH, 404),
-            (server.port, shoot_path("shoot--a--b", PRESERVE_ANNOTATION_PATH), 400),  # served: no review in b""
-            (server.seed_port, shoot_path("shoot--a--b", PRESERVE_ANNOTATION_PATH), 404),
-            (server.seed_port, MACHINE_DELETION_PATH, 400),
+        for server, path, status in (
+            (shoots, MACHINE_DELETION_PATH, 404),
+            (shoots, PRESERVE_ANNOTATION_PATH, 404),
+            (shoots, shoot_path("shoot--a--b", PRESERVE_ANNOTATION_PATH), 400),  # served: b"" is no review
+            (seed, shoot_path("shoot--a--b", PRESERVE_ANNOTATION_PATH), 404),
+            (seed, MACHINE_DELETION_PATH, 400),
+            (seed, PRESERVE_ANNOTATION_PATH, 400),
         ):
-            async with session.post(f"https://127.0.0.1:{port}{path}", data=b"") as response:
-                assert response.status == status, (port, path)
-    await eventually_async(lambda: open_connections(server, listener="shoots") == 0, limit=SLACK)
-
-    shoots = [await connect_tls(server, ca) for _ in range(2)]
-    for stream in shoots:
-        await send_head_of_a_long_request(stream)
-    with pytest.raises((ConnectionError, ssl.SSLError)):
-        await connect_tls(server, ca)
-    assert dropped(server, "limit", listener="shoots") == 1
-
-    seed = await connect_tls(server, ca, port=server.seed_port)
-    assert await get_healthz(seed) == b"ok"
-    assert open_connections(server, listener="shoots") == 2
-    assert dropped(server, "limit", listener="seed") == 0
+            async with session.post(f"https://127.0.0.1:{server.port}{path}", data=b"") as response:
+                assert response.status == status, (server.routes, path)
+            async with session.get(f"https://127.0.0.1:{server.port}/readyz") as response:
+                assert response.status == 200
+        # Each counts its own connections (the session's kept-alive one to each).
+        assert open_connections(shoots, listener="shoots") == 1
+        assert open_connections(seed, listener="seed") == 1
 
 
 def test_limits_must_be_positive() -> None:

@@ -25,7 +25,7 @@
 https://{{ include "gemp.webhook.name" . }}.{{ .Release.Namespace }}.svc:443
 {{- end -}}
 
-{{- /* The Service port of the seed's own webhooks (the webhook's --seed-port); 443 is the shoots'. */ -}}
+{{- /* The Service port of the seed's own webhooks (the seed-webhook container); 443 is the shoots'. */ -}}
 {{- define "gemp.webhook.seedServicePort" -}}
 8443
 {{- end -}}

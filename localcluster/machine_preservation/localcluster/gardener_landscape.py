@@ -160,10 +160,12 @@ async def installation(
     logs = directory / "logs"
     cert_dir = directory / "webhook-certs"
     cert_dir.mkdir(parents=True)
-    port, seed_port = free_port(), free_port()
+    port = free_port()
+    # The chart's two webhook containers (the seed's routes, the shoots') as one process serving both: the same
+    # server, without the isolation that only matters under a flood.
     webhook_args = seed_install.replace_args(
         seed_install.container_args(documents, seed_install.WEBHOOK_DEPLOYMENT),
-        {"--host": "127.0.0.1", "--port": str(port), "--seed-port": str(seed_port), "--cert-dir": str(cert_dir)},
+        {"--host": "127.0.0.1", "--port": str(port), "--routes": "all", "--cert-dir": str(cert_dir)},
         extra=["--self-signed", "--san=127.0.0.1", f"--kubeconfig={kubeconfigs['webhook']}"],
     )
     webhook = processes.spawn(webhook_args, log_file=logs / "webhook.log")
@@ -184,10 +186,9 @@ async def installation(
                 "data": {CA_BUNDLE_KEY: base64.b64encode(ca).decode()},
             },
         )
-        # The seed's webhooks on their own listener, every shoot's node webhooks on the other, as in the chart.
         url = f"https://127.0.0.1:{port}"
         configuration = seed_install.served_by(
-            seed_install.seed_webhook_configuration(documents), url=f"https://127.0.0.1:{seed_port}", ca_bundle=ca
+            seed_install.seed_webhook_configuration(documents), url=url, ca_bundle=ca
         )
         configuration_name = configuration["metadata"]["name"]
         await processes.apply_manifests(api, [configuration])

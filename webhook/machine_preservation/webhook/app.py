@@ -9,9 +9,9 @@ URL each shoot's kube-apiserver is given, so that a node request says which shoo
 namespace in the seed). There, and for Machine requests (by their namespace), whether MCM preserves natively is
 the namespace's own decision when the server has a `NativeSource` (`--mcm-native-preservation-per-namespace`);
 without one, and on the plain node paths, the process-wide setting applies as before. Metrics and failure
-policies are those of the plain path: no label per shoot. The server may serve the two on separate listeners
-(`Routes`, `--seed-port`), so that the traffic of every shoot never takes the seed's fail-closed Machine webhook's
-connections.
+policies are those of the plain path: no label per shoot. A seed serves the two from separate processes
+(`Routes`, `--routes`), so that the traffic of every shoot never takes the connections or the time of the seed's
+fail-closed Machine webhooks.
 
 An unexpected exception (a bug of ours, never something a client sent) is logged, counted and answered as the
 endpoint's failure policy says (`FAILURE_POLICIES`): a Node request is allowed with a warning, because the node
@@ -436,6 +436,5 @@ def build_app(config: WebhookConfig, *, routes: Routes = "all") -> web.Applicati
         if config.native is not None:
             await config.native.close()
 
-    if routes != "shoots":  # the sources are shared: closed once, by the app that serves the seed
-        app.on_cleanup.append(close_sources)
+    app.on_cleanup.append(close_sources)
     return app

@@ -151,13 +151,7 @@ async def serve(args: argparse.Namespace) -> None:
             max_connections=args.max_connections,
             max_connections_per_peer=args.max_connections_per_peer,
         ),
-        seed_port=args.seed_port,
-        seed_limits=ConnectionLimits(
-            header_timeout=args.header_timeout,
-            idle_timeout=args.idle_timeout,
-            max_connections=args.seed_max_connections,
-            max_connections_per_peer=args.max_connections_per_peer,
-        ),
+        routes=args.routes,
     )
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -168,19 +162,13 @@ async def serve(args: argparse.Namespace) -> None:
         # ~70k objects): take it out of the collector's view, so that the collections which per-request
         # garbage triggers do not walk it every time.
         gc.freeze()
-        if server.seed_port is not None:
-            logger.info(
-                "webhook serving the seed's webhooks on https://%s:%d, the shoots' on https://%s:%d (ready: %s)",
-                args.host,
-                server.seed_port,
-                args.host,
-                server.port,
-                server.certificates.ready(),
-            )
-        else:
-            logger.info(
-                "webhook serving on https://%s:%d (ready: %s)", args.host, server.port, server.certificates.ready()
-            )
+        logger.info(
+            "webhook serving on https://%s:%d (ready: %s), routes: %s",
+            args.host,
+            server.port,
+            server.certificates.ready(),
+            args.routes,
+        )
         await stopping.wait()
     logger.info("webhook stopped")
 
@@ -204,19 +192,15 @@ def run(args: argparse.Namespace) -> int:
 def register(subcommands: argparse._SubParsersAction[Any]) -> None:
     parser = subcommands.add_parser("webhook", help="the admission webhook server (HTTPS, AdmissionReview v1)")
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all interfaces)")
+    parser.add_argument("--port", type=int, default=9443, help="port to listen on; 0 picks a free one")
     parser.add_argument(
-        "--port",
-        type=int,
-        default=9443,
-        help="port to listen on; 0 picks a free one (with --seed-port: only the shoots' /shoots/<namespace>/ paths)",
-    )
-    parser.add_argument(
-        "--seed-port",
-        type=int,
-        default=None,
-        help="a port of its own, with a connection budget of its own (--seed-max-connections), for the plain paths: "
-        "the seed's Machine webhooks; --port then serves only /shoots/<namespace>/, so that no shoot's traffic "
-        "takes the seed's connections (default: --port serves everything); 0 picks a free one",
+        "--routes",
+        choices=["all", "seed", "shoots"],
+        default="all",
+        help="the admission routes served: seed, the plain paths (the seed's Machine webhooks; a standalone "
+        "installation's node webhooks); shoots, only /shoots/<namespace>/ (every shoot's node webhooks); all, both "
+        "(default). A seed runs one process of each, so that no shoot's traffic takes the connections or the CPU "
+        "time of the seed's fail-closed Machine webhooks",
     )
     parser.add_argument("--cert-dir", type=Path, required=True, help="directory with tls.crt and tls.key")
     parser.add_argument(
@@ -280,12 +264,6 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
         f"{DEFAULT_MAX_CONNECTIONS}; each costs up to ~0.12 MiB); at the limit a new one replaces the oldest that "
         "has not sent a request yet, else the least recently used idle one, or is refused before TLS when all "
         "are busy with a request",
-    )
-    parser.add_argument(
-        "--seed-max-connections",
-        type=_positive_int,
-        default=DEFAULT_MAX_CONNECTIONS,
-        help=f"--max-connections of the --seed-port listener (default {DEFAULT_MAX_CONNECTIONS})",
     )
     parser.add_argument(
         "--max-connections-per-peer",

@@ -1,9 +1,9 @@
-"""The HTTPS server: the app behind bounded TLS listeners whose certificate reloads without a restart.
+"""The HTTPS server: the app behind a bounded TLS listener whose certificate reloads without a restart.
 
-With a `seed_port`, two listeners with a connection budget each: `port` serves only the shoots' node webhooks
-(`/shoots/{namespace}/…`, which every shoot's kube-apiserver, and anything in a shoot namespace, can reach), and
-`seed_port` the plain paths, the seed's fail-closed Machine webhooks among them. A flood on the shoot-facing
-port then takes neither the seed's connection slots nor its routes. Without one, `port` serves everything.
+`routes` (`--routes`) picks the admission routes it serves. In a seed, the seed's fail-closed Machine webhooks
+(`seed`) and every shoot's node webhooks (`shoots`, which every shoot's kube-apiserver and anything in a shoot
+namespace can reach) run as two processes: then a flood on the shoots' port takes neither the seed's connection
+slots nor its event loop's time (benchmarks/webhook_isolation.py).
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ DEFAULT_CERT_POLL_INTERVAL = 10.0
 
 
 class WebhookServer:
-    """Start with `async with WebhookServer(...) as server:`; `server.port` (and `server.seed_port`, with a
-    `seed_port` asked for) are the bound ports."""
+    """Start with `async with WebhookServer(...) as server:`; `server.port` is the bound port."""
 
     def __init__(
         self,
@@ -43,36 +42,31 @@ class WebhookServer:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         cert_poll_interval: float = DEFAULT_CERT_POLL_INTERVAL,
         limits: ConnectionLimits | None = None,
-        seed_port: int | None = None,
-        seed_limits: ConnectionLimits | None = None,
+        routes: Routes = "all",
         clock: Clock = system_clock,
     ) -> None:
         self.host = host
         self.metrics = WebhookMetrics()
         self.certificates = CertificateStore(cert_dir=cert_dir, metrics=self.metrics, clock=clock)
-        config = WebhookConfig(
-            settings=settings,
-            machine_sets=machine_sets,
-            native=native,
-            ready=self.certificates.ready,
-            metrics=self.metrics,
-            max_body_bytes=max_body_bytes,
-            clock=clock,
+        self.app = build_app(
+            WebhookConfig(
+                settings=settings,
+                machine_sets=machine_sets,
+                native=native,
+                ready=self.certificates.ready,
+                metrics=self.metrics,
+                max_body_bytes=max_body_bytes,
+                clock=clock,
+            ),
+            routes=routes,
         )
-        self.limits = limits or ConnectionLimits()
-        self.seed_limits = seed_limits or ConnectionLimits()
-        # (listener, routes, requested port, limits), the first one's port is `port`.
-        self._listeners: list[tuple[str, Routes, int, ConnectionLimits]] = (
-            [("all", "all", port, self.limits)]
-            if seed_port is None
-            else [("shoots", "shoots", port, self.limits), ("seed", "seed", seed_port, self.seed_limits)]
-        )
-        self.apps = [build_app(config, routes=routes) for _, routes, _, _ in self._listeners]
+        self.routes = routes
+        self._requested_port = port
         self._poll_interval = cert_poll_interval
-        self._runners: list[web.AppRunner] = []
+        self.limits = limits or ConnectionLimits()
+        self._runner: web.AppRunner | None = None
         self._watcher: asyncio.Task[None] | None = None
         self.port = 0
-        self.seed_port: int | None = None
 
     async def start(self) -> None:
         self.certificates.reload()
@@ -80,24 +74,21 @@ class WebhookServer:
         # No access log: one line per admission request is noise at node-update rates and costs latency.
         # aiohttp's keep-alive timeout is our idle timeout: it closes a connection that has not sent its next
         # request in time after a response.
-        ports = []
-        for app, (listener, _, port, limits) in zip(self.apps, self._listeners, strict=True):
-            runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0, keepalive_timeout=limits.idle_timeout)
-            await runner.setup()
-            self._runners.append(runner)
-            site = TLSSite(
-                runner,
-                self.host,
-                port,
-                ssl_context=self.certificates.listener_context,
-                limits=limits,
-                metrics=self.metrics,
-                listener=listener,
-            )
-            await site.start()
-            ports.append(int(runner.addresses[0][1]))
-        self.port = ports[0]
-        self.seed_port = ports[1] if len(ports) > 1 else None
+        self._runner = web.AppRunner(
+            self.app, access_log=None, shutdown_timeout=5.0, keepalive_timeout=self.limits.idle_timeout
+        )
+        await self._runner.setup()
+        site = TLSSite(
+            self._runner,
+            self.host,
+            self._requested_port,
+            ssl_context=self.certificates.listener_context,
+            limits=self.limits,
+            metrics=self.metrics,
+            listener=self.routes,
+        )
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
 
     async def stop(self) -> None:
         if self._watcher is not None:
@@ -105,10 +96,9 @@ class WebhookServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
             self._watcher = None
-        # In order, the seed's listener last: its app closes the sources the shoots' requests may still be using.
-        for runner in self._runners:
-            await runner.cleanup()
-        self._runners = []
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
 
     async def __aenter__(self) -> WebhookServer:
         await self.start()
