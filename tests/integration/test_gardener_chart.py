@@ -37,6 +37,7 @@ from machine_preservation.webhook.commands import write_self_signed
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import WebhookServer
 from tests.integration import chart as standalone
+from tests.integration.seed_identity import seed_chart_identity
 from tests.polling import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -942,7 +943,9 @@ async def test_the_seed_webhooks_see_only_mcms_deletes_in_enabled_shoot_namespac
         )
         return client.CustomObjectsApi(api_client)
 
-    machine_sets = KubernetesMachineSets(kubeconfig=control_plane.kubeconfig)
+    # The deletion guard's reads as the seed chart's webhook ServiceAccount, under the chart's RBAC.
+    identity = await seed_chart_identity(control_plane, tmp_path, deployment=seed_install.WEBHOOK_DEPLOYMENT)
+    machine_sets = KubernetesMachineSets(kubeconfig=identity)
     # As the chart's seed-webhook container runs it: the seed's routes only.
     server = WebhookServer(
         host="127.0.0.1",
