@@ -136,6 +136,8 @@ async def _populate(plane: ControlPlane, helm: Path, directory: Path, shoots: in
                 "--routes": None,
                 "--cert-dir": None,
                 "--max-connections-per-peer": None,
+                # Its namespaces hold no Extension: without the flag each still gets decisions of its own, as before.
+                "--gardener-extension": None,
             },
             extra=[f"--kubeconfig={kubeconfig}", "--max-connections-per-peer=100000"],
         )

@@ -747,8 +747,9 @@ def test_rbac_is_exactly_what_each_component_does(rendered: list[dict[str, Any]]
             "machines.machine.sapcloud.io,machinesets.machine.sapcloud.io",
         )
         | expand(ext, "clusters", "get")
-        # Whether the extension is still enabled for the shoot (a disabled one's deletes all pass).
-        | expand(ext, "extensions", "get")
+        # Whether the extension is still enabled for the shoot (a disabled one's deletes all pass), and which
+        # namespaces hold it (the shoots that get caches of their own).
+        | expand(ext, "extensions", "get list", "machine-preservation")
     )
     assert rules(rendered, "Role", CERTS) == expand("", "secrets", "get patch", f"{WEBHOOK}-certs,{WEBHOOK}-tls")
     # The chart creates the seed webhook configuration: the certs manager may not create any.

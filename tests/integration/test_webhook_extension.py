@@ -14,6 +14,7 @@ import datetime as dt
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +30,7 @@ from machine_preservation.localcluster import gardener, seed_install
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.webhook import machine_sets
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
+from machine_preservation.webhook.mcm_detection import ExtensionNamespaces
 from machine_preservation.webhook.server import WebhookServer
 from tests.certificates import install, local_serving_pair
 from tests.integration.seed_identity import seed_chart_identity
@@ -203,3 +205,27 @@ async def test_the_api_servers_not_found_answers_are_told_apart(control_plane: C
             assert machine_sets._object_missing(raised.value) is (plural == EXTENSIONS and group == EXT_GROUP)
     finally:
         await source.close()
+
+
+async def test_the_shoots_with_our_extension_are_listed_as_the_chart_lets_the_webhook(
+    control_plane: ControlPlane, kube_client: client.ApiClient, seed: Seed, tmp_path: Path
+) -> None:
+    """What keys the per-shoot caches: the namespaces holding our Extension, listed as the seed chart's webhook
+    ServiceAccount; a name without one (anything a /shoots/<namespace>/ URL says) is not among them."""
+    identity = await seed_chart_identity(control_plane, tmp_path, deployment=seed_install.WEBHOOK_DEPLOYMENT)
+    namespace = gardener.shoot_namespace_name(uuid.uuid4().hex[:4], "listed")
+    core = client.CoreV1Api(kube_client)
+    core.create_namespace(client.V1Namespace.model_validate(gardener.shoot_namespace_manifest(namespace)))
+    known = ExtensionNamespaces.from_kubeconfig(identity, min_interval=0.0)
+    try:
+        assert not await known.contains(namespace)
+        extension = _extension(namespace)
+        del extension["metadata"]["finalizers"]
+        seed.admin.create_namespaced_custom_object(EXT_GROUP, EXT_VERSION, namespace, EXTENSIONS, extension)
+        other = {**extension, "metadata": {"name": "another-extension", "namespace": f"{namespace}-x"}}
+        assert await known.contains(namespace)
+        assert not await known.contains(other["metadata"]["namespace"])
+        assert known.lists == 3
+    finally:
+        await known.close()
+        core.delete_namespace(namespace)

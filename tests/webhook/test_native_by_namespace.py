@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from machine_preservation.core.mcm_generation import ClusterEvidence
-from machine_preservation.webhook.mcm_detection import RETRY_SECONDS, NativeByNamespace
+from machine_preservation.webhook.mcm_detection import RETRY_SECONDS, ExtensionNamespaces, NativeByNamespace
 
 V61 = ClusterEvidence(mcm_image="r/machine-controller-manager:v0.61.3")
 V62 = ClusterEvidence(mcm_image="r/machine-controller-manager:v0.62.0")
@@ -236,3 +236,69 @@ async def test_close_releases_the_client_and_forgets() -> None:
     assert closed == [True]
     await natives.close()
     assert closed == [True]
+
+
+@dataclass
+class Extensions:
+    """The namespaces holding our Extension, as each list shows them; a list may fail."""
+
+    namespaces: set[str] = field(default_factory=set)
+    lists: int = 0
+    failure: BaseException | None = None
+
+    async def list(self, api_client: Any, seconds: float) -> frozenset[str]:
+        assert api_client == "client"
+        self.lists += 1
+        if self.failure is not None:
+            raise self.failure
+        return frozenset(self.namespaces)
+
+
+def shoots(extensions: Extensions, clock: Clock) -> ExtensionNamespaces:
+    async def connect() -> Any:
+        return "client"
+
+    return ExtensionNamespaces(
+        connect=connect, list_namespaces=extensions.list, monotonic=clock, period=60.0, min_interval=5.0
+    )
+
+
+async def test_only_shoots_with_our_extension_are_read_and_cached() -> None:
+    """Made-up names in `/shoots/<namespace>/` URLs send no reads to the seed and push no real shoot out."""
+    cluster, clock = Cluster({"shoot--p--a": V62, "made-up-0": V62}), Clock()
+    extensions = Extensions({"shoot--p--a"})
+    natives = cache(cluster, clock, only=shoots(extensions, clock), default=False, max_entries=2)
+    assert await natives.native("shoot--p--a") is True
+    for n in range(100):
+        assert await natives.native(f"made-up-{n}") is False  # the process-wide decision
+    assert cluster.reads == ["shoot--p--a"]
+    # At most one list per min_interval however many unknown names arrive.
+    assert extensions.lists == 1
+    clock.now += 5.0
+    await asyncio.gather(*(natives.native(f"made-up-{n}") for n in range(100, 200)))
+    assert extensions.lists == 2
+    assert await natives.native("shoot--p--a") is True
+    assert cluster.reads == ["shoot--p--a"], "still cached"
+
+
+async def test_a_new_shoot_is_found_once_it_has_our_extension() -> None:
+    cluster, clock = Cluster({"shoot--p--b": V62}), Clock()
+    extensions = Extensions()
+    natives = cache(cluster, clock, only=shoots(extensions, clock), default=False)
+    assert await natives.native("shoot--p--b") is False
+    extensions.namespaces.add("shoot--p--b")
+    assert await natives.native("shoot--p--b") is False  # listed just now: not again yet
+    clock.now += 5.0
+    assert await natives.native("shoot--p--b") is True
+    assert cluster.reads == ["shoot--p--b"]
+
+
+async def test_a_failed_list_keeps_what_the_last_one_showed() -> None:
+    clock = Clock()
+    extensions = Extensions({"shoot--p--a"})
+    known = shoots(extensions, clock)
+    assert await known.contains("shoot--p--a")
+    extensions.failure = OSError("no answer")
+    clock.now += 60.0
+    assert await known.contains("shoot--p--a")
+    assert extensions.lists == 2

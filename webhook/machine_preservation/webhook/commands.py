@@ -33,7 +33,7 @@ from machine_preservation.webhook.connections import (
     ConnectionLimits,
 )
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
-from machine_preservation.webhook.mcm_detection import NAMESPACE_TTL_SECONDS, NativeByNamespace
+from machine_preservation.webhook.mcm_detection import NAMESPACE_TTL_SECONDS, ExtensionNamespaces, NativeByNamespace
 from machine_preservation.webhook.mcm_detection import decide as decide_native
 from machine_preservation.webhook.server import DEFAULT_CERT_POLL_INTERVAL, WebhookServer
 
@@ -135,7 +135,11 @@ async def serve(args: argparse.Namespace) -> None:
     )
     native = None
     if args.mcm_native_preservation_per_namespace:
-        native = NativeByNamespace.from_kubeconfig(args.kubeconfig, ttl=args.native_preservation_ttl)
+        # As Gardener's extension, only the shoot namespaces with our Extension get decisions of their own.
+        only = ExtensionNamespaces.from_kubeconfig(args.kubeconfig) if args.gardener_extension else None
+        native = NativeByNamespace.from_kubeconfig(
+            args.kubeconfig, ttl=args.native_preservation_ttl, only=only, default=settings.mcm_native_preservation
+        )
     server = WebhookServer(
         host=args.host,
         port=args.port,

@@ -8,7 +8,10 @@ Decided once at start (`decide`), or, with `--mcm-native-preservation-per-namesp
 (`NativeByNamespace`): a Gardener seed runs one MCM per shoot namespace, each upgraded on its own, and one webhook
 serves them all. Then every namespace's decision is read from its own MCM Deployment (and the seed's CRDs) when a
 request first needs it, kept for a TTL, and read again after that, so an MCM upgrade in one shoot is followed
-within the TTL without a restart.
+within the TTL without a restart. As Gardener's extension, only the namespaces holding our Extension
+(`ExtensionNamespaces`) are read and cached: any other name in a request (a `/shoots/<namespace>/` URL is whatever
+its caller wrote) gets the process-wide decision, so made-up names can neither send reads to the seed nor push the
+real shoots out of the cache.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 from kubernetes.aio.config.config_exception import ConfigException
 
+from machine_preservation.core import extension as gardener_extension
+from machine_preservation.core.admission.deletion import EXTENSION_NAME
 from machine_preservation.core.mcm_evidence import MACHINE_CRD, MACHINE_SET_CRD, MCM_DEPLOYMENT, cluster_evidence
 from machine_preservation.core.mcm_generation import (
     ClusterEvidence,
@@ -146,6 +151,95 @@ class NativeSource(Protocol):
 
 ReadEvidence = Callable[[client.ApiClient, str, float], Awaitable[ClusterEvidence]]
 Connect = Callable[[], Awaitable[client.ApiClient]]
+ListNamespaces = Callable[[client.ApiClient, float], Awaitable[frozenset[str]]]
+
+# How often the namespaces with our Extension are listed; a namespace not among them is looked for again at most
+# this often (a new shoot waits that long for its own decision; made-up names cost one list per interval at most).
+EXTENSION_LIST_PERIOD_SECONDS: Final = 60.0
+EXTENSION_RELIST_MIN_SECONDS: Final = 5.0
+
+
+async def _list_extension_namespaces(api_client: client.ApiClient, seconds: float) -> frozenset[str]:
+    """The namespaces holding an Extension named as ours (seed-wide, one small list by name)."""
+    listing = await client.CustomObjectsApi(api_client).list_cluster_custom_object(
+        gardener_extension.API_GROUP,
+        gardener_extension.API_VERSION.split("/")[1],
+        gardener_extension.PLURAL,
+        field_selector=f"metadata.name={EXTENSION_NAME}",
+        _request_timeout=seconds,
+    )
+    items = listing.get("items") if isinstance(listing, dict) else None
+    return frozenset(
+        str(item["metadata"]["namespace"])
+        for item in items or []
+        if isinstance(item, dict) and isinstance(item.get("metadata"), dict) and item["metadata"].get("namespace")
+    )
+
+
+class ExtensionNamespaces:
+    """The shoot namespaces with our Extension, listed every `period` and, for a namespace not among them, again
+    once `min_interval` has passed since the last list. A list that fails keeps what the last one showed (nothing
+    before the first: then no namespace is known)."""
+
+    def __init__(
+        self,
+        *,
+        connect: Connect,
+        period: float = EXTENSION_LIST_PERIOD_SECONDS,
+        min_interval: float = EXTENSION_RELIST_MIN_SECONDS,
+        timeout: float = NAMESPACE_READ_TIMEOUT_SECONDS,
+        list_namespaces: ListNamespaces = _list_extension_namespaces,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._connect = connect
+        self._period, self._min_interval, self._timeout = period, min_interval, timeout
+        self._list = list_namespaces
+        self._monotonic = monotonic
+        self._names: frozenset[str] = frozenset()
+        self._listed_at: float | None = None
+        self._listing: asyncio.Task[None] | None = None
+        self._api_client: client.ApiClient | None = None
+        self.lists = 0  # lists started, for tests and the curious
+
+    @classmethod
+    def from_kubeconfig(cls, kubeconfig: Path | None, **options: Any) -> ExtensionNamespaces:
+        return cls(connect=lambda: new_api_client(kubeconfig=kubeconfig), **options)
+
+    async def contains(self, namespace: str) -> bool:
+        now = self._monotonic()
+        age = None if self._listed_at is None else now - self._listed_at
+        if age is None or age >= self._period or (namespace not in self._names and age >= self._min_interval):
+            if self._listing is None:
+                self._listing = asyncio.create_task(self._refresh())
+            # Shielded: a request that gives up does not cancel the list the others wait for.
+            await asyncio.shield(self._listing)
+        return namespace in self._names
+
+    async def _refresh(self) -> None:
+        try:
+            self.lists += 1
+            async with asyncio.timeout(self._timeout):
+                if self._api_client is None:
+                    self._api_client = await self._connect()
+                self._names = await self._list(self._api_client, self._timeout)
+        except TimeoutError:
+            logger.warning("the shoot namespaces with our Extension: no answer within %g s", self._timeout)
+        except ApiException as error:
+            logger.warning(
+                "the shoot namespaces with our Extension cannot be listed: %s %s", error.status, error.reason
+            )
+        except (ConfigException, ValueError, *NO_ANSWER) as error:
+            logger.warning("the shoot namespaces with our Extension cannot be listed: %s", error)
+        finally:
+            # Also after a failure: the next try waits as long as a namespace not found would.
+            self._listed_at, self._listing = self._monotonic(), None
+
+    async def close(self) -> None:
+        if self._listing is not None:
+            self._listing.cancel()
+        if self._api_client is not None:
+            await self._api_client.close()  # type: ignore[no-untyped-call]
+            self._api_client = None
 
 
 @dataclass
@@ -195,6 +289,8 @@ class NativeByNamespace:
       `RETRY_SECONDS`; with nothing known at all, the core decides from what there is (not native without any
       evidence).
     - At most `max_entries` namespaces are kept, the least recently asked for dropped first.
+    - With `only`, a namespace it does not contain is neither read nor cached: it gets `default` (the process-wide
+      decision).
     """
 
     def __init__(
@@ -207,8 +303,11 @@ class NativeByNamespace:
         read: ReadEvidence | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         max_reads: int = NAMESPACE_READS_AT_ONCE,
+        only: ExtensionNamespaces | None = None,
+        default: bool = False,
     ) -> None:
         self._connect = connect
+        self._only, self._default = only, default
         self._crds = _SeedCrds(ttl=ttl, monotonic=monotonic)
         self._read = read or self._read_namespace
         self._reading = asyncio.Semaphore(max_reads)
@@ -224,6 +323,8 @@ class NativeByNamespace:
         return cls(connect=lambda: new_api_client(kubeconfig=kubeconfig), **options)
 
     async def native(self, namespace: str) -> bool:
+        if self._only is not None and not await self._only.contains(namespace):
+            return self._default
         entry = self._entries.get(namespace)
         if entry is None:
             entry = self._entries[namespace] = _Entry()
@@ -289,6 +390,8 @@ class NativeByNamespace:
             entry.pending = None
 
     async def close(self) -> None:
+        if self._only is not None:
+            await self._only.close()
         for entry in self._entries.values():
             if entry.pending is not None:
                 entry.pending.cancel()
