@@ -102,6 +102,7 @@ class Write:
     fields: tuple[str, ...]  # paths the request body sets, e.g. metadata.annotations[node.machine.sapcloud.io/x]
     code: int  # the response's HTTP status (a 409 conflict is a write that changed nothing)
     at: dt.datetime  # when the API server received it
+    completed: dt.datetime  # when it answered: admission (our webhook's verdict) lies between the two
     body: Any = field(compare=False, repr=False)
 
 
@@ -403,5 +404,6 @@ class Product:
             fields=field_paths(body) if ref.get("subresource") != "eviction" else (),
             code=int((event.get("responseStatus") or {}).get("code", 0)),
             at=dt.datetime.fromisoformat(event["requestReceivedTimestamp"]),
+            completed=dt.datetime.fromisoformat(event["stageTimestamp"]),
             body=body,
         )
