@@ -183,6 +183,17 @@ def test_managed_resource_bytes_do_not_depend_on_order() -> None:
     assert rotated["metadata"]["name"] != first["metadata"]["name"], "new content, new immutable Secret"
 
 
+def test_the_data_secret_is_named_after_its_labels_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new version labelling it otherwise gets a new Secret: the extension never patches a data Secret (its RBAC
+    lets it patch only the shoot-access Secret)."""
+    objects = sr.shoot_objects(ca_bundle=CA, url=URL)
+    first, _ = sr.managed_resource(NAMESPACE, objects)
+    monkeypatch.setattr(sr, "MANAGED_BY_LABELS", {**sr.MANAGED_BY_LABELS, "app.kubernetes.io/version": "2"})
+    relabelled, _ = sr.managed_resource(NAMESPACE, objects)
+    assert relabelled["data"] == first["data"]
+    assert relabelled["metadata"]["name"] != first["metadata"]["name"]
+
+
 def test_keep_objects_patch() -> None:
     assert sr.keep_objects_patch() == {"spec": {"keepObjects": True}}
     assert sr.keep_objects_patch(False) == {"spec": {"keepObjects": False}}

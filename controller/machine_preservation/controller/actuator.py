@@ -205,8 +205,8 @@ class ExtensionActuator:
         digest = hashlib.sha256(json.dumps([access, secret, managed_resource], sort_keys=True).encode()).hexdigest()
         if self._provisioned.get(namespace) == digest:
             return
-        await self._ensure_secret(access, keep_data=True)
-        await self._ensure_secret(secret, keep_data=False)
+        await self._ensure_secret(access)
+        await self._create_absent(secret)
         await self._ensure_custom("resources.gardener.cloud", "v1alpha1", "managedresources", managed_resource)
         self._provisioned[namespace] = digest
 
@@ -252,8 +252,8 @@ class ExtensionActuator:
             await _absent(core.delete_namespaced_secret(name, namespace))
         await _absent(core.delete_namespaced_secret(shoot_resources.SHOOT_ACCESS_SECRET, namespace))
 
-    async def _ensure_secret(self, desired: Mapping[str, Any], *, keep_data: bool) -> None:
-        """The Secret as desired: its labels, annotations and data (unless `keep_data`: the token GRM writes)."""
+    async def _ensure_secret(self, desired: Mapping[str, Any]) -> None:
+        """The Secret as desired: its labels and annotations (its data is the token GRM writes)."""
         core = client.CoreV1Api(self.seed)
         await _ensure(
             desired,
@@ -263,8 +263,20 @@ class ExtensionActuator:
             patch=lambda name, namespace, body: core.patch_namespaced_secret(
                 name, namespace, body, _content_type=MERGE_PATCH
             ),
-            fields=() if keep_data else ("data",),
+            fields=(),
         )
+
+    async def _create_absent(self, secret: Mapping[str, Any]) -> None:
+        """An immutable data Secret: named after its whole content, so one that exists is as desired."""
+        core = client.CoreV1Api(self.seed)
+        metadata = secret["metadata"]
+        if (
+            await read_json(
+                await core.read_namespaced_secret_without_preload_content(metadata["name"], metadata["namespace"])
+            )
+            is None
+        ):
+            await core.create_namespaced_secret(metadata["namespace"], dict(secret))  # type: ignore[arg-type]
 
     async def _ensure_custom(self, group: str, version: str, plural: str, desired: Mapping[str, Any]) -> None:
         """The custom object as desired: its labels, annotations and spec."""

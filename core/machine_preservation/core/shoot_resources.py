@@ -335,21 +335,18 @@ def managed_resource(namespace: str, objects: Iterable[Mapping[str, Any]]) -> tu
     """The data Secret and the ManagedResource, as Gardener's `managedresources.NewForShoot` builds them: no class
     (the shoot's GRM applies it in the shoot), the objects deleted with it (`keepObjects: false`; a migration sets
     `true` itself before deleting), `shoot.gardener.cloud/no-cleanup` injected into every object, the creator in
-    `origin`; the Secret immutable, named after its content (a change makes a new one, the seed's GRM collects the
-    old)."""
+    `origin`; the Secret immutable, named after its content, labels included (a change makes a new one, the seed's
+    GRM collects the old; so the extension never changes a data Secret and needs no right to)."""
     data = {MANAGED_RESOURCE_DATA_KEY: base64.b64encode(serialize_objects(objects)).decode()}
-    checksum = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:8]
+    labels = {**MANAGED_BY_LABELS, ORIGIN_LABEL: ORIGIN, GARBAGE_COLLECTABLE_LABEL: "true"}
+    checksum = hashlib.sha256(json.dumps([labels, data], sort_keys=True).encode()).hexdigest()[:8]
     name = f"{MANAGED_RESOURCE_SECRET}-{checksum}"
     secret = {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
         "immutable": True,
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {**MANAGED_BY_LABELS, ORIGIN_LABEL: ORIGIN, GARBAGE_COLLECTABLE_LABEL: "true"},
-        },
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
         "data": data,
     }
     resource = {
