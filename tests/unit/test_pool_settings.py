@@ -363,7 +363,7 @@ def test_the_shares_always_sum_to_the_pool_value(total: int, zone_count: int) ->
 
 
 @given(
-    total=st.integers(0, 50),
+    total=st.integers(0, 9),  # within the pool's bound (maximum 10 less one)
     zones=st.lists(st.from_regex(r"[a-z]{1,3}-[0-9]", fullmatch=True), min_size=1, max_size=5, unique=True),
 )
 def test_every_zone_of_a_pool_gets_its_share_from_the_shoot(total: int, zones: list[str]) -> None:
@@ -661,6 +661,7 @@ def test_the_max_precedence_holds_for_every_combination(
     )
 
     def from_shoot(total: int) -> int:
+        total = min(total, 9)  # the pool's maximum 10, less one for its system components
         if len(zones) <= 1:
             return total
         shares = distribute_over_zones(total=total, zone_count=len(zones))
@@ -679,6 +680,50 @@ def test_the_max_precedence_holds_for_every_combination(
     else:
         expected = (SettingOrigin.FLAGS, 3)
     assert (setting.source, setting.value) == expected
+
+
+@given(
+    total=st.integers(0, 60),
+    maximum=st.integers(0, 40),
+    components=st.sampled_from([None, {"allow": True}, {"allow": False}]),
+    zones=st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=3, unique=True),
+    in_provider_config=st.booleans(),
+)
+def test_a_pools_max_is_clamped_to_what_its_maximum_allows(
+    total: int, maximum: int, components: Any, zones: list[str], in_provider_config: bool
+) -> None:
+    # Without the garden admission nothing else keeps a Shoot's max within its pool's maximum.
+    shoot_worker = worker(zones=zones, maximum=ABSENT if in_provider_config else total)
+    shoot_worker["maximum"] = maximum
+    if components is not None:
+        shoot_worker["systemComponents"] = components
+    extensions = preservation(entry(maximum=total)) if in_provider_config else ABSENT
+    view = cluster(shoot_worker, extensions=extensions)
+    bound = maximum - 1 if maximum > 0 and (components is None or components["allow"]) else maximum
+    shares, notes = [], []
+    for zone in zones:
+        settings = resolve_pool_settings(
+            machine_set=machine_set(),
+            machine_deployment=machine_deployment(node_labels={ZONE_LABEL: zone}),
+            cluster=view,
+            defaults=DEFAULTS,
+        )
+        shares.append(settings.auto_preserve_failed_machine_max.value)
+        notes += [note for note in settings.notes if "is above what the pool's maximum allows" in note]
+    assert sum(shares) == min(total, bound)
+    assert bool(notes) == (total > bound)
+
+
+def test_a_pool_whose_maximum_is_unreadable_is_not_clamped() -> None:
+    shoot_worker = worker(zones=["a"], maximum=5)
+    shoot_worker["maximum"] = "ten"
+    setting = resolve_auto_preserve_max(
+        machine_set=machine_set(),
+        machine_deployment=machine_deployment(),
+        cluster=cluster(shoot_worker),
+        defaults=DEFAULTS,
+    )
+    assert setting.value == 5
 
 
 # --- The extension's providerConfig ------------------------------------------------------------------------

@@ -60,6 +60,14 @@ class ShootWorker(KubeModel):
     machine_controller_manager: dict[str, Any] | None = None
     # An earlier iteration of the API had the max at the worker level.
     auto_preserve_failed_machine_max: Any = None
+    maximum: Any = None
+    system_components: Any = None
+
+    def auto_preserve_bound(self) -> int | None:
+        """The largest max Gardener's admission lets this pool have; None when `maximum` is not an integer."""
+        if not isinstance(self.maximum, int) or isinstance(self.maximum, bool):
+            return None
+        return auto_preserve_bound(maximum=self.maximum, system_components=self.system_components)
 
     @field_validator("name", mode="before")
     @classmethod
@@ -248,6 +256,17 @@ def distribute_over_zones(*, total: int, zone_count: int) -> tuple[int, ...]:
         return ()
     share, remainder = divmod(total, zone_count)
     return tuple(share + (1 if index < remainder else 0) for index in range(zone_count))
+
+
+def system_components_allowed(components: Any) -> bool:
+    """Gardener: a pool's nil `systemComponents` counts as allowed; otherwise its `allow` flag decides."""
+    return components is None or (isinstance(components, Mapping) and components.get("allow") is True)
+
+
+def auto_preserve_bound(*, maximum: int, system_components: Any) -> int:
+    """Gardener's bound on a pool's `autoPreserveFailedMachineMax`: its `maximum`, less the one machine that must
+    stay for system components where the pool allows them."""
+    return maximum - 1 if system_components_allowed(system_components) and maximum > 0 else maximum
 
 
 def zone_share(*, total: int, zone_count: int, index: int | None) -> int:

@@ -37,6 +37,10 @@ for Gardener versions whose Shoot API has no preservation fields; its entry for 
 pool is one of the Shoot's workers (admission demands it; the zones come from there), and its max is the pool's
 total, spread over the zones as (4). A document that does not decode is skipped as a whole, with a note naming
 its bad fields; the Shoot's worker fields are not affected.
+
+A pool's max from (4) or (5) is clamped, with a note, to the bound Gardener's admission puts on it (the pool's
+`maximum`, less one where the pool allows system components): where the garden admission is not installed,
+nothing else stops a max that would keep every machine of a failing pool preserved.
 """
 
 from __future__ import annotations
@@ -313,7 +317,7 @@ def resolve_auto_preserve_max(
             total = _max(raw, field, notes)
             if total is not None:
                 return _pool_share(
-                    total=total,
+                    total=_clamped(total, worker, field, notes),
                     source=source,
                     field=field,
                     worker=worker,
@@ -338,6 +342,16 @@ def _pool_max_candidates(
     if configured is not None:
         entry, where = configured
         yield SettingOrigin.PROVIDER_CONFIG, f"{where}.{_MAX_KEY}", entry.auto_preserve_failed_machine_max
+
+
+def _clamped(total: int, worker: ShootWorker, field: str, notes: list[str]) -> int:
+    """`total` within the bound Gardener's admission puts on the pool's max: without the garden admission a Shoot
+    can carry a max above its pool's `maximum`, which would keep every machine of a failing pool."""
+    bound = worker.auto_preserve_bound()
+    if bound is None or total <= bound:
+        return total
+    notes.append(f"{field} {total} is above what the pool's maximum allows: {bound} is used")
+    return bound
 
 
 def _pool_share(

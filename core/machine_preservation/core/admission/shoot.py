@@ -45,7 +45,7 @@ from machine_preservation.core.durations import (
     parse_go_duration_nanoseconds,
     timedelta_nanoseconds,
 )
-from machine_preservation.core.gardener import distribute_over_zones
+from machine_preservation.core.gardener import auto_preserve_bound, distribute_over_zones
 from machine_preservation.core.provider_config import (
     InvalidPreservationConfig,
     PreservationExtension,
@@ -70,12 +70,6 @@ def _workers(shoot: Mapping[str, Any] | None) -> Any:
     return provider.get("workers") if isinstance(provider, Mapping) else None
 
 
-def _system_components_allowed(worker: Mapping[str, Any]) -> bool:
-    # Gardener: a nil systemComponents counts as allowed; otherwise its `allow` flag decides.
-    components = worker.get("systemComponents")
-    return components is None or (isinstance(components, Mapping) and components.get("allow") is True)
-
-
 def _max_errors(*, worker: Mapping[str, Any], path: FieldPath, value: Any, warnings: list[str]) -> list[FieldError]:
     if not _is_int(value):
         return [invalid(path, value, "must be an integer")]
@@ -87,12 +81,13 @@ def _max_errors(*, worker: Mapping[str, Any], path: FieldPath, value: Any, warni
         maximum = 0
     if not _is_int(maximum):
         return [invalid(path, value, f"cannot be checked: maximum is not an integer ({render_value(maximum)})")]
-    if _system_components_allowed(worker) and maximum > 0 and value > maximum - 1:
+    bound = auto_preserve_bound(maximum=maximum, system_components=worker.get("systemComponents"))
+    if bound < maximum and value > bound:
         return [
             invalid(
                 path,
                 value,
-                f"must be less than or equal to maximum - 1 ({maximum - 1}) when the pool allows system "
+                f"must be less than or equal to maximum - 1 ({bound}) when the pool allows system "
                 "components (one machine must stay to run them)",
             )
         ]
