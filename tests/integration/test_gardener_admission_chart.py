@@ -529,6 +529,31 @@ async def test_the_registered_webhook_judges_enabled_shoots_only(
                 custom.patch_namespaced_custom_object, *SHOOTS[:2], namespace, SHOOTS[2], "labelled", patch
             )
             assert calls() == before + 1, "a change outside workers and extensions reached the webhook"
+
+            # Maintenance of a pool (its image) and another extension's entry never reach the webhook, so its
+            # outage cannot block them; a change of a preservation setting or of its bound does.
+            def patch_workers(change: dict[str, Any]) -> None:
+                document = shoot("labelled", enabled=True, maximum=4, auto_max=2)
+                document["spec"]["provider"]["workers"][0].update(change)
+                document["spec"]["extensions"] = [{"type": "shoot-dns-service", "providerConfig": change}]
+                body = {"spec": document["spec"]}
+                custom.patch_namespaced_custom_object(*SHOOTS[:2], namespace, SHOOTS[2], "labelled", body)
+
+            image = {"machine": {"type": "m5.large", "image": {"name": "gardenlinux", "version": "1592.1"}}}
+            await asyncio.to_thread(patch_workers, image)
+            assert calls() == before + 1, "an image update reached the webhook"
+            image["machine"]["image"]["version"] = "1592.2"
+            await asyncio.to_thread(patch_workers, image)
+            assert calls() == before + 1, "an image update reached the webhook"
+            await asyncio.to_thread(patch_workers, {**image, "maximum": 5})
+            assert calls() == before + 2, "a change of the max's bound did not reach the webhook"
+            timeout = {
+                **image,
+                "maximum": 5,
+                "machineControllerManager": {"autoPreserveFailedMachineMax": 2, "machinePreserveTimeout": "1h"},
+            }
+            await asyncio.to_thread(patch_workers, timeout)
+            assert calls() == before + 3, "a changed timeout did not reach the webhook"
     finally:
         registration.delete_validating_webhook_configuration(configuration["metadata"]["name"])
         await machine_sets.close()

@@ -252,3 +252,35 @@ def test_arbitrary_worker_lists_get_a_deterministic_answer(workers: list[Any], o
     names = [w.get("name") for w in workers if isinstance(w, dict)]
     if len(names) == len(workers) and len(set(names)) == len(names):
         assert check(new, new).allowed, "an UPDATE that changes no named worker judges nothing"
+
+
+def _image(document: dict[str, Any], version: str) -> dict[str, Any]:
+    return {**document, "machine": {"type": "m5.large", "image": {"name": "gardenlinux", "version": version}}}
+
+
+def test_a_value_the_pool_already_had_never_blocks_maintenance() -> None:
+    # Both values became invalid after they were set: the operator lowered maxPreserveTimeout to 24h, and the max
+    # got in while the admission was down. An image update of the pool must still pass.
+    lowered = AdmissionSettings(max_preserve_timeout=dt.timedelta(hours=24))
+    pool = worker("a", autoPreserveFailedMachineMax=9, machinePreserveTimeout="72h")
+    old = shoot(_image(pool, "1.0"), worker("b"))
+    assert check(shoot(_image(pool, "1.1"), worker("b")), old, lowered).allowed
+    # A changed setting of the same pool is still judged, and so is the other setting's bound.
+    retimed = {
+        **pool,
+        "machineControllerManager": {**pool["machineControllerManager"], "machinePreserveTimeout": "48h"},
+    }
+    verdict = check(shoot(_image(retimed, "1.1"), worker("b")), old, lowered)
+    assert not verdict.allowed
+    assert verdict.message.startswith(PATH.format(0, "machinePreserveTimeout"))
+
+
+@given(
+    version=st.from_regex(r"[0-9]\.[0-9]{1,2}", fullmatch=True),
+    value=st.integers(-3, 20),
+    timeout=st.sampled_from(["1h", "-1s", "9999h", "x"]),
+)
+def test_maintenance_of_a_pool_is_judged_like_no_change(version: str, value: int, timeout: str) -> None:
+    pool = worker("a", autoPreserveFailedMachineMax=value, machinePreserveTimeout=timeout)
+    old = shoot(_image(pool, "0.1"))
+    assert check(shoot(_image(pool, version)), old).allowed

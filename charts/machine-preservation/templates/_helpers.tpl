@@ -199,6 +199,21 @@ deletes, core/admission/deletion.py FORCE_DELETION_LABEL). */ -}}
 (has({{ . }}.spec) && has({{ . }}.spec.extensions))
 {{- end -}}
 
+{{/* The Shoot webhook's matchCondition, as core/machine_preservation/core/webhook_configurations.py
+     (shoot_webhook) builds it. */}}
+{{- define "mp.cel.poolSettings" -}}
+{{- $m := "w.machineControllerManager" -}}
+({{ include "mp.cel.workersPresent" . }} ? {{ . }}.spec.provider.workers.map(w, [dyn(has(w.name) ? [w.name] : []), dyn(has({{ $m }}) && has({{ $m }}.autoPreserveFailedMachineMax) ? [{{ $m }}.autoPreserveFailedMachineMax] : []), dyn(has({{ $m }}) && has({{ $m }}.machinePreserveTimeout) ? [{{ $m }}.machinePreserveTimeout] : []), dyn(has(w.maximum) ? [w.maximum] : []), dyn(has(w.systemComponents) ? [w.systemComponents] : [])]) : [])
+{{- end -}}
+
+{{- define "mp.cel.preservationExtension" -}}
+({{ include "mp.cel.extensionsPresent" . }} ? {{ . }}.spec.extensions.filter(e, has(e.type) && e.type == 'machine-preservation') : [])
+{{- end -}}
+
+{{- define "mp.cel.settingsChange" -}}
+request.operation != 'UPDATE' || {{ include "mp.cel.poolSettings" "object" }} != {{ include "mp.cel.poolSettings" "oldObject" }} || {{ include "mp.cel.preservationExtension" "object" }} != {{ include "mp.cel.preservationExtension" "oldObject" }}
+{{- end -}}
+
 {{/* The preserve annotation and the controller-owned markers (core/vocabulary.py). */}}
 {{- define "mp.preserveRelatedAnnotations" -}}
 {{- list

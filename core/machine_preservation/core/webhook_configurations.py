@@ -24,6 +24,7 @@ from typing import Any, Final, Literal
 
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.deletion import FORCE_DELETION_LABEL, FORCE_DELETION_VALUE
+from machine_preservation.core.provider_config import EXTENSION_TYPE
 
 # The URL paths the webhook server serves (webhook/app.py routes them), one per kind of review.
 PRESERVE_ANNOTATION_PATH: Final = "/validate-preserve-annotation"
@@ -383,6 +384,28 @@ def _extensions_present(obj: str) -> str:
     return f"(has({obj}.spec) && has({obj}.spec.extensions))"
 
 
+def _pool_settings(obj: str) -> str:
+    """Per pool what the Shoot admission judges: name, max, timeout and the max's bound (`maximum`,
+    `systemComponents`), each as a list of zero or one item (so an absent field compares as absent, and typed
+    fields of different kinds fit one list via `dyn`)."""
+    mcm = "w.machineControllerManager"
+    parts = [
+        "has(w.name) ? [w.name] : []",
+        f"has({mcm}) && has({mcm}.autoPreserveFailedMachineMax) ? [{mcm}.autoPreserveFailedMachineMax] : []",
+        f"has({mcm}) && has({mcm}.machinePreserveTimeout) ? [{mcm}.machinePreserveTimeout] : []",
+        "has(w.maximum) ? [w.maximum] : []",
+        "has(w.systemComponents) ? [w.systemComponents] : []",
+    ]
+    projection = ", ".join(f"dyn({part})" for part in parts)
+    return f"({_workers_present(obj)} ? {obj}.spec.provider.workers.map(w, [{projection}]) : [])"
+
+
+def _preservation_extension(obj: str) -> str:
+    """The Shoot's entries of this extension (its providerConfig, whether it is disabled)."""
+    entries = f"{obj}.spec.extensions.filter(e, has(e.type) && e.type == '{EXTENSION_TYPE}')"
+    return f"({_extensions_present(obj)} ? {entries} : [])"
+
+
 def shoot_webhook(
     *,
     client: ClientConfig,
@@ -390,15 +413,13 @@ def shoot_webhook(
     timeout_seconds: int = 10,
     namespace_selector: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Validating, Shoots CREATE/UPDATE, called on UPDATE only when the workers or the extensions (which hold
-    the extension's providerConfig) change."""
-    new, old = _workers_present("object"), _workers_present("oldObject")
-    new_extensions, old_extensions = _extensions_present("object"), _extensions_present("oldObject")
+    """Validating, Shoots CREATE/UPDATE, called on UPDATE only when what the admission judges changes (a pool's
+    preservation settings or their bound, the extension's entry): any other update (an image or version update,
+    hibernation, a deletion's annotations) never reaches the webhook, so its outage cannot block it."""
     settings_changed = (
-        f"request.operation != 'UPDATE' || {new} != {old} || "
-        f"({new} && object.spec.provider.workers != oldObject.spec.provider.workers) || "
-        f"{new_extensions} != {old_extensions} || "
-        f"({new_extensions} && object.spec.extensions != oldObject.spec.extensions)"
+        "request.operation != 'UPDATE' || "
+        f"{_pool_settings('object')} != {_pool_settings('oldObject')} || "
+        f"{_preservation_extension('object')} != {_preservation_extension('oldObject')}"
     )
     return _webhook(
         name=SHOOT_WEBHOOK,

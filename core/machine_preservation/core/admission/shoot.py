@@ -10,7 +10,9 @@ All errors are reported at once, in Kubernetes field-error style with full paths
 within 2 KiB, values cut to about 80 characters, and counts the rest (field_errors.aggregate). Field paths use the JSON
 key `machineControllerManager` (what users write), not Gardener's Go name `machineControllerManagerSettings`.
 A max that cannot be spread evenly over the pool's zones earns a warning saying what each zone gets.
-On UPDATE only workers that changed (compared by name with the old Shoot) are judged.
+On UPDATE only the settings that changed are judged (compared by pool name with the old Shoot; a max also when its
+pool's `maximum` or `systemComponents` changed): a value a pool already had never blocks an image or version
+update, even where a bound was lowered since (the controller clamps a max to the pool's bound, pool_settings.py).
 
 The extension's `providerConfig` (`spec.extensions[i].providerConfig` of the enabled `machine-preservation`
 entry, provider_config.py) is judged as well:
@@ -117,9 +119,33 @@ def _timeout_errors(*, path: FieldPath, value: Any, settings: AdmissionSettings)
     return []
 
 
+_ABSENT = object()
+
+
+def _setting(worker: Any, key: str) -> Any:
+    """The pool's preservation setting `key` as written; _ABSENT without a pool or a settings block."""
+    block = worker.get(MCM_KEY) if isinstance(worker, Mapping) else None
+    return block.get(key, _ABSENT) if isinstance(block, Mapping) else _ABSENT
+
+
+def _max_inputs(worker: Any) -> tuple[Any, ...]:
+    """What a pool's max is judged on: the max and the pool's bound."""
+    if not isinstance(worker, Mapping):
+        return (_setting(worker, MAX_KEY),)
+    return _setting(worker, MAX_KEY), worker.get("maximum", _ABSENT), worker.get("systemComponents", _ABSENT)
+
+
+def _judged_fields(worker: Any) -> tuple[Any, ...]:
+    return *_max_inputs(worker), _setting(worker, TIMEOUT_KEY)
+
+
 def _worker_errors(
-    *, worker: Any, path: FieldPath, settings: AdmissionSettings, warnings: list[str]
+    *, worker: Any, old_worker: Any, path: FieldPath, settings: AdmissionSettings, warnings: list[str]
 ) -> list[FieldError]:
+    """The errors of the pool's settings that changed from `old_worker` (all of them for a new pool); the max also
+    when its bound (`maximum`, `systemComponents`) changed. A value the pool already had never blocks another
+    change (an image or version update; a lowered `maxPreserveTimeout`): the controller clamps a max to the pool's
+    bound and ignores an invalid value."""
     if not isinstance(worker, Mapping):
         return [invalid(path, worker, "must be an object")]
     settings_block = worker.get(MCM_KEY)
@@ -129,9 +155,11 @@ def _worker_errors(
     if not isinstance(settings_block, Mapping):
         return [invalid(mcm_path, settings_block, "must be an object")]
     errors: list[FieldError] = []
-    if (max_value := settings_block.get(MAX_KEY)) is not None:
+    max_value = settings_block.get(MAX_KEY)
+    if max_value is not None and (old_worker is None or _max_inputs(worker) != _max_inputs(old_worker)):
         errors += _max_errors(worker=worker, path=mcm_path.child(MAX_KEY), value=max_value, warnings=warnings)
-    if (timeout := settings_block.get(TIMEOUT_KEY)) is not None:
+    timeout = settings_block.get(TIMEOUT_KEY)
+    if timeout is not None and (old_worker is None or timeout != _setting(old_worker, TIMEOUT_KEY)):
         errors += _timeout_errors(path=mcm_path.child(TIMEOUT_KEY), value=timeout, settings=settings)
     return errors
 
@@ -259,15 +287,19 @@ def validate_shoot(
     workers = workers or []
     old = _by_name(_workers(old_shoot)) if old_shoot is not None else {}
     new = _by_name(workers)
-    # Pools added, changed or removed (a removed pool may be named by the providerConfig).
-    changed_pools = {name for name in new.keys() | old.keys() if new.get(name) != old.get(name)}
+    # Pools added or removed, or whose settings changed (a removed pool may be named by the providerConfig).
+    changed_pools = {
+        name
+        for name in new.keys() | old.keys()
+        if name not in new or name not in old or _judged_fields(new[name]) != _judged_fields(old[name])
+    }
     errors: list[FieldError] = []
     warnings: list[str] = []
     for index, worker in enumerate(workers):
         name = worker.get("name") if isinstance(worker, Mapping) else None
-        if isinstance(name, str) and old.get(name) == worker:
-            continue
-        errors += _worker_errors(worker=worker, path=WORKERS_PATH.index(index), settings=settings, warnings=warnings)
+        old_worker = old.get(name) if isinstance(name, str) else None
+        path = WORKERS_PATH.index(index)
+        errors += _worker_errors(worker=worker, old_worker=old_worker, path=path, settings=settings, warnings=warnings)
     extension = preservation_extension(shoot)
     if extension is not None and extension.provider_config is not None:
         errors += _provider_config_errors(

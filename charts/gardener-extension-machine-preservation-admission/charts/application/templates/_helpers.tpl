@@ -19,10 +19,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 (has({{ . }}.spec) && has({{ . }}.spec.extensions))
 {{- end -}}
 
+{{- define "mpadm.cel.poolSettings" -}}
+{{- $m := "w.machineControllerManager" -}}
+({{ include "mpadm.cel.workersPresent" . }} ? {{ . }}.spec.provider.workers.map(w, [dyn(has(w.name) ? [w.name] : []), dyn(has({{ $m }}) && has({{ $m }}.autoPreserveFailedMachineMax) ? [{{ $m }}.autoPreserveFailedMachineMax] : []), dyn(has({{ $m }}) && has({{ $m }}.machinePreserveTimeout) ? [{{ $m }}.machinePreserveTimeout] : []), dyn(has(w.maximum) ? [w.maximum] : []), dyn(has(w.systemComponents) ? [w.systemComponents] : [])]) : [])
+{{- end -}}
+
+{{- define "mpadm.cel.preservationExtension" -}}
+({{ include "mpadm.cel.extensionsPresent" . }} ? {{ . }}.spec.extensions.filter(e, has(e.type) && e.type == 'machine-preservation') : [])
+{{- end -}}
+
 {{- define "mpadm.cel.settingsChange" -}}
-{{- $new := include "mpadm.cel.workersPresent" "object" -}}
-{{- $old := include "mpadm.cel.workersPresent" "oldObject" -}}
-{{- $newExtensions := include "mpadm.cel.extensionsPresent" "object" -}}
-{{- $oldExtensions := include "mpadm.cel.extensionsPresent" "oldObject" -}}
-{{- printf "request.operation != 'UPDATE' || %s != %s || (%s && object.spec.provider.workers != oldObject.spec.provider.workers) || %s != %s || (%s && object.spec.extensions != oldObject.spec.extensions)" $new $old $new $newExtensions $oldExtensions $newExtensions -}}
+request.operation != 'UPDATE' || {{ include "mpadm.cel.poolSettings" "object" }} != {{ include "mpadm.cel.poolSettings" "oldObject" }} || {{ include "mpadm.cel.preservationExtension" "object" }} != {{ include "mpadm.cel.preservationExtension" "oldObject" }}
 {{- end -}}
