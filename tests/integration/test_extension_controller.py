@@ -40,6 +40,7 @@ from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.gardener_landscape import (
     BareShoot,
     bare_shoot,
+    condition,
     managed_resource,
     read_extension,
     ready,
@@ -214,6 +215,51 @@ async def test_enable_serves_the_shoot_and_delete_cleans_up(
         assert shoot_resources.SHOOT_ACCESS_SECRET not in names
         assert not [n for n in names if n.startswith(shoot_resources.MANAGED_RESOURCE_SECRET)]
         assert shoot.namespace not in extension.controller.supervisor.namespaces()  # type: ignore[union-attr]
+
+
+async def _set_kubernetes_version(api: client.ApiClient, namespace: str, version: str) -> None:
+    """As gardenlet copies a Shoot's Kubernetes version into its Cluster."""
+    patch = {"spec": {"shoot": {"spec": {"kubernetes": {"version": version}}}}}
+    await client.CustomObjectsApi(api).patch_cluster_custom_object(
+        "extensions.gardener.cloud", "v1alpha1", "clusters", namespace, patch, _content_type=MERGE_PATCH
+    )
+
+
+async def test_a_shoot_too_old_for_the_node_protection_is_reported_and_served_with_rbac_only(
+    seed: ControlPlane, api: client.ApiClient, extension: Extension, tmp_path: Path
+) -> None:
+    async with new_shoot(seed, api, tmp_path) as shoot:
+        await _set_kubernetes_version(api, shoot.namespace, "1.29.4")
+        await gardener.apply_extension(api, shoot.namespace)
+        await ready(api, shoot.namespace)  # not an Error: the shoot's own reconcile is never blocked
+
+        async def unhealthy() -> dict[str, Any] | None:
+            found = condition(await read_extension(api, shoot.namespace), contract.CONTROL_PLANE_HEALTHY)
+            return found if found.get("status") == "False" else None
+
+        found = await eventually_async(unhealthy, limit=30)
+        assert found["reason"] == "HealthCheckUnsuccessful"
+        assert "Kubernetes 1.29.4" in found["message"]
+        warning = await eventually_async(lambda: _event(api, shoot.namespace, "ShootKubernetesTooOld"), limit=30)
+        assert warning.type == "Warning"
+        assert "upgrade the shoot to Kubernetes 1.30" in warning.message
+        # The RBAC alone is applied (the lifecycle runs); no node webhook or policy that would half-work.
+        resource = await eventually_async(lambda: _applied(api, shoot.namespace), limit=30)
+        kinds = {entry["kind"] for entry in resource["status"].get("resources", [])}
+        assert "ClusterRole" in kinds
+        assert "ValidatingWebhookConfiguration" not in kinds
+        assert await shoot_webhooks(shoot) is None
+
+        # After the upgrade, gardenlet's next reconcile installs the rest and the shoot is served.
+        await _set_kubernetes_version(api, shoot.namespace, "1.30.2")
+        await gardener.apply_extension(api, shoot.namespace)
+        await eventually_async(lambda: shoot_webhooks(shoot), limit=30)
+        await eventually_async(lambda: served(api, shoot.namespace), limit=30)
+
+
+async def _applied(api: client.ApiClient, namespace: str) -> dict[str, Any] | None:
+    found = await managed_resource(api, namespace)
+    return found if condition(found, shoot_resources.RESOURCES_APPLIED).get("status") == "True" else None
 
 
 async def test_a_slow_shoot_api_server_is_reported_until_it_answers_in_time_again(

@@ -297,3 +297,49 @@ def test_objects_applied_reads_grms_condition(status: Any, applied: bool, messag
     raw: dict[str, Any] = {"metadata": {"name": sr.MANAGED_RESOURCE, "namespace": "shoot--p--a"}, "status": status}
     found = sr.objects_applied(raw)
     assert (found.namespace, found.applied, found.message) == ("shoot--p--a", applied, message)
+
+
+# --- shoots whose Kubernetes cannot carry the node webhooks and the policy ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("version", "gap"),
+    [
+        ("1.29.4", True),
+        ("v1.27.3", True),
+        ("1.28.0-gardener.1", True),
+        ("1.30.0", False),
+        ("1.36.0", False),
+        ("2.0.0", False),
+        ("", False),  # not known: Gardener always writes it
+        ("latest", False),
+    ],
+)
+def test_kubernetes_gap(version: str, gap: bool) -> None:
+    found = sr.kubernetes_gap(version)
+    assert bool(found) == gap
+    if gap:
+        assert version in found
+        assert "1.30" in found
+
+
+@given(major=st.integers(0, 3), minor=st.integers(0, 60), patch=st.integers(0, 20))
+def test_only_kubernetes_1_30_and_later_gets_the_node_webhooks_and_the_policy(
+    major: int, minor: int, patch: int
+) -> None:
+    objects = sr.shoot_objects(ca_bundle=CA, url=URL, kubernetes_version=f"{major}.{minor}.{patch}")
+    full = sr.shoot_objects(ca_bundle=CA, url=URL)
+    assert {"ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy"} <= {obj["kind"] for obj in full}
+    # Below 1.30 the RBAC alone: the lifecycle runs, nothing half-working is installed.
+    assert objects == (full if (major, minor) >= (1, 30) else sr.rbac_objects())
+
+
+def test_a_shoot_too_old_for_the_node_protection_is_reported_unhealthy() -> None:
+    gap = sr.kubernetes_gap("1.29.4")
+    health = sr.shoot_health(hibernated=False, running=True, native=False, problem="", objects=APPLIED, gap=gap)
+    assert (health.status, health.reason) == (F, FAIL)
+    assert not health.served
+    assert "Kubernetes 1.29.4" in health.message
+    assert "Kubernetes 1.29.4" in health.diagnosis  # the Warning Event
+    hibernated = sr.shoot_health(hibernated=True, running=False, native=None, problem="", objects=None, gap=gap)
+    assert hibernated.served

@@ -81,7 +81,7 @@ class ExtensionActuator:
         (the rest is provisioned anyway: a bad providerConfig must not take the node webhooks away)."""
         namespace = extension.metadata.namespace
         self._provisioned.pop(namespace, None)  # an operation looks at the objects again, whatever we remember
-        await self._ensure_objects(namespace)
+        await self._ensure_objects(namespace, facts)
         await self._run_or_pause(namespace, facts)
         if extension.spec.provider_config is None:
             return None
@@ -147,7 +147,7 @@ class ExtensionActuator:
             await self.supervisor.stop(extension.metadata.namespace)  # the shoot is served by another seed now
             return
         namespace = extension.metadata.namespace
-        await self._ensure_objects(namespace)
+        await self._ensure_objects(namespace, facts)
         await self._run_or_pause(namespace, facts)
         await self.report_health(extension, facts)
 
@@ -162,6 +162,7 @@ class ExtensionActuator:
             problem=state.problem,
             objects=self.managed_resources.get(f"{namespace}/{shoot_resources.MANAGED_RESOURCE}"),
             slow=state.slow,
+            gap=shoot_resources.kubernetes_gap(facts.kubernetes_version) if facts is not None else "",
         )
         patch = contract.control_plane_healthy(
             extension, status=health.status, reason=health.reason, message=health.message, now=self.clock()
@@ -170,7 +171,14 @@ class ExtensionActuator:
             await patch_status(self.seed, extension, patch)
         if health.diagnosis:
             # Ours to tell, not a condition of the Shoot's: an Event on the Extension, counted while it lasts.
-            reason = "ShootAPIServerSlow" if state.slow and state.running else "ShootNotServed"
+            if health.status is contract.ConditionStatus.FALSE:
+                reason = "ShootKubernetesTooOld"  # the only diagnosis that comes with False
+            elif state.slow and state.running:
+                reason = "ShootAPIServerSlow"
+            elif state.nodes_over_budget:
+                reason = "ShootNodesOverBudget"
+            else:
+                reason = "ShootNotServed"
             await self.events(namespace).record(
                 regarding=Regarding(kind="Extension", name=extension.metadata.name, uid=extension.metadata.uid),
                 type=v.EventType.WARNING,
@@ -193,14 +201,15 @@ class ExtensionActuator:
 
     # --- the per-shoot objects ----------------------------------------------------------------------------
 
-    async def _ensure_objects(self, namespace: str) -> None:
+    async def _ensure_objects(self, namespace: str, facts: ShootFacts | None) -> None:
         ca_bundle = self.ca_bundle()
         if ca_bundle is None:
             raise CaBundleMissing("the webhook CA is not there yet (the certs manager writes it)")
         access = shoot_resources.shoot_access_secret(namespace)
         # The shoot's node webhooks call a path naming the shoot: the one webhook serves every shoot of the seed.
         url = self.webhook_url.rstrip("/") + shoot_path(namespace)
-        objects = shoot_resources.shoot_objects(ca_bundle=ca_bundle, url=url)
+        version = facts.kubernetes_version if facts is not None else ""
+        objects = shoot_resources.shoot_objects(ca_bundle=ca_bundle, url=url, kubernetes_version=version)
         secret, managed_resource = shoot_resources.managed_resource(namespace, objects)
         digest = hashlib.sha256(json.dumps([access, secret, managed_resource], sort_keys=True).encode()).hexdigest()
         if self._provisioned.get(namespace) == digest:

@@ -219,6 +219,7 @@ class ShootFacts:
     shoot: Mapping[str, Any] | None = None  # the Shoot as the Cluster carries it (its pools judge a providerConfig)
     # The Shoot is annotated for force deletion: its Extension is force-deleted (nothing may wait for the shoot).
     force_deletion: bool = False
+    kubernetes_version: str = ""  # the Shoot's `spec.kubernetes.version`; empty where the Cluster carries none
 
 
 def read_shoot_facts(raw: Mapping[str, Any]) -> ShootFacts:
@@ -234,7 +235,14 @@ def read_shoot_facts(raw: Mapping[str, Any]) -> ShootFacts:
         kubeconfig_secret=str(annotations.get(GENERIC_KUBECONFIG_ANNOTATION) or ""),
         shoot=shoot if isinstance(shoot, Mapping) else None,
         force_deletion=_go_bool(_shoot_annotations(shoot).get(FORCE_DELETION_ANNOTATION)),
+        kubernetes_version=_kubernetes_version(shoot),
     )
+
+
+def _kubernetes_version(shoot: Any) -> str:
+    spec = shoot.get("spec") if isinstance(shoot, Mapping) else None
+    version = mapping_of(mapping_of(spec).get("kubernetes")).get("version")
+    return version if isinstance(version, str) else ""
 
 
 def _shoot_annotations(shoot: Any) -> Mapping[str, Any]:

@@ -18,6 +18,8 @@ In the shoot (through the ManagedResource):
   `matchConditions` that leave out kubelets, MCM and the controller;
 - the ValidatingAdmissionPolicy on node annotations and its binding, the same rules as the standalone chart's
   `node-annotation-policy.yaml`.
+The node webhooks and the policy only where the shoot's Kubernetes has both (1.30 and later, `kubernetes_gap`);
+elsewhere the shoot is reported (ControlPlaneHealthy False, a Warning Event) and served with the RBAC alone.
 
 MCM reaches the shoot as `system:serviceaccount:kube-system:machine-controller-manager` (gardenlet gives it a
 shoot-access Secret of its own, `shoot-access-machine-controller-manager`).
@@ -30,6 +32,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -299,10 +302,42 @@ def node_annotation_policy(
     return [policy, binding]
 
 
+# The first Kubernetes version with both `matchConditions` (GA) and ValidatingAdmissionPolicy v1.
+FULL_PROTECTION_SINCE: Final = (1, 30)
+_VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.\d+)?(?:[-+].*)?")
+
+
+def kubernetes_gap(version: str) -> str:
+    """Why a shoot of Kubernetes `version` cannot carry the node webhooks and the node annotation policy; empty
+    where it can, or where the version is not known (Gardener always writes it; a test's Cluster may not).
+
+    Before 1.30 the policy's API (admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy) does not exist, and
+    `matchConditions` is beta (1.28, 1.29: on by default, but a shoot may turn its feature gate off) or off: an
+    API server without it drops the field and sends kubelets', MCM's and our own node updates to the webhook,
+    which would judge them. So neither is installed there (half of them would protect nothing reliably), and the
+    shoot is reported, not silently half-protected."""
+    match = _VERSION.fullmatch(version.strip())
+    if match is None:
+        return ""
+    found = (int(match.group(1)), int(match.group(2)))
+    if found >= FULL_PROTECTION_SINCE:
+        return ""
+    since = ".".join(map(str, FULL_PROTECTION_SINCE))
+    return (
+        f"the shoot's Kubernetes {version} lacks ValidatingAdmissionPolicy v1 and generally available webhook "
+        f"matchConditions (both from {since}): the node webhooks and the node annotation policy are not installed, "
+        f"so writes of the preserve annotation on Nodes are not checked; upgrade the shoot to Kubernetes {since} "
+        "or later"
+    )
+
+
 def shoot_objects(
-    *, ca_bundle: bytes, url: str, timeout_seconds: int = wc.MAX_NODE_TIMEOUT_SECONDS
+    *, ca_bundle: bytes, url: str, kubernetes_version: str = "", timeout_seconds: int = wc.MAX_NODE_TIMEOUT_SECONDS
 ) -> list[dict[str, Any]]:
-    """Everything the ManagedResource puts into a shoot."""
+    """Everything the ManagedResource puts into a shoot: the RBAC always (the lifecycle runs), the node webhooks
+    and the policy only where the shoot's Kubernetes supports them (`kubernetes_gap`)."""
+    if kubernetes_gap(kubernetes_version):
+        return rbac_objects()
     return [
         *rbac_objects(),
         *node_webhook_configurations(ca_bundle=ca_bundle, url=url, timeout_seconds=timeout_seconds),
@@ -434,6 +469,7 @@ def shoot_health(
     problem: str,
     objects: ObjectsApplied | None,
     slow: str = "",
+    gap: str = "",
 ) -> ShootHealth:
     """How the shoot is served, in Gardener's terms:
     - True (`HealthCheckSuccessful`) while hibernated ("Shoot is hibernated"), and while its lifecycle runs with
@@ -441,7 +477,9 @@ def shoot_health(
       slowly its API server answers (`slow`, for people: the diagnosis);
     - Progressing (`HealthCheckProgressing`) while the lifecycle starts or waits for the shoot (its API server,
       the shoot-access token: `problem`, the diagnosis too) and while GRM has not reported on our objects yet;
-    - False (`HealthCheckUnsuccessful`) only where what is ours fails: GRM reports our objects not applied."""
+    - False (`HealthCheckUnsuccessful`) where what is ours fails: GRM reports our objects not applied; and where
+      the shoot's Kubernetes is too old for the node webhooks and policy (`gap`, kubernetes_gap; the diagnosis
+      too): the shoot is served without them, and its owner must see that."""
     if hibernated:
         return ShootHealth(ConditionStatus.TRUE, HealthReason.SUCCESSFUL, HIBERNATED)
     if not running:
@@ -463,6 +501,13 @@ def shoot_health(
             ConditionStatus.FALSE,
             HealthReason.UNSUCCESSFUL,
             f"The node webhooks and RBAC are not applied in the shoot: {objects.message}",
+        )
+    if gap:
+        return ShootHealth(
+            ConditionStatus.FALSE,
+            HealthReason.UNSUCCESSFUL,
+            f"Machine preservation runs without its node protection: {gap}",
+            diagnosis=f"Machine preservation runs without its node protection: {gap}",
         )
     observe = " (MCM preserves natively: the extension observes)" if native else ""
     diagnosis = f"The shoot's API server answers slowly ({slow}): preservations wait for it." if slow else ""
