@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.informer import watch_event, watch_events
+from machine_preservation.controller.informer import BudgetExceeded, watch_event, watch_events
 
 Event = tuple[str, Mapping[str, Any]]
 
@@ -29,9 +29,13 @@ class Chunks:
             yield chunk
 
 
-def read(chunks: list[bytes]) -> list[Event]:
-    async def collect() -> list[Event]:
-        return [event async for event in watch_events(Chunks(chunks))]  # type: ignore[arg-type]
+def read(chunks: list[bytes], *, max_bytes: int | None = None) -> list[Event]:
+    return [(kind, obj) for _, kind, obj in read_sized(chunks, max_bytes=max_bytes)]
+
+
+def read_sized(chunks: list[bytes], *, max_bytes: int | None = None) -> list[tuple[int, str, Mapping[str, Any]]]:
+    async def collect() -> list[tuple[int, str, Mapping[str, Any]]]:
+        return [event async for event in watch_events(Chunks(chunks), max_bytes=max_bytes)]  # type: ignore[arg-type]
 
     return asyncio.run(collect())
 
@@ -67,6 +71,36 @@ def test_an_object_of_many_chunks_is_read_whole() -> None:
     big = {"metadata": {"name": "big", "annotations": {"a": "x" * 300_000}}}
     body = json.dumps({"type": "ADDED", "object": big}).encode() + b"\n"
     assert read([body[i : i + 16_384] for i in range(0, len(body), 16_384)]) == [("ADDED", big)]
+
+
+def test_each_event_comes_with_its_size() -> None:
+    lines = [json.dumps({"type": "ADDED", "object": {"metadata": {"name": "x" * n}}}).encode() for n in (1, 500)]
+    assert [size for size, _, _ in read_sized([b"\n".join(lines)])] == [len(lines[0]), len(lines[1])]
+
+
+def test_an_event_over_the_budget_is_refused_before_it_is_read_whole() -> None:
+    big = {"metadata": {"name": "big", "annotations": {"a": "x" * 300_000}}}
+    body = json.dumps({"type": "ADDED", "object": big}).encode() + b"\n"
+    small = json.dumps({"type": "ADDED", "object": {"metadata": {"name": "small"}}}).encode() + b"\n"
+    chunks = [small, *(body[i : i + 16_384] for i in range(0, len(body), 16_384))]
+    read_chunks: list[bytes] = []
+
+    class Counting(Chunks):
+        async def iter_any(self) -> AsyncIterator[bytes]:
+            async for chunk in super().iter_any():
+                read_chunks.append(chunk)
+                yield chunk
+
+    async def collect() -> list[str]:
+        found = []
+        async for _, _, obj in watch_events(Counting(chunks), max_bytes=100_000):  # type: ignore[arg-type]
+            found.append(obj["metadata"]["name"])
+        return found
+
+    with pytest.raises(BudgetExceeded, match="one watch event comes to more than"):
+        asyncio.run(collect())
+    assert len(read_chunks) < len(chunks) // 2  # stopped soon after the budget, not at the end of the event
+    assert read([small, body], max_bytes=len(body)) == [("ADDED", {"metadata": {"name": "small"}}), ("ADDED", big)]
 
 
 def test_blank_lines_are_not_events() -> None:

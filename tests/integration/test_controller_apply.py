@@ -228,8 +228,11 @@ async def test_taint_add_and_remove_never_clobber_other_taints_or_unschedulable(
     node = await read_node(api, node_name)
     assert [t.key for t in node.spec.taints] == ["user/maintenance", v.PRESERVED_TAINT_KEY]
 
-    # From a fresh snapshot the removal succeeds and leaves the user's taint alone.
-    snap = Snapshot(machine=machine, node=node)
+    # From a fresh snapshot the removal succeeds and leaves the user's taint alone; the cache's copy keeps only our
+    # taint, with its position in the list.
+    snap = Snapshot(machine=machine, node=await cached(core, node_name))
+    assert snap.node is not None
+    assert [(t.key, t.index) for t in snap.node.spec.taints] == [(v.PRESERVED_TAINT_KEY, 1)]
     await writer.set_preserved_taint(snap, p.SetPreservedTaint(present=False), now=NOW)
     node = await read_node(api, node_name)
     assert [t.key for t in node.spec.taints] == ["user/maintenance"]

@@ -311,3 +311,66 @@ def _gone(extensions: client.ApiextensionsV1Api, name: str) -> Callable[[], Awai
         return False
 
     return check
+
+
+class RecordedLists:
+    """CustomObjectsApi's namespaced list, recording the `limit` of every list request (not the watches)."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.custom = client.CustomObjectsApi(api_client)
+        self.limits: list[int] = []
+
+    def list_namespaced_custom_object(self) -> None:  # named for `Source`, which calls the raw variant
+        raise NotImplementedError
+
+    async def list_namespaced_custom_object_without_preload_content(self, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs.get("watch"):
+            self.limits.append(kwargs["limit"])
+        return await self.custom.list_namespaced_custom_object_without_preload_content(*args, **kwargs)
+
+
+async def create_big_machines(api: client.ApiClient, namespace: str, names: list[str]) -> None:
+    custom = client.CustomObjectsApi(api)
+    for name in names:
+        await create_machine(custom, namespace, name, annotations={"owner.example.com/big": "x" * 50_000})
+
+
+async def test_pages_are_sized_by_their_bytes(api: client.ApiClient, namespace: str) -> None:
+    await create_big_machines(api, namespace, [f"m{i:02}" for i in range(14)])
+    lists = RecordedLists(api)
+    informer = Informer(
+        name="machines",
+        source=Source(lists.list_namespaced_custom_object, (GROUP, VERSION, namespace, "machines")),
+        parse=Machine.model_validate,
+        page_size=50,
+        page_bytes=120_000,
+    )
+    async with running(informer):
+        await asyncio.wait_for(informer.wait_synced(), 30)
+    assert len(informer) == 14
+    # The first page takes 10 objects; the next ones as many as fit in about 120 kB (objects of ~50 kB).
+    assert lists.limits == [10, 2, 2]
+
+
+async def test_objects_over_the_byte_budget_fail_the_informer_until_they_are_within_it(
+    api: client.ApiClient, namespace: str
+) -> None:
+    await create_big_machines(api, namespace, [f"m{i}" for i in range(8)])
+    informer = machine_informer(api, namespace, page_size=2, byte_budget=300_000, backoff=Backoff(base=0.1, cap=0.5))
+    async with running(informer):
+        # Over the budget: no list completes, the informer says why.
+        await eventually_async(lambda: informer.over_budget, limit=30)
+        assert not informer.synced
+        assert informer.failing is not None
+        assert "over the budget" in informer.failing
+        assert len(informer) == 0
+
+        custom = client.CustomObjectsApi(api)
+        for i in range(4, 8):
+            await custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "machines", f"m{i}")
+        await asyncio.wait_for(informer.wait_synced(), 30)
+        assert (len(informer), informer.over_budget, informer.failing) == (4, False, None)
+
+        # A watch event past the budget fails it again, and the re-lists say so.
+        await create_big_machines(api, namespace, ["m8", "m9"])
+        await eventually_async(lambda: informer.over_budget, limit=30)

@@ -245,6 +245,7 @@ def test_the_installation_is_exactly_these_objects(rendered: list[dict[str, Any]
         ({"controller": {"workers": 0}}, "/controller/workers"),
         ({"controller": {"extensionWorkers": 0}}, "/controller/extensionWorkers"),
         ({"controller": {"maxConcurrentReconciles": 0}}, "/controller/maxConcurrentReconciles"),
+        ({"controller": {"shootNodeBudget": -1}}, "/controller/shootNodeBudget"),
         ({"controller": {"machinePreserveTimeout": "3d"}}, "/controller/machinePreserveTimeout"),
         ({"webhook": {"timeoutSeconds": 30}}, "/webhook/timeoutSeconds"),
     ],
@@ -257,6 +258,7 @@ def test_the_installation_is_exactly_these_objects(rendered: list[dict[str, Any]
         "workers",
         "extension-workers",
         "max-concurrent-reconciles",
+        "shoot-node-budget",
         "duration",
         "timeout",
     ],
@@ -521,6 +523,7 @@ def test_controller_args_and_env(rendered: list[dict[str, Any]]) -> None:
         "--workers=4",
         "--extension-workers=10",
         "--max-concurrent-reconciles=20",
+        "--shoot-node-budget=128",
     ]
     env = {e["name"]: e for e in controller["env"]}
     assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
@@ -548,6 +551,7 @@ def test_values_reach_the_containers(toolchain: Toolchain, tmp_path: Path) -> No
                 "workers": 3,
                 "extensionWorkers": 20,
                 "maxConcurrentReconciles": 50,
+                "shootNodeBudget": 64,
                 "metricsPort": 9090,
             },
             "maxPreserveTimeout": "168h",
@@ -570,6 +574,7 @@ def test_values_reach_the_containers(toolchain: Toolchain, tmp_path: Path) -> No
     assert "--workers=3" in args
     assert "--extension-workers=20" in args
     assert "--max-concurrent-reconciles=50" in args
+    assert "--shoot-node-budget=64" in args
     assert "--metrics-port=9090" in args
     shoots, seed = (c["args"] for c in webhook_containers(documents))
     assert "--max-preserve-timeout=168h" in shoots

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.lifecycle import node_is_healthy
-from machine_preservation.core.models import Node, cached_node
+from machine_preservation.core.models import CACHED_CONDITIONS_LIMIT, CACHED_VALUE_LIMIT, Node, cached_node
 from machine_preservation.core.native import plan_native
 
 from .lifecycle_helpers import CONFIG
@@ -111,7 +111,15 @@ def test_what_the_cache_keeps() -> None:
                 v.CA_SCALE_DOWN_DISABLED_ANNOTATION: "true",
             },
         },
-        "spec": {"providerID": "aws:///i-1", "taints": [{"key": "k", "effect": "NoSchedule"}], "unschedulable": True},
+        "spec": {
+            "providerID": "aws:///i-1",
+            "taints": [
+                {"key": "k", "effect": "NoSchedule"},
+                {"key": v.PRESERVED_TAINT_KEY, "effect": "NoExecute"},
+                {"key": v.PRESERVED_TAINT_KEY, "effect": v.PRESERVED_TAINT_EFFECT, "timeAdded": "2026-11-26T09:00:00Z"},
+            ],
+            "unschedulable": True,
+        },
         "status": {
             "conditions": [
                 {
@@ -142,7 +150,11 @@ def test_what_the_cache_keeps() -> None:
     assert node.metadata.labels == {}
     assert node.metadata.owner_references == []
     assert node.metadata.annotations == {v.PRESERVE_ANNOTATION: "now", v.CA_SCALE_DOWN_DISABLED_ANNOTATION: "true"}
-    assert (node.spec.provider_id, node.spec.unschedulable, len(node.spec.taints)) == ("aws:///i-1", True, 1)
+    assert (node.spec.provider_id, node.spec.unschedulable, node.spec.has_taints) == ("aws:///i-1", True, True)
+    assert [(t.key, t.effect, t.index) for t in node.spec.taints] == [
+        (v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT, 2)
+    ]
+    assert node.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT)
     assert [(c.type, c.status, c.reason, c.message) for c in node.status.conditions] == [
         ("Ready", "True", "", ""),
         ("KernelDeadlock", "True", "", ""),
@@ -157,6 +169,56 @@ def test_what_the_cache_keeps() -> None:
     assert preserved is not None
     assert preserved.last_transition_time is not None
     assert preserved.last_heartbeat_time is None
+
+
+def test_a_hostile_node_is_cached_bounded() -> None:
+    # A shoot owner's Node: thousands of taints, labels and True conditions, long messages and long values in the
+    # annotations the product reads. The cache keeps a bounded part of it, whatever its size.
+    long = "x" * 100_000
+    raw = {
+        "metadata": {
+            "name": "n1",
+            "labels": {f"label-{i}": long[:60] for i in range(1_000)},
+            "annotations": {v.PRESERVE_ANNOTATION: long, v.PRESERVED_SINCE_ANNOTATION: "2026-11-26T09:00:00Z"},
+        },
+        "spec": {
+            "providerID": long,
+            "taints": [{"key": f"owner/taint-{i}", "value": long[:100], "effect": "NoSchedule"} for i in range(5_000)],
+        },
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "True", "message": long},
+                {"type": v.PRESERVED_CONDITION_TYPE, "status": "True", "reason": long, "message": long},
+                *({"type": f"Owner{i}", "status": "True", "message": long} for i in range(100)),
+            ],
+            "images": [{"names": [f"registry/image-{i}:1"], "sizeBytes": 1} for i in range(500)],
+        },
+    }
+
+    node = cached_node(raw)
+
+    assert node.metadata.annotations == {
+        v.PRESERVE_ANNOTATION: long[:CACHED_VALUE_LIMIT],
+        v.PRESERVED_SINCE_ANNOTATION: "2026-11-26T09:00:00Z",
+    }
+    assert node.metadata.labels == {}
+    assert (node.spec.taints, node.spec.has_taints) == ([], True)
+    assert len(node.spec.provider_id) == CACHED_VALUE_LIMIT
+    assert [c.type for c in node.status.conditions] == [
+        "Ready",
+        v.PRESERVED_CONDITION_TYPE,
+        *(f"Owner{i}" for i in range(CACHED_CONDITIONS_LIMIT)),
+    ]
+    preserved = node.preserved_condition
+    assert preserved is not None
+    assert (len(preserved.reason), len(preserved.message)) == (CACHED_VALUE_LIMIT, CACHED_VALUE_LIMIT)
+    assert len(node.model_dump_json()) < 8 * CACHED_VALUE_LIMIT
+
+
+def test_a_node_without_taints_says_so() -> None:
+    assert not cached_node({"metadata": {"name": "n1"}, "spec": {"taints": []}}).spec.has_taints
+    assert not Node.model_validate({"metadata": {"name": "n1"}}).spec.has_taints
+    assert Node.model_validate({"spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}}).spec.has_taints
 
 
 @pytest.mark.parametrize(

@@ -304,13 +304,16 @@ def _taint_operations(
     pin exactly the list entries or the empty list it saw (by the resourceVersion `pin`, unless the patch is pinned
     already), so a concurrent change to the taints fails the patch (422) instead of being overwritten; an append
     needs no pin."""
-    taints = node.spec.taints
-    ours = [i for i, t in enumerate(taints) if t.key == v.PRESERVED_TAINT_KEY and t.effect == v.PRESERVED_TAINT_EFFECT]
+    ours = [
+        i if t.index is None else t.index  # the cache keeps only our taints, each with its position
+        for i, t in enumerate(node.spec.taints)
+        if t.key == v.PRESERVED_TAINT_KEY and t.effect == v.PRESERVED_TAINT_EFFECT
+    ]
     if step.present:
         if ours:
             return []
         taint = {"key": v.PRESERVED_TAINT_KEY, "effect": v.PRESERVED_TAINT_EFFECT, "timeAdded": format_timestamp(now)}
-        if taints:
+        if node.spec.has_taints:
             # Append: whatever else is in the list now stays as it is.
             return [{"op": "add", "path": "/spec/taints/-", "value": taint}]
         pinned = [] if pin is None else [{"op": "test", "path": "/metadata/resourceVersion", "value": pin}]

@@ -175,9 +175,13 @@ def new_caches(
     )
 
 
-def shoot_caches(*, views: ShootViews, target: client.ApiClient, resync_period: float) -> Caches:
-    """A shoot's caches in the seed: its views of the seed-wide informers, and its own Nodes informer."""
-    nodes = _nodes(target, resync_period=resync_period)
+def shoot_caches(
+    *, views: ShootViews, target: client.ApiClient, resync_period: float, node_budget: int | None = None
+) -> Caches:
+    """A shoot's caches in the seed: its views of the seed-wide informers, and its own Nodes informer, which stops
+    following the shoot while its Nodes come to more than `node_budget` bytes of JSON (one shoot's Nodes must not
+    take the memory every shoot of the seed is served from)."""
+    nodes = _nodes(target, resync_period=resync_period, byte_budget=node_budget)
     return Caches(
         machines=views.machines,
         machine_sets=views.machine_sets,
@@ -189,6 +193,19 @@ def shoot_caches(*, views: ShootViews, target: client.ApiClient, resync_period: 
     )
 
 
-def _nodes(target: client.ApiClient, *, resync_period: float) -> Informer[Node]:
+# Node list pages: about 2 MiB of JSON each (one page is read and parsed whole), at most 50 Nodes.
+NODE_PAGE_SIZE = 50
+NODE_PAGE_BYTES = 2 * 2**20
+
+
+def _nodes(target: client.ApiClient, *, resync_period: float, byte_budget: int | None = None) -> Informer[Node]:
     source = Source(client.CoreV1Api(target).list_node)
-    return Informer(name="nodes", source=source, parse=cached_node, resync_period=resync_period)
+    return Informer(
+        name="nodes",
+        source=source,
+        parse=cached_node,
+        resync_period=resync_period,
+        page_size=NODE_PAGE_SIZE,
+        page_bytes=NODE_PAGE_BYTES,
+        byte_budget=byte_budget,
+    )

@@ -22,7 +22,7 @@ from machine_preservation.controller.manager import (
     ControllerOptions,
     default_identity,
 )
-from machine_preservation.controller.seed import SeedController, SeedOptions
+from machine_preservation.controller.seed import DEFAULT_NODE_BUDGET, SeedController, SeedOptions
 from machine_preservation.core.config import (
     DEFAULT_DRAIN_RETRY_INTERVAL,
     DEFAULT_DRAIN_TIMEOUT,
@@ -159,6 +159,7 @@ def seed_options_from(args: argparse.Namespace) -> SeedOptions:
         metrics_host=args.metrics_bind_address,
         metrics_port=args.metrics_port,
         mcm_recheck_period=args.mcm_recheck_period.total_seconds(),
+        node_budget=args.shoot_node_budget * 2**20 if args.shoot_node_budget > 0 else None,
     )
 
 
@@ -269,5 +270,14 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
         help="how often each shoot's MCM is inspected again while its lifecycle runs; a changed verdict on native "
         "preservation (MCM upgraded) restarts that shoot's lifecycle "
         f"(default {format_go_duration(DEFAULT_MCM_RECHECK_PERIOD)})",
+    )
+    extension.add_argument(
+        "--shoot-node-budget",
+        type=int,
+        default=DEFAULT_NODE_BUDGET // 2**20,
+        metavar="MiB",
+        help="how many MiB of JSON one shoot's Nodes may come to as read; past it, that shoot is reported not served "
+        "(ShootNotServed, machine_preservation_shoot_nodes_over_budget) and the other shoots go on; 0: no budget "
+        f"(default {DEFAULT_NODE_BUDGET // 2**20})",
     )
     extension.set_defaults(handler=run_extension)

@@ -24,7 +24,7 @@ import aiohttp
 from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.backoff import Backoff
-from machine_preservation.kube.api_errors import NO_ANSWER, ApiError, classify, ensure_ok, read_json
+from machine_preservation.kube.api_errors import NO_ANSWER, ApiError, classify, ensure_ok
 
 logger = logging.getLogger(__name__)
 
@@ -51,17 +51,32 @@ def watch_event(line: bytes) -> tuple[str, Mapping[str, Any]]:
     return event["type"], raw
 
 
-async def watch_events(content: aiohttp.StreamReader) -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
-    """The events of a watch answer's body, one JSON object per line, whatever the size of an object (a line may
-    span many chunks), until the API server ends the watch."""
+class BudgetExceeded(Exception):
+    """The objects an informer reads come to more bytes than its budget allows."""
+
+
+async def watch_events(
+    content: aiohttp.StreamReader, *, max_bytes: int | None = None
+) -> AsyncIterator[tuple[int, str, Mapping[str, Any]]]:
+    """The events of a watch answer's body, one JSON object per line, with their size in bytes, whatever the size
+    of an object (a line may span many chunks), until the API server ends the watch. An event longer than
+    `max_bytes` raises BudgetExceeded before it is parsed (or even read whole)."""
     pending = b""
     async for chunk in content.iter_any():
         *lines, pending = (pending + chunk).split(b"\n")
         for line in lines:
+            check_size(len(line), max_bytes, "one watch event comes")
             if line.strip():
-                yield watch_event(line)
+                yield len(line), *watch_event(line)
+        check_size(len(pending), max_bytes, "one watch event comes")
     if pending.strip():
-        yield watch_event(pending)
+        yield len(pending), *watch_event(pending)
+
+
+def check_size(size: int, max_bytes: int | None, what: str) -> None:
+    """Raise BudgetExceeded if `size` is over `max_bytes` (None: no budget); `what` says whose size it is."""
+    if max_bytes is not None and size > max_bytes:
+        raise BudgetExceeded(f"{what} to more than {max_bytes / 2**20:g} MiB of JSON, over the budget")
 
 
 @dataclass(frozen=True)
@@ -107,6 +122,13 @@ class Informer(Generic[T]):
     resync_period: float = 600.0
     watch_timeout: int = 300
     page_size: int = 500
+    # Where set, pages are sized to about this many bytes (by the last page's bytes per object), from 10 objects
+    # up to `page_size`: a page is read and parsed whole, and a cluster's objects may be big.
+    page_bytes: int | None = None
+    # Where set, how many bytes of JSON the objects may come to, as read: past it, listing or watching stops and
+    # the informer fails (BudgetExceeded) until a re-list finds them within it. A page or an event is measured
+    # before it is parsed.
+    byte_budget: int | None = None
     backoff: Backoff = field(default_factory=lambda: Backoff(base=0.2, cap=30.0))
     # The resourceVersion the next watch resumes from ("" = list first).
     resource_version: str = ""
@@ -115,11 +137,16 @@ class Informer(Generic[T]):
     stats: InformerStats = field(default_factory=InformerStats)
     # Why listing or watching fails, while it does (None once a list or a watch event gets through).
     failing: str | None = None
+    # Whether the objects came to more than the byte budget (until a re-list finds them within it).
+    over_budget: bool = False
     _store: dict[str, T] = field(default_factory=dict)
     _indexers: dict[str, Indexer[T]] = field(default_factory=dict)
     _indices: dict[str, dict[str, set[str]]] = field(default_factory=dict)
     _index_values: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
     _handlers: list[Handler[T]] = field(default_factory=list)
+    # The size in bytes each object had as read (kept with a `byte_budget` only).
+    _sizes: dict[str, int] = field(default_factory=dict)
+    _bytes: int = 0  # their sum
     _synced: asyncio.Event = field(default_factory=asyncio.Event)
 
     # --- wiring ------------------------------------------------------------------------------------
@@ -191,6 +218,13 @@ class Informer(Generic[T]):
                     self.failing = f"HTTP {error.status} {error.reason}"
                     logger.warning("%s: list/watch failed (%s %s), retrying", self.name, error.status, error.reason)
                     await asyncio.sleep(self._jittered(failures))
+                except BudgetExceeded as error:
+                    failures += 1
+                    self.stats.errors += 1
+                    self.failing, self.over_budget = str(error), True
+                    self.resource_version = ""  # what was dropped unread is known again only by a re-list
+                    logger.warning("%s: %s, re-listing later", self.name, error)
+                    await asyncio.sleep(self._jittered(failures))
                 except (*NO_ANSWER, ValueError) as error:  # ValueError: an unreadable answer
                     failures += 1
                     self.stats.errors += 1
@@ -206,29 +240,54 @@ class Informer(Generic[T]):
     async def _list(self) -> None:
         raw_list = self.source.raw_list_function()
         items: dict[str, T] = {}
+        sizes: dict[str, int] = {}
         token: str | None = None
         resource_version = ""
+        limit = self.page_size if self.page_bytes is None else min(self.page_size, 10)
+        listed = 0
         while True:
-            kwargs: dict[str, Any] = {"limit": self.page_size}
+            kwargs: dict[str, Any] = {"limit": limit}
             if token:
                 kwargs["_continue"] = token
             response = await raw_list(*self.source.args, **self.source.kwargs, **kwargs)
-            page = await read_json(response, absent=frozenset())
-            for raw in page.get("items") or []:
+            body = await self._read_page(response, listed=listed)
+            listed += len(body)
+            page = json.loads(body)
+            raws = page.get("items") or []
+            size = len(body) // max(len(raws), 1)  # each object's share of the page (its own is not known)
+            for raw in raws:
                 parsed = self._parse(raw)
                 if parsed is not None:
-                    items[object_key(raw)] = parsed
+                    items[key := object_key(raw)] = parsed
+                    if self.byte_budget is not None:
+                        sizes[key] = size
             metadata = page.get("metadata") or {}
+            del page, raws  # the page's JSON is not kept while the next is read
+            if self.page_bytes is not None:
+                limit = max(1, min(self.page_size, self.page_bytes // max(size, 1)))
             resource_version = resource_version or metadata.get("resourceVersion", "")
             token = metadata.get("continue")
             if not token:
                 break
         self.stats.lists += 1
-        self.failing = None
+        self.failing, self.over_budget = None, False
+        self._sizes, self._bytes = sizes, sum(sizes.values())
         self._replace(items)
         self.resource_version = resource_version
         self._synced.set()
         logger.debug("%s: listed %d objects at resourceVersion %s", self.name, len(items), resource_version)
+
+    async def _read_page(self, response: Any, *, listed: int) -> bytearray:
+        """A list page's body, read no further than the byte budget allows after the `listed` bytes before it."""
+        try:
+            await ensure_ok(response)
+            body = bytearray()
+            async for chunk in response.content.iter_any():
+                body += chunk
+                check_size(listed + len(body), self.byte_budget, f"the {self.name} come")
+            return body
+        finally:
+            response.release()
 
     async def _watch(self) -> None:
         self.stats.watches += 1
@@ -250,12 +309,12 @@ class Informer(Generic[T]):
             # Served again from the moment the API server answers the watch: a quiet cluster may send its first
             # event or bookmark only a minute later, and a shoot would be reported unserved until then.
             self.failing = None
-            async for kind, raw in watch_events(response.content):
-                self._apply(kind, raw)
+            async for size, kind, raw in watch_events(response.content, max_bytes=self.byte_budget):
+                self._apply(kind, raw, size=size)
         finally:
             response.release()
 
-    def _apply(self, kind: str, raw: Mapping[str, Any]) -> None:
+    def _apply(self, kind: str, raw: Mapping[str, Any], *, size: int = 0) -> None:
         self.failing = None
         version = (raw.get("metadata") or {}).get("resourceVersion", "")
         if kind == "BOOKMARK":
@@ -263,6 +322,12 @@ class Informer(Generic[T]):
         else:
             self.stats.events += 1
             key = object_key(raw)
+            if self.byte_budget is not None:
+                self._bytes -= self._sizes.pop(key, 0)
+                if kind != "DELETED":
+                    self._sizes[key] = size
+                    self._bytes += size
+                    check_size(self._bytes, self.byte_budget, f"the {self.name} come")
             if kind == "DELETED":
                 old = self._remove(key)
                 if old is not None:

@@ -119,6 +119,12 @@ class Metrics:
             ["namespace"],
             registry=r,
         )
+        self.shoot_nodes_over_budget = Gauge(
+            "machine_preservation_shoot_nodes_over_budget",
+            "1 while a shoot is not served because its Nodes come to more bytes than --shoot-node-budget allows.",
+            ["namespace"],
+            registry=r,
+        )
         self.loop_lag = Histogram(
             "machine_preservation_event_loop_lag_seconds",
             "How late the event loop ran a timer (one is due every 0.1 s): how long the process's own work held up"

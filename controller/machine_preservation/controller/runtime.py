@@ -74,6 +74,8 @@ class RuntimeOptions:
     native_preservation: NativePreservationMode = NativePreservationMode.AUTO
     workers: int = 4
     resync_period: float = 600.0
+    # How many bytes of JSON the shoot's Nodes may come to (None: no budget); see `caches.shoot_caches`.
+    node_budget: int | None = None
     max_drain_attempt: dt.timedelta = DEFAULT_DRAIN_ATTEMPT_TIMEOUT
     shutdown_grace: float = 30.0
     # The extension is being disabled for this shoot: stop every preservation, start none (no auto-preservation).
@@ -102,10 +104,15 @@ class ShootRuntime:
         """Why a cache does not follow its cluster right now (e.g. the shoot's API server is unreachable)."""
         if self.caches is None:
             return None
+        if self.nodes_over_budget():
+            return f"the shoot's Nodes are over their budget: {self.caches.nodes.failing}"
         for informer in self.caches.all:
             if informer.failing:
                 return f"cannot watch {informer.name}: {informer.failing}"
         return None
+
+    def nodes_over_budget(self) -> bool:
+        return self.caches is not None and self.caches.nodes.over_budget
 
     def preservations_left(self) -> int:
         """Machines still carrying our record or whose node is still tainted or shows a preservation."""
@@ -142,7 +149,12 @@ class ShootRuntime:
             self.options.preservation, mirror_status=facts.crds.machine_keeps_expiry
         )
         if self.views is not None:
-            self.caches = shoot_caches(views=self.views, target=self.target, resync_period=self.options.resync_period)
+            self.caches = shoot_caches(
+                views=self.views,
+                target=self.target,
+                resync_period=self.options.resync_period,
+                node_budget=self.options.node_budget,
+            )
         else:
             self.caches = new_caches(
                 control=self.control,

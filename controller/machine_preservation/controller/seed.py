@@ -58,6 +58,8 @@ logger = logging.getLogger(__name__)
 LEASE_NAME = "gardener-extension-machine-preservation"
 EXIT_OK = 0
 EXIT_LOST_LEADERSHIP = 1
+# A shoot's Nodes as JSON: ~4,000 Gardener Nodes of 32 KiB (images, conditions, labels); a cached Node keeps ~2 KiB.
+DEFAULT_NODE_BUDGET = 128 * 2**20
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ class SeedOptions:
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 8080
     resync_period: float = 600.0
+    # How many bytes of JSON one shoot's Nodes may come to; past it the shoot is reported not served.
+    node_budget: int | None = DEFAULT_NODE_BUDGET
     max_drain_attempt: dt.timedelta = DEFAULT_DRAIN_ATTEMPT_TIMEOUT
     shutdown_grace: float = 30.0
     heartbeat_period: float = float(contract.HEARTBEAT_RENEW_SECONDS)
@@ -154,6 +158,7 @@ class SeedController:
             native_preservation=options.native_preservation,
             workers=options.workers,
             resync_period=options.resync_period,
+            node_budget=options.node_budget,
             max_drain_attempt=options.max_drain_attempt,
             shutdown_grace=options.shutdown_grace,
         )

@@ -43,6 +43,7 @@ class ShootState:
     native: bool | None = None  # MCM preserves natively (None: not inspected yet)
     problem: str = ""  # why it is not running, for people
     slow: str = ""  # how the shoot's API server answered too late while running, for people
+    nodes_over_budget: bool = False  # not served because its Nodes are over their budget (`problem` says so)
 
 
 @dataclass(frozen=True)
@@ -120,11 +121,16 @@ class ShootSupervisor:
         if shoot is None:
             return ShootState(problem="not running")
         runtime = shoot.runtime
-        if runtime is None or not runtime.synced():
+        if runtime is None:
             return ShootState(native=shoot.native, problem=shoot.problem)
         failing = runtime.failing()
+        over = runtime.nodes_over_budget()
+        if not runtime.synced():
+            # Over the Node budget, the Nodes never sync: say so rather than that they are on their way.
+            problem = failing if failing and over else shoot.problem
+            return ShootState(native=shoot.native, problem=problem, nodes_over_budget=over)
         if failing:
-            return ShootState(native=shoot.native, problem=failing)
+            return ShootState(native=shoot.native, problem=failing, nodes_over_budget=over)
         return ShootState(running=True, native=shoot.native, slow=shoot.slow)
 
     def ensure_running(self, namespace: str, *, kubeconfig_secret: str) -> None:
@@ -144,8 +150,9 @@ class ShootSupervisor:
         shoot = self._shoots.pop(namespace, None)
         if shoot is None:
             return
-        with contextlib.suppress(KeyError):
-            self.metrics.shoot_api_server_slow.remove(namespace)
+        for gauge in (self.metrics.shoot_api_server_slow, self.metrics.shoot_nodes_over_budget):
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace)
         shoot.halt.set()
         if shoot.task is not None:
             with contextlib.suppress(asyncio.CancelledError):
@@ -269,6 +276,9 @@ class ShootSupervisor:
         last = self.state(shoot.namespace)
         while True:
             await asyncio.sleep(self.health_period)
+            runtime = shoot.runtime
+            over = runtime is not None and runtime.nodes_over_budget()
+            self.metrics.shoot_nodes_over_budget.labels(shoot.namespace).set(1 if over else 0)
             current = self.state(shoot.namespace)
             if current != last:
                 self.notify(shoot.namespace)

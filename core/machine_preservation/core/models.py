@@ -8,10 +8,11 @@ core decides on snapshots and returns desired changes; it never mutates its inpu
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import sys
 from collections.abc import Mapping
 from enum import Enum
-from typing import Any
+from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -77,6 +78,8 @@ class Taint(KubeModel):
     value: str = ""
     effect: str
     time_added: dt.datetime | None = None
+    # Its position in the Node's `spec.taints`, where the model keeps only some of them (`cached_node`).
+    index: int | None = None
 
 
 class NodeCondition(KubeModel):
@@ -91,7 +94,14 @@ class NodeCondition(KubeModel):
 class NodeSpec(KubeModel):
     provider_id: str = Field(default="", alias="providerID")
     taints: list[Taint] = Field(default_factory=list)
+    # Whether the Node has any taint, where `taints` keeps only some (`cached_node`); see `has_taints`.
+    tainted: bool | None = None
     unschedulable: bool = False
+
+    @property
+    def has_taints(self) -> bool:
+        """Whether the Node has a taints list at all (a JSON patch can append only to one that exists)."""
+        return bool(self.taints) if self.tainted is None else self.tainted
 
 
 class NodeStatus(KubeModel):
@@ -114,45 +124,90 @@ class Node(KubeModel):
         return any(t.key == key and t.effect == effect for t in self.spec.taints)
 
 
+# How much of a string the Node cache keeps: more than any value the product writes or reads (timestamps, short
+# words, Go durations), so only a value that is invalid anyway is cut, and one shoot's Nodes cannot fill the cache.
+CACHED_VALUE_LIMIT: Final = 1024
+# How many conditions besides Ready and Preserved it keeps (the unhealthy ones MCM knows are a handful).
+CACHED_CONDITIONS_LIMIT: Final = 16
+
+
 def cached_node(raw: Mapping[str, Any]) -> Node:
-    """The Node as the controller's cache keeps it: only what the product reads of a Node.
+    """The Node as the controller's cache keeps it: only what the product reads of a Node, bounded whatever the
+    Node holds.
 
     One controller keeps every Node of every shoot of a seed (4,000 for 200 shoots of 20 machines), and a whole
     model of a Gardener node retains ~19 KiB, mostly labels, other components' annotations and the kubelet's
-    condition messages, none of which a plan reads. Kept: name, uid, resourceVersion, deletionTimestamp; the
-    annotations the vocabulary names and whether there are any; the spec; the Preserved condition (less its
-    heartbeat); the Ready condition and any other condition that is True (a node is unhealthy by a condition only
-    while it is True) as type and status only. Keys and the few condition words are interned, so nodes share them.
-    """
+    condition messages, none of which a plan reads; a shoot owner may add thousands of taints and conditions.
+    Kept: name, uid, resourceVersion, deletionTimestamp; the annotations the vocabulary names and whether there
+    are any; providerID and unschedulable; our taint with its position in the list and whether there are any; the
+    Preserved condition (less its heartbeat); the Ready condition and at most CACHED_CONDITIONS_LIMIT other
+    conditions that are True (a node is unhealthy by a condition only while it is True) as type and status only.
+    Strings are cut at CACHED_VALUE_LIMIT characters. Keys and the few condition words are interned, so nodes
+    share them."""
     metadata = mapping_of(raw.get("metadata"))
     annotations = mapping_of(metadata.get("annotations"))
+    spec = mapping_of(raw.get("spec"))
+    taints = spec.get("taints")
+    taints = taints if isinstance(taints, list) else []
     kept_metadata = {
         "name": metadata.get("name", ""),
         "uid": metadata.get("uid", ""),
         "resourceVersion": metadata.get("resourceVersion", ""),
         "deletionTimestamp": metadata.get("deletionTimestamp"),
-        "annotations": {sys.intern(k): value for k, value in annotations.items() if k in v.ANNOTATIONS},
+        "annotations": {sys.intern(k): _bounded(value) for k, value in annotations.items() if k in v.ANNOTATIONS},
         "annotated": bool(annotations),
     }
-    conditions = [
-        kept
-        for condition in mapping_of(raw.get("status")).get("conditions") or ()
-        if isinstance(condition, Mapping) and (kept := _cached_condition(condition)) is not None
-    ]
-    return Node.model_validate(
-        {"metadata": kept_metadata, "spec": raw.get("spec") or {}, "status": {"conditions": conditions}}
-    )
+    kept_spec = {
+        "providerID": _bounded(spec.get("providerID", "")),
+        "unschedulable": spec.get("unschedulable", False),
+        "taints": [
+            {"key": v.PRESERVED_TAINT_KEY, "effect": v.PRESERVED_TAINT_EFFECT, "index": index}
+            | ({"timeAdded": taint["timeAdded"]} if "timeAdded" in taint else {})
+            for index, taint in enumerate(taints)
+            if isinstance(taint, Mapping)
+            and taint.get("key") == v.PRESERVED_TAINT_KEY
+            and taint.get("effect") == v.PRESERVED_TAINT_EFFECT
+        ],
+        "tainted": bool(taints),
+    }
+    conditions: list[dict[str, Any]] = []
+    others = 0
+    for condition in mapping_of(raw.get("status")).get("conditions") or ():
+        kept = _cached_condition(condition) if isinstance(condition, Mapping) else None
+        if kept is None:
+            continue
+        if kept.get("type") not in (v.PRESERVED_CONDITION_TYPE, v.NODE_READY_CONDITION_TYPE):
+            others += 1
+            if others > CACHED_CONDITIONS_LIMIT:
+                continue
+        conditions.append(kept)
+    status: NodeStatus | dict[str, Any] = {"conditions": conditions}
+    if all(len(kept) == 2 for kept in conditions):  # type and status only, as on every Node not preserved
+        status = _shared_status(tuple((kept["type"], kept["status"]) for kept in conditions))
+    return Node.model_validate({"metadata": kept_metadata, "spec": kept_spec, "status": status})
+
+
+@functools.lru_cache(maxsize=64)
+def _shared_status(conditions: tuple[tuple[Any, Any], ...]) -> NodeStatus:
+    """One status for every Node whose cached conditions are the same (all Ready and nothing else True, mostly):
+    ~0.8 KiB less per Node. Models are frozen, so no Node can change another's."""
+    return NodeStatus.model_validate({"conditions": [{"type": kind, "status": status} for kind, status in conditions]})
 
 
 def _cached_condition(condition: Mapping[str, Any]) -> dict[str, Any] | None:
     kind, status = condition.get("type"), condition.get("status")
     if not isinstance(kind, str) or not isinstance(status, str):
-        return dict(condition)  # let the model say what is wrong with it
+        return {key: _bounded(value) for key, value in condition.items()}  # let the model say what is wrong with it
     if kind == v.PRESERVED_CONDITION_TYPE:
-        return {key: value for key, value in condition.items() if key != "lastHeartbeatTime"}
+        return {key: _bounded(value) for key, value in condition.items() if key != "lastHeartbeatTime"}
     if kind == v.NODE_READY_CONDITION_TYPE or status == "True":
-        return {"type": sys.intern(kind), "status": sys.intern(status)}
+        return {"type": sys.intern(_bounded(kind)), "status": sys.intern(_bounded(status))}
     return None
+
+
+def _bounded(value: Any) -> Any:
+    """A string cut at CACHED_VALUE_LIMIT characters; anything else as it is (the model judges it)."""
+    return value[:CACHED_VALUE_LIMIT] if isinstance(value, str) else value
 
 
 class NoNode(Enum):
