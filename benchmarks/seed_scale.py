@@ -41,6 +41,11 @@ Figures (on this script's clock):
    informer resync), so the window is placed to end 60 s after the shoots' first resync (unless --no-resync-window)
    and the resync's CPU is read from the 5 s timeline;
 5. RSS: VmHWM and VmRSS of the extension process;
+7. with --hostile-nodes N: the last shoot, on an API server of its own, also has N Nodes of `--hostile-node-bytes`
+   each (labels, annotations, True conditions with long messages, images), as a hostile shoot owner would make
+   them. It is left out of the cold start's wait and the samples; reported: how it is reported (its condition,
+   its Warning Event, machine_preservation_shoot_nodes_over_budget) and whether the extension process lived
+   through the run (same pid, never restarted).
 6. with --unreachable N: N shoots' proxies refuse connections and cut the open ones (`--unreachable-mode down`)
    or answer every read `--slow-seconds` late (`slow`); then: how long until each of their Extensions reports it
    (ControlPlaneHealthy not True when down; a Warning Event on the Extension when slow), Failed -> preserved and
@@ -50,6 +55,7 @@ Figures (on this script's clock):
     .venv/bin/python benchmarks/seed_scale.py --quick
     .venv/bin/python benchmarks/seed_scale.py --shoots 20 --shoot-apiservers 2
     .venv/bin/python benchmarks/seed_scale.py --shoots 200 --shoot-apiservers 20 --unreachable 10
+    .venv/bin/python benchmarks/seed_scale.py --shoots 200 --shoot-apiservers 20 --hostile-nodes 200
 
 Everything binds to 127.0.0.1, is stopped at the end and dies with this process. Bounded by --time-limit.
 """
@@ -400,7 +406,7 @@ class Bench:
             served = [
                 gardener.shoot_namespace_name("b", shoot_name(i))
                 for i in range(args.shoots)
-                if i % args.shoot_apiservers == k
+                if self.apiserver_of(i) == k
             ]
             plane = await asyncio.to_thread(
                 gardener.start_shoot_control_plane,
@@ -419,7 +425,8 @@ class Bench:
             async with semaphore:
                 return await start_apiserver(k)
 
-        self.apiservers = list(await asyncio.gather(*(limited(k) for k in range(args.shoot_apiservers))))
+        servers = args.shoot_apiservers + (1 if args.hostile_nodes else 0)
+        self.apiservers = list(await asyncio.gather(*(limited(k) for k in range(servers))))
         for plane in self.apiservers:
             raw = RawKube(plane.server, plane.pki_dir, args.concurrency)
             self.stack.push_async_callback(raw.close)
@@ -441,7 +448,7 @@ class Bench:
             shoot = ShootSetup(
                 index=i,
                 namespace=gardener.shoot_namespace_name("b", shoot_name(i)),
-                apiserver=i % args.shoot_apiservers,
+                apiserver=self.apiserver_of(i),
                 node_prefix=shoot_name(i),
             )
             if i in unreachable:
@@ -466,6 +473,14 @@ class Bench:
             f"{nodes} Nodes and {nodes * args.pods_per_node} pods in {self.f['setup_nodes_pods_s']} s "
             f"({nodes * args.pods_per_node / max(self.f['setup_nodes_pods_s'], 0.1):.0f} pods/s)"
         )
+        if args.hostile_nodes:
+            started = time.monotonic()
+            await self._hostile_nodes()
+            self.f["setup_hostile_nodes_s"] = round(time.monotonic() - started, 1)
+            log(
+                f"{args.hostile_nodes} Nodes of {self.f['hostile_node_bytes']} bytes in the hostile shoot in "
+                f"{self.f['setup_hostile_nodes_s']} s"
+            )
         await self._compact_etcd()
 
     async def _compact_etcd(self) -> None:
@@ -484,12 +499,28 @@ class Bench:
         self.f["setup_compaction_s"] = round(time.monotonic() - started, 1)
         log(f"etcd compacted to revision {revision} in {self.f['setup_compaction_s']} s")
 
+    def apiserver_of(self, index: int) -> int:
+        """The API server of shoot `index`: round-robin, but the hostile shoot has one of its own (its Nodes are
+        cluster-scoped: every shoot of a shared server would see them)."""
+        if self.args.hostile_nodes and index == self.hostile_index:
+            return self.args.shoot_apiservers
+        return index % self.args.shoot_apiservers
+
+    @property
+    def hostile_index(self) -> int:
+        return self.args.shoots - 1 if self.args.hostile_nodes else -1
+
+    def normal_shoots(self) -> list[ShootSetup]:
+        return [s for s in self.shoots if s.index != self.hostile_index]
+
     def _choose_samples(self) -> None:
-        """Set A (healthy phase) spread over all shoots; set B (unreachable phase) over the reachable ones."""
+        """Set A (healthy phase) spread over all shoots but the hostile one; set B (unreachable phase) over the
+        reachable ones."""
         args = self.args
-        reachable = [s for s in self.shoots if s.index not in self.unreachable]
+        normal = self.normal_shoots()
+        reachable = [s for s in normal if s.index not in self.unreachable]
         for target, count, pool, offset in (
-            (self.samples_a, args.samples, self.shoots, 0),
+            (self.samples_a, args.samples, normal, 0),
             (self.samples_b, args.unreachable_samples if args.unreachable else 0, reachable, 1),
         ):
             for n in range(count):
@@ -656,6 +687,58 @@ class Bench:
                     jobs.append(create_pod)
         await gather_limited(args.concurrency, jobs)
 
+    async def _hostile_nodes(self) -> None:
+        """The hostile shoot's big Nodes: ~`--hostile-node-bytes` of JSON each, in labels (500), annotations
+        (200 kB, under the API server's 256 KiB), 8 True conditions with long messages and images."""
+        args = self.args
+        shoot = self.shoots[self.hostile_index]
+        raw = self.raw_shoots[shoot.apiserver]
+        labels = {f"owner.example.com/label-{k:03d}": "v" * 60 for k in range(500)}
+        annotations = {f"owner.example.com/annotation-{k:02d}": "a" * 9_900 for k in range(20)}
+        rest = max(args.hostile_node_bytes - 250_000, 0)
+        message = "m" * (rest // 2 // 8)
+        conditions = [
+            {**ready_condition("True"), "type": f"OwnerCondition{k}", "reason": "Owner", "message": message}
+            for k in range(8)
+        ]
+        image = {"names": [f"registry.example.com/owner/{'i' * 180}@sha256:{'0' * 64}"], "sizeBytes": 1}
+        images = [image] * max(rest // 2 // 290, 1)
+        sizes: list[int] = []
+
+        async def create(k: int) -> None:
+            name = f"{shoot.node_prefix}-hostile-{k:03d}"
+            body = {"metadata": {"name": name, "labels": labels, "annotations": annotations}}
+            await raw.create("/api/v1/nodes", body)
+            status = {"status": {"conditions": [ready_condition("True"), *conditions], "images": images}}
+            node = await raw.patch(f"/api/v1/nodes/{name}/status", status)
+            sizes.append(len(json.dumps(node)))
+
+        await gather_limited(4, [lambda k=k: create(k) for k in range(args.hostile_nodes)])  # type: ignore[misc]
+        self.f["hostile_node_bytes"] = round(sum(sizes) / len(sizes))
+
+    async def _hostile_report(self) -> None:
+        """How the hostile shoot is reported: its condition, the extension's Warning Event, the gauge."""
+        if not self.args.hostile_nodes:
+            return
+        assert self.reader is not None
+        namespace = self.shoots[self.hostile_index].namespace
+        condition = self.healthy((await self.extensions()).get(namespace, {}))
+        flat = await self.reader.scrape()
+        gauge = next(
+            (
+                value
+                for key, value in flat.items()
+                if key.startswith("machine_preservation_shoot_nodes_over_budget") and namespace in key
+            ),
+            None,
+        )
+        self.f["hostile"] = {
+            "condition": f"{condition.get('status')} {condition.get('reason')}: {condition.get('message')}",
+            "event": (await self.extension_warnings()).get(namespace),
+            "over_budget_gauge": gauge,
+        }
+        log(f"HOSTILE SHOOT: {self.f['hostile']}")
+
     # --- GRM's part: ManagedResources applied ---------------------------------------------------------------------
 
     async def play_grm(self) -> None:
@@ -751,7 +834,7 @@ class Bench:
         ready_at: float | None = None
         served_at: float | None = None
         deadline = time.monotonic() + args.cold_start_limit
-        wanted = {s.namespace for s in self.shoots}
+        wanted = {s.namespace for s in self.normal_shoots()}
         while served_at is None:
             found = await self.extensions()
             if ready_at is None and all(ns in found and gardener.extension_ready(found[ns]) is None for ns in wanted):
@@ -802,6 +885,11 @@ class Bench:
         # 6. unreachable shoots
         if self.unreachable:
             await self._unreachable_phase()
+        await self._hostile_report()
+        try:  # the process the run started still runs (a local process: nothing would restart it)
+            f["extension_lived_through"] = abs(proc_started_monotonic(self.pid) - self.t0) < 1.0
+        except FileNotFoundError:
+            f["extension_lived_through"] = False
         f["rss_end"] = proc_memory(self.pid)
         f["apiserver_rss_mib"] = self.plane_memory()
         f["extension_log"] = _log_summary(install.logs / "extension.log")
@@ -810,7 +898,7 @@ class Bench:
         """The first moment after every shoot is served with the queues empty: by the reconcile counters when the
         process reports them, else by its CPU (< 5 % of a core over 1 s)."""
         assert self.reader is not None
-        machines = self.args.shoots * self.args.machines_per_shoot
+        machines = len(self.normal_shoots()) * self.args.machines_per_shoot  # the hostile shoot's wait unserved
         previous_cpu, previous_at = proc_cpu_seconds(self.pid), time.monotonic()
         while time.monotonic() < deadline:
             await asyncio.sleep(1.0)
@@ -1217,6 +1305,11 @@ def report(args: argparse.Namespace, bench: Bench | None, figures: Figures) -> N
             f"writes in the window {f.get('unreachable_steady_writes_by')}; CPU "
             f"{f.get('unreachable_steady_cpu_share')} cores; served again after {f.get('unreachable_recovered_s')} s"
         )
+    if "hostile" in f:
+        print(
+            f"7. hostile shoot ({args.hostile_nodes} Nodes of {f.get('hostile_node_bytes')} bytes): "
+            f"{f['hostile']}; the extension process lived through the run: {f.get('extension_lived_through')}"
+        )
     print(f"extension log: {f.get('extension_log')}")
     print(f"machine: {f.get('machine_before')} / during {f.get('machine_during')}")
     for note in figures.notes:
@@ -1241,6 +1334,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--slow-seconds", type=float, default=5.0, help="delay of the slow mode")
     parser.add_argument("--unreachable-steady-seconds", type=float, default=120.0)
     parser.add_argument("--report-limit", type=float, default=180.0, help="wait for the conditions to turn")
+    parser.add_argument("--hostile-nodes", type=int, default=0, help="big Nodes in the last shoot (own API server)")
+    parser.add_argument("--hostile-node-bytes", type=int, default=1_300_000, help="JSON bytes of each of them")
     parser.add_argument("--concurrency", type=int, default=64, help="requests in flight while creating objects")
     parser.add_argument("--cold-start-limit", type=float, default=600.0)
     parser.add_argument("--sample-limit", type=float, default=120.0, help="wait for the samples after the last fail")
