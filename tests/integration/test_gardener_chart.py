@@ -207,6 +207,8 @@ def test_the_installation_is_exactly_these_objects(rendered: list[dict[str, Any]
             ("RoleBinding", CERTS, NAMESPACE),
             ("ClusterRole", f"{prefix}:seed-webhooks", ""),
             ("ClusterRoleBinding", f"{prefix}:seed-webhooks", ""),
+            ("ClusterRole", f"{prefix}:shoot-ca", ""),
+            ("ClusterRoleBinding", f"{prefix}:shoot-ca", ""),
             # The seed webhook configuration, created once (the seed's gardener-resource-manager would wipe its
             # caBundle on every sync), and its manifest, which the certs manager keeps it to.
             ("ValidatingWebhookConfiguration", RELEASE, ""),

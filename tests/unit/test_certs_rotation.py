@@ -17,6 +17,7 @@ from machine_preservation.certs.rotation import (
     TLS_CERT_KEY,
     TLS_KEY_KEY,
     CertificateState,
+    Decision,
     RotationPolicy,
     ServingIdentity,
     StoredCertificates,
@@ -228,3 +229,34 @@ def test_rollouts_never_meet_an_untrusted_certificate(steps: list[int]) -> None:
         previous = current
     if now - T0 > POLICY.ca_validity:
         assert len(cas_seen) >= 2, "the CA must have been rotated at least once"
+
+
+def test_the_serving_certificate_moves_to_a_new_ca_only_once_every_shoot_has_applied_it() -> None:
+    state = fresh()
+    rotate_at = state.ca.certificate.not_valid_after_utc - POLICY.ca_rotate_before
+    state, _ = step(StoredCertificates.of(state), now=rotate_at - dt.timedelta(minutes=30))
+    state, _ = step(StoredCertificates.of(state), now=rotate_at)  # step 1: the new CA joins the bundle
+    propagated = rotate_at + dt.timedelta(minutes=6)
+
+    def at(now: dt.datetime, pending: tuple[str, ...]) -> Decision:
+        stored = StoredCertificates.of(state)
+        return decide(stored=stored, policy=POLICY, identity=IDENTITY, now=now, injected=True, shoots_pending=pending)
+
+    # A shoot whose API server may still hold the old bundle keeps the serving certificate on the old CA ...
+    waiting = at(propagated, ("shoot--p--a",))
+    assert not waiting.changes
+    assert waiting.next_check <= propagated + POLICY.propagation_delay
+    # ... until every shoot has applied it,
+    assert at(propagated, ()).new_serving
+    # ... or, for a shoot that never does (hibernated), until the wait's limit: well before the old CA expires.
+    limit = rotate_at + POLICY.shoot_wait
+    assert POLICY.shoot_wait == POLICY.ca_rotate_before / 4
+    assert not at(limit - dt.timedelta(seconds=1), ("shoot--p--a",)).changes
+    late = at(limit + dt.timedelta(seconds=1), ("shoot--p--a",))
+    assert late.new_serving
+    assert any("1 shoot(s) have not applied it" in reason and "shoot--p--a" in reason for reason in late.reasons)
+
+
+def test_a_shoot_wait_limit_beyond_the_rotation_time_is_rejected() -> None:
+    with pytest.raises(ValueError, match="shoot_wait_limit must be shorter than ca_rotate_before"):
+        RotationPolicy(**{**POLICY.__dict__, "shoot_wait_limit": POLICY.ca_rotate_before})

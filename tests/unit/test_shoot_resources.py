@@ -343,3 +343,52 @@ def test_a_shoot_too_old_for_the_node_protection_is_reported_unhealthy() -> None
     assert "Kubernetes 1.29.4" in health.diagnosis  # the Warning Event
     hibernated = sr.shoot_health(hibernated=True, running=False, native=None, problem="", objects=None, gap=gap)
     assert hibernated.served
+
+
+# --- which shoots have applied the webhook CA bundle (for the certs manager) -----------------------------------
+
+
+def _resource(
+    namespace: str,
+    *,
+    bundle: bytes | None = CA,
+    generation: int = 2,
+    observed: int | None = 2,
+    applied: str = "True",
+    deleting: bool = False,
+) -> dict[str, Any]:
+    _, resource = sr.managed_resource(namespace, sr.shoot_objects(ca_bundle=CA, url=URL), ca_bundle=bundle)
+    resource["metadata"]["generation"] = generation
+    if deleting:
+        resource["metadata"]["deletionTimestamp"] = "2026-11-28T00:00:00Z"
+    status: dict[str, Any] = {"conditions": [{"type": "ResourcesApplied", "status": applied}]}
+    if observed is not None:
+        status["observedGeneration"] = observed
+    resource["status"] = status
+    return resource
+
+
+def test_the_managed_resource_names_the_bundle_it_carries() -> None:
+    _, resource = sr.managed_resource(NAMESPACE, sr.shoot_objects(ca_bundle=CA, url=URL), ca_bundle=CA)
+    assert resource["metadata"]["annotations"] == {sr.CA_BUNDLE_ANNOTATION: sr.ca_bundle_digest(CA)}
+
+
+@pytest.mark.parametrize(
+    ("resource", "pending"),
+    [
+        (_resource("a"), False),
+        (_resource("a", bundle=b"old"), True),  # made with another bundle
+        (_resource("a", bundle=None), True),  # made before the annotation existed
+        (_resource("a", observed=1), True),  # its GRM has not seen this generation yet
+        (_resource("a", observed=None), True),
+        (_resource("a", applied="False"), True),
+        (_resource("a", bundle=b"old", deleting=True), False),  # going: not waited for
+    ],
+)
+def test_bundle_pending(resource: dict[str, Any], pending: bool) -> None:
+    assert sr.bundle_pending([resource], ca_bundle=CA) == (("a",) if pending else ())
+
+
+def test_bundle_pending_names_every_waiting_shoot_sorted() -> None:
+    resources = [_resource("c", applied="False"), _resource("a"), _resource("b", bundle=b"old")]
+    assert sr.bundle_pending(resources, ca_bundle=CA) == ("b", "c")

@@ -70,6 +70,7 @@ def settings_from(args: argparse.Namespace) -> ManagerSettings:
         propagation_delay=args.propagation_delay,
         serving_validity=args.serving_validity,
         serving_renew_fraction=args.serving_renew_fraction,
+        shoot_wait_limit=args.shoot_wait_limit,
     )
     namespace, name = args.secret
     return ManagerSettings(
@@ -82,6 +83,7 @@ def settings_from(args: argparse.Namespace) -> ManagerSettings:
         ca_common_name=args.ca_common_name or f"{args.service}.{args.namespace}-ca",
         resync=dt.timedelta(seconds=args.resync),
         serving_secret=args.serving_secret,
+        shoot_resource=args.shoot_managed_resource,
     )
 
 
@@ -150,6 +152,12 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
         help="keep validating/NAME or mutating/NAME (local cluster, created by the chart) exactly as the manifest "
         "FILE describes it (without caBundle; re-read every pass), with the caBundle (repeatable)",
     )
+    loop.add_argument(
+        "--shoot-managed-resource",
+        metavar="NAME",
+        help="in a Gardener seed: the ManagedResource (in every shoot namespace) that carries the CA to the "
+        "shoot; a new CA signs the serving certificate only once each shoot has applied it",
+    )
     loop.add_argument("--ca-common-name", default="", help="default: <service>.<namespace>-ca")
     # RotationPolicy checks these durations against each other, with messages that name both.
     duration = go_duration_argument(accept="any")
@@ -158,6 +166,9 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
     loop.add_argument("--ca-overlap", type=duration, default=DEFAULTS.ca_overlap, metavar="DURATION")
     loop.add_argument("--propagation-delay", type=duration, default=DEFAULTS.propagation_delay, metavar="DURATION")
     loop.add_argument("--serving-validity", type=duration, default=DEFAULTS.serving_validity, metavar="DURATION")
+    loop.add_argument(
+        "--shoot-wait-limit", type=duration, metavar="DURATION", help="default: a quarter of --ca-rotate-before"
+    )
     loop.add_argument("--serving-renew-fraction", type=float, default=DEFAULTS.serving_renew_fraction)
     loop.add_argument("--resync", type=float, default=60.0, help="seconds between passes at most")
     loop.add_argument("--once", action="store_true", help="exit after the first successful pass")

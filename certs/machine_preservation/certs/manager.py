@@ -48,6 +48,7 @@ from machine_preservation.certs.rotation import (
     decide,
     summary,
 )
+from machine_preservation.core import shoot_resources
 from machine_preservation.core.clock import Clock, system_clock
 from machine_preservation.kube.api_errors import NO_ANSWER, ApiError, classify
 
@@ -110,6 +111,9 @@ class ManagerSettings:
     resync: dt.timedelta = dt.timedelta(seconds=60)
     # (namespace, name) of the Secret that receives only the serving pair; None: no such Secret.
     serving_secret: tuple[str, str] | None = None
+    # In a Gardener seed: the name of the ManagedResource that carries the CA to each shoot's API server (its node
+    # webhooks); the serving certificate moves to a new CA only once every shoot has applied it. None: no shoots.
+    shoot_resource: str | None = None
 
     def __post_init__(self) -> None:
         targets = [(ref.kind, ref.name, ref.kubeconfig) for ref in self.configurations]
@@ -174,6 +178,7 @@ class CertificateManager:
     ) -> None:
         self.settings = settings
         self._core = client.CoreV1Api(api_client)
+        self._custom = client.CustomObjectsApi(api_client)
         self._registration = {
             path: client.AdmissionregistrationV1Api(remote) for path, remote in remote_clients.items()
         }
@@ -297,6 +302,27 @@ class CertificateManager:
                 raise Conflict(f"Secret {namespace}/{name} changed meanwhile") from error
             raise
 
+    async def _shoots_pending(self, ca_bundle: bytes) -> tuple[str, ...]:
+        """The shoot namespaces whose ManagedResource has not been applied with `ca_bundle` (as stored): listed by
+        name across namespaces, the only way the chart's RBAC lets it be read."""
+        name = self.settings.shoot_resource
+        if name is None:
+            return ()
+        try:
+            listed = await self._custom.list_cluster_custom_object(
+                "resources.gardener.cloud", "v1alpha1", "managedresources", field_selector=f"metadata.name={name}"
+            )
+        except ApiException as error:
+            if classify(error.status) is ApiError.NOT_FOUND:  # no ManagedResource kind: no shoot to wait for
+                return ()
+            raise
+        items = listed.get("items") if isinstance(listed, Mapping) else None
+        pending = shoot_resources.bundle_pending(items or [], ca_bundle=ca_bundle)
+        if pending:
+            shown = ", ".join(pending[:5]) + (", ..." if len(pending) > 5 else "")
+            logger.info("%d shoot(s) have not applied the current CA bundle yet: %s", len(pending), shown)
+        return pending
+
     # --- one pass -------------------------------------------------------------------------------
 
     async def sync_once(self) -> PassResult:
@@ -311,7 +337,15 @@ class CertificateManager:
             configuration is not None and bundle.trusts(configuration, stored.ca.certificate)
             for configuration in configurations.values()
         )
-        decision = decide(stored=stored, policy=settings.policy, identity=settings.identity, now=now, injected=injected)
+        pending = await self._shoots_pending(data.get(CA_BUNDLE_KEY, b"")) if injected else ()
+        decision = decide(
+            stored=stored,
+            policy=settings.policy,
+            identity=settings.identity,
+            now=now,
+            injected=injected,
+            shoots_pending=pending,
+        )
         state = apply(
             stored=stored,
             decision=decision,

@@ -54,6 +54,10 @@ class RotationPolicy:
     propagation_delay: dt.timedelta = dt.timedelta(minutes=5)
     serving_validity: dt.timedelta = dt.timedelta(days=30)
     serving_renew_fraction: float = 1 / 3
+    # How long step 2 waits for shoots that have not applied the new CA (a hibernated shoot's GRM applies nothing)
+    # before it moves the serving certificate anyway, well before the old CA expires. None: a quarter of
+    # `ca_rotate_before` (7.5 days by default).
+    shoot_wait_limit: dt.timedelta | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -64,12 +68,18 @@ class RotationPolicy:
         # The old serving certificate (capped at the old CA's expiry) must outlive step 2.
         if not self.propagation_delay < self.ca_rotate_before:
             problems.append("propagation_delay must be shorter than ca_rotate_before")
+        if self.shoot_wait_limit is not None and not self.shoot_wait_limit < self.ca_rotate_before:
+            problems.append("shoot_wait_limit must be shorter than ca_rotate_before")
         if not self.serving_validity <= self.ca_validity:
             problems.append("serving_validity must not exceed ca_validity")
         if not 0 < self.serving_renew_fraction < 1:
             problems.append("serving_renew_fraction must be between 0 and 1")
         if problems:
             raise ValueError("; ".join(problems))
+
+    @property
+    def shoot_wait(self) -> dt.timedelta:
+        return self.shoot_wait_limit if self.shoot_wait_limit is not None else self.ca_rotate_before / 4
 
 
 @dataclass(frozen=True)
@@ -181,11 +191,14 @@ def decide(
     identity: ServingIdentity,
     now: dt.datetime,
     injected: bool,
+    shoots_pending: tuple[str, ...] = (),
 ) -> Decision:
     """The rotation decision for `stored` at `now`.
 
     `injected`: every webhook configuration's caBundle already contains the stored signing CA. Until
-    then the serving certificate does not move to a new CA.
+    then the serving certificate does not move to a new CA. `shoots_pending`: the shoots (in a Gardener seed)
+    whose API servers may not trust the stored bundle yet; the move waits for them too, at most
+    `policy.shoot_wait` from the new CA's issuance.
     """
     reasons: list[str] = []
     checks: list[dt.datetime] = []
@@ -252,9 +265,14 @@ def decide(
             elif current is not None:
                 # Step 2 of the rotation: only once clients have had time to learn the new CA.
                 propagated_at = issued_at(current) + policy.propagation_delay
-                if injected and now >= propagated_at:
+                waited_out = now >= issued_at(current) + policy.shoot_wait
+                if injected and now >= propagated_at and (not shoots_pending or waited_out):
                     new_serving = True
                     reasons.append("moving the serving certificate to the new CA")
+                    if shoots_pending:
+                        named = ", ".join(shoots_pending[:5]) + (", ..." if len(shoots_pending) > 5 else "")
+                        waited = policy.shoot_wait
+                        reasons.append(f"{len(shoots_pending)} shoot(s) have not applied it after {waited} ({named})")
                 else:
                     checks.append(max(propagated_at, now + policy.propagation_delay / 10))
     return Decision(

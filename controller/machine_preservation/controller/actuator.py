@@ -210,7 +210,7 @@ class ExtensionActuator:
         url = self.webhook_url.rstrip("/") + shoot_path(namespace)
         version = facts.kubernetes_version if facts is not None else ""
         objects = shoot_resources.shoot_objects(ca_bundle=ca_bundle, url=url, kubernetes_version=version)
-        secret, managed_resource = shoot_resources.managed_resource(namespace, objects)
+        secret, managed_resource = shoot_resources.managed_resource(namespace, objects, ca_bundle=ca_bundle)
         digest = hashlib.sha256(json.dumps([access, secret, managed_resource], sort_keys=True).encode()).hexdigest()
         if self._provisioned.get(namespace) == digest:
             return

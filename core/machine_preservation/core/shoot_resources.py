@@ -62,6 +62,8 @@ GARBAGE_COLLECTABLE_LABEL: Final = "resources.gardener.cloud/garbage-collectable
 MANAGED_RESOURCE_DATA_KEY: Final = "objects.yaml"
 # The condition GRM sets on a ManagedResource once every object is applied in the target cluster.
 RESOURCES_APPLIED: Final = "ResourcesApplied"
+# On our ManagedResource: the sha256 of the webhook CA bundle its objects carry (ca_bundle_digest).
+CA_BUNDLE_ANNOTATION: Final = f"{wc.DOMAIN}/ca-bundle-sha256"
 
 # Names of the objects in the shoot.
 SHOOT_OBJECT_NAME: Final = "extensions.gardener.cloud:machine-preservation"
@@ -366,12 +368,21 @@ def deserialize_objects(data: bytes) -> list[dict[str, Any]]:
     return [json.loads(part.removeprefix("---").strip()) for part in parts if part.removeprefix("---").strip()]
 
 
-def managed_resource(namespace: str, objects: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+def ca_bundle_digest(ca_bundle: bytes) -> str:
+    """What the ManagedResource's CA_BUNDLE_ANNOTATION says: the bundle its node webhooks carry, as the certs
+    manager can tell it from the bytes it stored."""
+    return hashlib.sha256(ca_bundle).hexdigest()
+
+
+def managed_resource(
+    namespace: str, objects: Iterable[Mapping[str, Any]], *, ca_bundle: bytes | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The data Secret and the ManagedResource, as Gardener's `managedresources.NewForShoot` builds them: no class
     (the shoot's GRM applies it in the shoot), the objects deleted with it (`keepObjects: false`; a migration sets
     `true` itself before deleting), `shoot.gardener.cloud/no-cleanup` injected into every object, the creator in
     `origin`; the Secret immutable, named after its content, labels included (a change makes a new one, the seed's
-    GRM collects the old; so the extension never changes a data Secret and needs no right to)."""
+    GRM collects the old; so the extension never changes a data Secret and needs no right to). `ca_bundle`: the
+    webhook CA bundle the objects were made with, named by digest for the certs manager (`bundle_pending`)."""
     data = {MANAGED_RESOURCE_DATA_KEY: base64.b64encode(serialize_objects(objects)).decode()}
     labels = {**MANAGED_BY_LABELS, ORIGIN_LABEL: ORIGIN, GARBAGE_COLLECTABLE_LABEL: "true"}
     checksum = hashlib.sha256(json.dumps([labels, data], sort_keys=True).encode()).hexdigest()[:8]
@@ -391,6 +402,7 @@ def managed_resource(namespace: str, objects: Iterable[Mapping[str, Any]]) -> tu
             "name": MANAGED_RESOURCE,
             "namespace": namespace,
             "labels": {**MANAGED_BY_LABELS, ORIGIN_LABEL: ORIGIN},
+            **({"annotations": {CA_BUNDLE_ANNOTATION: ca_bundle_digest(ca_bundle)}} if ca_bundle is not None else {}),
         },
         "spec": {
             "secretRefs": [{"name": name}],
@@ -439,6 +451,27 @@ def objects_applied(raw: Mapping[str, Any]) -> ObjectsApplied:
     return ObjectsApplied(
         namespace=str(metadata.get("namespace") or ""), applied=applied, message=message, reported=condition is not None
     )
+
+
+def bundle_pending(resources: Iterable[Mapping[str, Any]], *, ca_bundle: bytes) -> tuple[str, ...]:
+    """The namespaces whose ManagedResource (ours, as read) has not been applied in its shoot with `ca_bundle`:
+    not made with it yet, or its GRM has not applied that generation (`status.observedGeneration` behind, or
+    `ResourcesApplied` not True). One being deleted is not waited for."""
+    digest = ca_bundle_digest(ca_bundle)
+    pending = []
+    for resource in resources:
+        metadata = resource.get("metadata") or {}
+        if metadata.get("deletionTimestamp"):
+            continue
+        status = resource.get("status") or {}
+        current = (
+            (metadata.get("annotations") or {}).get(CA_BUNDLE_ANNOTATION) == digest
+            and status.get("observedGeneration") == metadata.get("generation")
+            and objects_applied(resource).applied
+        )
+        if not current:
+            pending.append(str(metadata.get("namespace") or ""))
+    return tuple(sorted(pending))
 
 
 @dataclass(frozen=True)
