@@ -374,3 +374,20 @@ async def test_objects_over_the_byte_budget_fail_the_informer_until_they_are_wit
         # A watch event past the budget fails it again, and the re-lists say so.
         await create_big_machines(api, namespace, ["m8", "m9"])
         await eventually_async(lambda: informer.over_budget, limit=30)
+
+
+async def test_many_small_objects_count_at_least_their_minimum_against_the_budget(
+    api: client.ApiClient, namespace: str
+) -> None:
+    custom = client.CustomObjectsApi(api)
+    for i in range(6):
+        await create_machine(custom, namespace, f"m{i}")
+    informer = machine_informer(
+        api, namespace, page_size=2, byte_budget=50_000, min_object_bytes=10_000, backoff=Backoff(base=0.1, cap=0.5)
+    )
+    async with running(informer):
+        await eventually_async(lambda: informer.over_budget, limit=30)
+        assert not informer.synced
+        await custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "machines", "m5")
+        await asyncio.wait_for(informer.wait_synced(), 30)
+        assert len(informer) == 5

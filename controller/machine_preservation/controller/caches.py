@@ -196,6 +196,9 @@ def shoot_caches(
 # Node list pages: about 2 MiB of JSON each (one page is read and parsed whole), at most 50 Nodes.
 NODE_PAGE_SIZE = 50
 NODE_PAGE_BYTES = 2 * 2**20
+# What a Node counts against its shoot's budget at least (a Gardener Node is 8-32 KiB of JSON): 8,192 Nodes of
+# ~2 KiB cached each in 128 MiB, however small a shoot owner makes them.
+NODE_MIN_BYTES = 16 * 2**10
 
 
 def _nodes(target: client.ApiClient, *, resync_period: float, byte_budget: int | None = None) -> Informer[Node]:
@@ -208,4 +211,5 @@ def _nodes(target: client.ApiClient, *, resync_period: float, byte_budget: int |
         page_size=NODE_PAGE_SIZE,
         page_bytes=NODE_PAGE_BYTES,
         byte_budget=byte_budget,
+        min_object_bytes=NODE_MIN_BYTES,
     )

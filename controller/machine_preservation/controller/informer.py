@@ -129,6 +129,8 @@ class Informer(Generic[T]):
     # the informer fails (BudgetExceeded) until a re-list finds them within it. A page or an event is measured
     # before it is parsed.
     byte_budget: int | None = None
+    # What each object counts against the budget at least: many small objects must not fill the cache either.
+    min_object_bytes: int = 0
     backoff: Backoff = field(default_factory=lambda: Backoff(base=0.2, cap=30.0))
     # The resourceVersion the next watch resumes from ("" = list first).
     resource_version: str = ""
@@ -251,16 +253,17 @@ class Informer(Generic[T]):
                 kwargs["_continue"] = token
             response = await raw_list(*self.source.args, **self.source.kwargs, **kwargs)
             body = await self._read_page(response, listed=listed)
-            listed += len(body)
             page = json.loads(body)
             raws = page.get("items") or []
             size = len(body) // max(len(raws), 1)  # each object's share of the page (its own is not known)
+            listed += max(size, self.min_object_bytes) * len(raws)
+            check_size(listed, self.byte_budget, f"the {self.name} come")
             for raw in raws:
                 parsed = self._parse(raw)
                 if parsed is not None:
                     items[key := object_key(raw)] = parsed
                     if self.byte_budget is not None:
-                        sizes[key] = size
+                        sizes[key] = max(size, self.min_object_bytes)
             metadata = page.get("metadata") or {}
             del page, raws  # the page's JSON is not kept while the next is read
             if self.page_bytes is not None:
@@ -325,8 +328,8 @@ class Informer(Generic[T]):
             if self.byte_budget is not None:
                 self._bytes -= self._sizes.pop(key, 0)
                 if kind != "DELETED":
-                    self._sizes[key] = size
-                    self._bytes += size
+                    self._sizes[key] = max(size, self.min_object_bytes)
+                    self._bytes += self._sizes[key]
                     check_size(self._bytes, self.byte_budget, f"the {self.name} come")
             if kind == "DELETED":
                 old = self._remove(key)
