@@ -284,3 +284,9 @@ def test_maintenance_of_a_pool_is_judged_like_no_change(version: str, value: int
     pool = worker("a", autoPreserveFailedMachineMax=value, machinePreserveTimeout=timeout)
     old = shoot(_image(pool, "0.1"))
     assert check(shoot(_image(pool, version)), old).allowed
+
+
+def test_a_malformed_settings_block_the_pool_already_had_is_not_judged_again() -> None:
+    pool = {"name": "a", "minimum": 1, "maximum": 0, "machineControllerManager": []}
+    assert check(shoot(_image(pool, "1.1")), shoot(_image(pool, "1.0"))).allowed
+    assert not check(shoot(_image(pool, "1.1")), shoot(worker("a"))).allowed

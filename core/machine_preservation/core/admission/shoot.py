@@ -153,7 +153,8 @@ def _worker_errors(
         return []
     mcm_path = path.child(MCM_KEY)
     if not isinstance(settings_block, Mapping):
-        return [invalid(mcm_path, settings_block, "must be an object")]
+        unchanged = isinstance(old_worker, Mapping) and old_worker.get(MCM_KEY) == settings_block
+        return [] if unchanged else [invalid(mcm_path, settings_block, "must be an object")]
     errors: list[FieldError] = []
     max_value = settings_block.get(MAX_KEY)
     if max_value is not None and (old_worker is None or _max_inputs(worker) != _max_inputs(old_worker)):
