@@ -47,6 +47,7 @@ VIRTUAL_NAMESPACE = f"extension-{RELEASE}"
 DEFAULT_HOST = f"{NAME}.{RUNTIME_NAMESPACE}"
 ENABLED_LABEL = "extensions.extensions.gardener.cloud/machine-preservation"
 SHOOTS = ("core.gardener.cloud", "v1beta1", "shoots")
+TLS_SECRET = "machine-preservation-admission-tls"  # the operator's, as in example/extension.yaml
 
 # What gardener-operator v1.147 (to v1.150) merges over the admission values (pkg/operator/controller/extension/
 # extension/admission/admission.go, v1.150: l. 103-113): into the runtime part ...
@@ -77,9 +78,22 @@ class Pki:
         self.key = (directory / "tls.key").read_text()
 
     def values(self, **more: Any) -> dict[str, Any]:
-        """The admission values an operator writes: the certificate, and `more` settings under global."""
-        certificate = {"caBundle": self.ca, "tls": {"crt": self.crt, "key": self.key}}
+        """The admission values an operator writes: the CA and the Secret with the serving pair (which the
+        operator keeps in the runtime cluster; `secret` gives it), and `more` settings under global."""
+        certificate = {"caBundle": self.ca, "secretName": TLS_SECRET}
         return {"global": {"certificate": certificate, **more}}
+
+    def secret(self, namespace: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "kubernetes.io/tls",
+            "metadata": {"name": TLS_SECRET, "namespace": namespace},
+            "data": {
+                key: base64.b64encode(text.encode()).decode()
+                for key, text in (("tls.crt", self.crt), ("tls.key", self.key))
+            },
+        }
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +181,6 @@ def test_the_umbrella_renders_the_parts_it_is_told_to(toolchain: Toolchain, tmp_
     runtime = [
         ("Deployment", NAME, RUNTIME_NAMESPACE),
         ("PodDisruptionBudget", NAME, RUNTIME_NAMESPACE),
-        ("Secret", f"{NAME}-tls", RUNTIME_NAMESPACE),
         ("Service", NAME, RUNTIME_NAMESPACE),
         ("ServiceAccount", NAME, RUNTIME_NAMESPACE),
     ]
@@ -260,19 +273,22 @@ def test_the_parts_render_with_keys_a_later_operator_adds(
 def test_the_certificate_is_required(toolchain: Toolchain, tmp_path: Path, pki: Pki) -> None:
     result = helm(toolchain, tmp_path, RUNTIME, {}, namespace=RUNTIME_NAMESPACE)
     assert result.returncode != 0
-    assert "global.certificate: set secretName" in result.stderr
-    partial = {"global": {"certificate": {"tls": {"crt": pki.crt}}}}
-    assert helm(toolchain, tmp_path, RUNTIME, partial, namespace=RUNTIME_NAMESPACE).returncode != 0
+    assert "global.certificate.secretName is required" in result.stderr
     result = helm(toolchain, tmp_path, APPLICATION, {}, namespace=VIRTUAL_NAMESPACE)
     assert result.returncode != 0
     assert "global.certificate.caBundle is required" in result.stderr
 
 
-def test_an_existing_secret_instead_of_the_pair(toolchain: Toolchain, tmp_path: Path) -> None:
-    documents = render_runtime(toolchain, tmp_path, {"global": {"certificate": {"secretName": "admission-tls"}}})
+@pytest.mark.parametrize("chart", [RUNTIME, APPLICATION], ids=["runtime", "application"])
+def test_the_serving_key_is_never_a_value(toolchain: Toolchain, tmp_path: Path, pki: Pki, chart: Path) -> None:
+    """A key in values would sit in the operator Extension, Helm's history and the ManagedResource's Secret, and
+    nothing would renew it: the pair comes from the operator's Secret only, and no part renders a Secret."""
+    pair = {"global": {"certificate": {"tls": {"crt": pki.crt, "key": pki.key}}}}
+    result = helm(toolchain, tmp_path, chart, merge(pki.values(), pair), namespace=RUNTIME_NAMESPACE)
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr
+    documents = render(toolchain, tmp_path, chart, pki.values(), namespace=RUNTIME_NAMESPACE)
     assert not [d for d in documents if d["kind"] == "Secret"]
-    volumes = standalone.find(documents, "Deployment", NAME)["spec"]["template"]["spec"]["volumes"]
-    assert next(v for v in volumes if v["name"] == "certs")["secret"]["secretName"] == "admission-tls"
 
 
 # --- the runtime part ----------------------------------------------------------------------------------------
@@ -291,14 +307,10 @@ def test_the_server_is_the_webhook_command_with_the_pair_it_is_given(
     assert args.kubeconfig is None
     assert not args.mcm_native_preservation_per_namespace
 
-    secret = standalone.find(documents, "Secret", f"{NAME}-tls")
-    assert secret["type"] == "kubernetes.io/tls"
-    assert base64.b64decode(secret["data"]["tls.crt"]).decode() == pki.crt
-    assert base64.b64decode(secret["data"]["tls.key"]).decode() == pki.key
     pod = standalone.find(documents, "Deployment", NAME)["spec"]["template"]["spec"]
     volume = next(v for v in pod["volumes"] if v["name"] == "certs")
     assert volume["secret"] == {
-        "secretName": f"{NAME}-tls",
+        "secretName": TLS_SECRET,
         "items": [{"key": "tls.crt", "path": "tls.crt"}, {"key": "tls.key", "path": "tls.key"}],
     }
     assert {"name": "certs", "mountPath": "/certs", "readOnly": True} in container(documents)["volumeMounts"]
@@ -469,7 +481,9 @@ async def test_the_registered_webhook_judges_enabled_shoots_only(
     configuration = standalone.find(application, "ValidatingWebhookConfiguration", NAME)
     configuration["metadata"]["name"] = f"{NAME}-{namespace}"
     runtime = render_runtime(toolchain, tmp_path, pki.values())
-    secret = standalone.find(runtime, "Secret", f"{NAME}-tls")
+    # The kubelet's view of the operator's Secret the runtime part mounts.
+    secret = pki.secret(RUNTIME_NAMESPACE)
+    assert container(runtime)["volumeMounts"][0]["name"] == "certs"
     cert_dir = tmp_path / "certs"
     cert_dir.mkdir()
     for key in ("tls.crt", "tls.key"):

@@ -2,7 +2,7 @@
      part's default webhook URL names the Service: keep the two in step. */}}
 {{- define "mpadm.runtime.name" -}}gardener-extension-machine-preservation-admission{{- end -}}
 {{- define "mpadm.runtime.tlsSecret" -}}
-{{- .Values.global.certificate.secretName | default (printf "%s-tls" (include "mpadm.runtime.name" .)) -}}
+{{- required "global.certificate.secretName is required: an existing kubernetes.io/tls Secret with the serving certificate (never a value: see values.yaml)" .Values.global.certificate.secretName -}}
 {{- end -}}
 
 {{- define "mpadm.runtime.labels" -}}
