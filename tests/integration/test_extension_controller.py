@@ -633,7 +633,7 @@ async def test_every_seed_wide_watch_that_ends_is_started_again(
     def break_once(informer: Any) -> None:
         original = informer._apply
 
-        def raising(*args: Any) -> None:
+        def raising(*args: Any, **kwargs: Any) -> None:
             informer._apply = original
             broken.append(informer.name)
             raise RuntimeError(f"{informer.name}: broken by the test")
