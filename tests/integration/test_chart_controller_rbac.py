@@ -239,7 +239,13 @@ def gardener_clusters(kube_client: client.ApiClient, namespace: str) -> Iterator
         created = True
     other = f"other-{uuid.uuid4().hex[:6]}"
     for name in (namespace, other):
-        body = {"apiVersion": "extensions.gardener.cloud/v1alpha1", "kind": "Cluster", "metadata": {"name": name}}
+        # The spec Gardener's own CRD requires (another test may have installed that CRD and left it).
+        body = {
+            "apiVersion": "extensions.gardener.cloud/v1alpha1",
+            "kind": "Cluster",
+            "metadata": {"name": name},
+            "spec": {"cloudProfile": {}, "shoot": {}},
+        }
         eventually(lambda body=body: custom.create_cluster_custom_object(*CLUSTERS, body))  # type: ignore[misc]
     try:
         yield other
