@@ -6,19 +6,17 @@ never an administrator's rights."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 from kubernetes import client
 
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.toolchain import Toolchain
-from tests.integration.chart import template
+from tests.integration.chart import kubectl, template
 
 FULLNAME = "mp"
 CA_SECRET = f"{FULLNAME}-webhook-certs"  # the CA with its key, the trust bundle, the serving pair
@@ -35,18 +33,6 @@ class CertsIdentity:
     def configuration(self) -> str:
         """The name of the release's webhook configurations (validating and mutating), which it may patch."""
         return f"{FULLNAME}.{self.namespace}"
-
-
-def _kubectl(toolchain: Toolchain, kubeconfig: Path, verb: str, documents: list[dict[str, Any]]) -> None:
-    result = subprocess.run(
-        [str(toolchain.kubectl), f"--kubeconfig={kubeconfig}", verb, "-f", "-"],
-        input=yaml.safe_dump_all(documents),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
 
 
 @contextmanager
@@ -71,7 +57,7 @@ def certs_identity(
         )
     ]
     assert {d["kind"] for d in documents} == set(KINDS), "the chart's certs manager identity changed"
-    _kubectl(toolchain, control_plane.kubeconfig, "create", documents)
+    kubectl(toolchain.kubectl, control_plane.kubeconfig, "create", documents=documents)
     try:
         answer = client.CoreV1Api(kube_client).create_namespaced_service_account_token(
             account,
@@ -87,4 +73,4 @@ def certs_identity(
         yield CertsIdentity(namespace=namespace, kubeconfig=kubeconfig)
     finally:
         cluster_scoped = [d for d in documents if d["kind"].startswith("Cluster")]
-        _kubectl(toolchain, control_plane.kubeconfig, "delete", cluster_scoped)
+        kubectl(toolchain.kubectl, control_plane.kubeconfig, "delete", documents=cluster_scoped)

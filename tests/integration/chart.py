@@ -53,3 +53,16 @@ def webhooks_by_name(documents: Iterable[dict[str, Any]]) -> dict[str, dict[str,
         if document["kind"] in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration")
         for webhook in document["webhooks"]
     }
+
+
+def kubectl(kubectl_binary: Path, kubeconfig: Path, *args: str, documents: list[dict[str, Any]]) -> None:
+    """`kubectl <args> -f -` with `documents` on its standard input; asserts it succeeded."""
+    result = subprocess.run(
+        [str(kubectl_binary), f"--kubeconfig={kubeconfig}", *args, "-f", "-"],
+        input=yaml.safe_dump_all(documents),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr

@@ -37,18 +37,6 @@ MOUNT = "/etc/machine-preservation/seed-webhooks"
 DELETION = "deletion.machines.machine-preservation.sapcloud.io"
 
 
-def kubectl(toolchain: Toolchain, kubeconfig: Path, *args: str, documents: list[dict[str, Any]]) -> None:
-    result = subprocess.run(
-        [str(toolchain.kubectl), f"--kubeconfig={kubeconfig}", *args, "-f", "-"],
-        input=yaml.safe_dump_all(documents),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-
-
 def remove(toolchain: Toolchain, kubeconfig: Path, documents: list[dict[str, Any]]) -> None:
     subprocess.run(
         [str(toolchain.kubectl), f"--kubeconfig={kubeconfig}", "delete", "--ignore-not-found", "-f", "-"],
@@ -141,7 +129,7 @@ async def test_the_certs_manager_creates_keeps_and_updates_the_seed_configuratio
     core = sync_client.CoreV1Api(kube_client)
     try:
         # GRM creates the chart's objects.
-        kubectl(toolchain, control_plane.kubeconfig, "create", documents=documents)
+        standalone.kubectl(toolchain.kubectl, control_plane.kubeconfig, "create", documents=documents)
         # The kubelet's view of the ConfigMap, mounted into the certs manager.
         config_map = standalone.find(documents, "ConfigMap", "gardener-extension-machine-preservation-seed-webhooks")
         mounted = tmp_path / "seed-webhooks"
@@ -169,7 +157,7 @@ async def test_the_certs_manager_creates_keeps_and_updates_the_seed_configuratio
 
             # GRM's next sync: every rendered object re-applied with a plain update. The configuration is not among
             # them any more, so its caBundle survives.
-            kubectl(toolchain, control_plane.kubeconfig, "replace", documents=reapplied(documents))
+            standalone.kubectl(toolchain.kubectl, control_plane.kubeconfig, "replace", documents=reapplied(documents))
             assert bundles(registration.read_validating_webhook_configuration(release)) == [trusted, trusted]
             assert (await manager.sync_once()).injected == ()
 
@@ -197,7 +185,7 @@ async def test_the_certs_manager_creates_keeps_and_updates_the_seed_configuratio
             assert conditions[-1].name == "not-a-dry-run"
             assert bundles(live) == [trusted, trusted]
             # GRM's syncs of the upgraded chart leave it so.
-            kubectl(toolchain, control_plane.kubeconfig, "replace", documents=reapplied(documents))
+            standalone.kubectl(toolchain.kubectl, control_plane.kubeconfig, "replace", documents=reapplied(documents))
             assert bundles(registration.read_validating_webhook_configuration(release)) == [trusted, trusted]
             assert (await manager.sync_once()).injected == ()
 
