@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import yaml
 from kubernetes import client
 
@@ -74,3 +75,12 @@ def certs_identity(
     finally:
         cluster_scoped = [d for d in documents if d["kind"].startswith("Cluster")]
         kubectl(toolchain.kubectl, control_plane.kubeconfig, "delete", documents=cluster_scoped)
+
+
+@pytest.fixture
+def certs(
+    toolchain: Toolchain, control_plane: ControlPlane, kube_client: client.ApiClient, namespace: str, tmp_path: Path
+) -> Iterator[CertsIdentity]:
+    """The certs manager's identity of a release in the test's namespace."""
+    with certs_identity(toolchain, control_plane, kube_client, namespace, tmp_path) as identity:
+        yield identity

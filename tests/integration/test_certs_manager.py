@@ -37,9 +37,8 @@ from machine_preservation.certs.manager import (
 from machine_preservation.certs.pairs import load_certificates, validate_serving_pair
 from machine_preservation.certs.rotation import RotationPolicy, ServingIdentity
 from machine_preservation.localcluster.controlplane import ControlPlane, free_port
-from machine_preservation.localcluster.toolchain import Toolchain
 from tests.integration import kube
-from tests.integration.certs_identity import CA_SECRET, SERVING_SECRET, CertsIdentity, certs_identity
+from tests.integration.certs_identity import CA_SECRET, SERVING_SECRET, CertsIdentity
 
 POLICY = RotationPolicy(
     ca_validity=dt.timedelta(hours=10),
@@ -49,18 +48,6 @@ POLICY = RotationPolicy(
     serving_validity=dt.timedelta(hours=2),
 )
 IDENTITY = ServingIdentity(dns_names=("mp.ns.svc",), ip_addresses=("127.0.0.1",))
-
-
-@pytest.fixture
-def certs(
-    toolchain: Toolchain,
-    control_plane: ControlPlane,
-    kube_client: sync_client.ApiClient,
-    namespace: str,
-    tmp_path: Path,
-) -> Iterator[CertsIdentity]:
-    with certs_identity(toolchain, control_plane, kube_client, namespace, tmp_path) as identity:
-        yield identity
 
 
 @pytest.fixture

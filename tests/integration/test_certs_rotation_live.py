@@ -11,7 +11,7 @@ import datetime as dt
 import ssl
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +24,10 @@ from kubernetes.client.exceptions import ApiException
 from machine_preservation.certs.manager import CertificateManager, ManagerSettings, WebhookConfigurationRef, WebhookKind
 from machine_preservation.certs.pairs import fingerprint, load_certificates
 from machine_preservation.certs.rotation import RotationPolicy, ServingIdentity
-from machine_preservation.localcluster.controlplane import ControlPlane, free_port
-from machine_preservation.localcluster.toolchain import Toolchain
+from machine_preservation.localcluster.controlplane import free_port
 from machine_preservation.webhook.certificates import CertificateStore
 from machine_preservation.webhook.metrics import WebhookMetrics
-from tests.integration.certs_identity import CA_SECRET, CertsIdentity, certs_identity
+from tests.integration.certs_identity import CA_SECRET, CertsIdentity
 
 POLICY = RotationPolicy(
     ca_validity=dt.timedelta(seconds=24),
@@ -41,18 +40,6 @@ POLICY = RotationPolicy(
 DENIAL = "rotation-probe says no"
 # A bound on the whole run, so a broken rotation fails instead of hanging; not a performance check.
 GIVE_UP_AFTER = 180.0
-
-
-@pytest.fixture
-def certs(
-    toolchain: Toolchain,
-    control_plane: ControlPlane,
-    kube_client: sync_client.ApiClient,
-    namespace: str,
-    tmp_path: Path,
-) -> Iterator[CertsIdentity]:
-    with certs_identity(toolchain, control_plane, kube_client, namespace, tmp_path) as identity:
-        yield identity
 
 
 @pytest.fixture
