@@ -19,9 +19,30 @@ from kubernetes.aio import client
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.durations import parse_go_duration_nanoseconds
 from machine_preservation.core.mcm_evidence import MCM_DEPLOYMENT
+from machine_preservation.localcluster import gardener
 from machine_preservation.localcluster.controlplane import ControlPlane
-from machine_preservation.localcluster.gardener_landscape import Shoot, annotations_of, machine, mcm_image
+from machine_preservation.localcluster.gardener_landscape import (
+    Shoot,
+    annotations_of,
+    machine,
+    mcm_image,
+    ready,
+    served,
+)
+from machine_preservation.localcluster.mcm_pool import POOL_LABEL, create_pool, wait_for_pool
 from tests.polling import eventually_async
+
+
+async def enable_with_pool(api: client.ApiClient, shoot: Shoot, pool: str, *, replicas: int = 2) -> list[str]:
+    """Enable the extension for the shoot, wait until it is served there, and create a pool of `replicas` running
+    machines; their names, sorted."""
+    ns = shoot.namespace
+    await gardener.apply_extension(api, ns)
+    await ready(api, ns, limit=30)
+    await eventually_async(lambda: served(api, ns), limit=30)
+    labels = {POOL_LABEL: pool}
+    await create_pool(api, ns, pool, replicas=replicas, machine_deployment_labels=labels, node_labels=labels)
+    return sorted(m["metadata"]["name"] for m in await wait_for_pool(api, ns, pool, replicas, target=shoot.api))
 
 
 async def fail_node(api: client.ApiClient, shoot: Shoot, name: str, *, limit: float = 60.0) -> None:

@@ -37,14 +37,12 @@ from machine_preservation.localcluster.gardener_landscape import (
     tainted,
 )
 from machine_preservation.localcluster.mcm_pool import (
-    POOL_LABEL,
-    create_pool,
     list_machines,
     machine_phase,
-    wait_for_pool,
 )
 from machine_preservation.localcluster.mcm_runner import grant_mcm_rbac
 from machine_preservation.localcluster.toolchain import Toolchain
+from tests.e2e.gardener_harness import enable_with_pool
 from tests.polling import eventually_async
 
 POOL = "worker1"
@@ -75,13 +73,7 @@ async def test_a_control_plane_migration_keeps_every_preservation(
 
 async def _scenario(plane: ControlPlane, seed: client.ApiClient, shoot: Any, tmp_path: Path) -> None:
     ns = shoot.namespace
-    await gardener.apply_extension(seed, ns)
-    await ready(seed, ns, limit=30)
-    await eventually_async(lambda: served(seed, ns), limit=30)
-    await create_pool(
-        seed, ns, POOL, replicas=2, machine_deployment_labels={POOL_LABEL: POOL}, node_labels={POOL_LABEL: POOL}
-    )
-    failed, healthy = sorted(m["metadata"]["name"] for m in await wait_for_pool(seed, ns, POOL, 2, target=shoot.api))
+    failed, healthy = await enable_with_pool(seed, shoot, POOL)
 
     # Two preservations: a Failed machine kept by `when-failed` (tainted, drained), a healthy one kept by `now`.
     await annotate_node(shoot, failed, "when-failed")

@@ -28,12 +28,11 @@ from machine_preservation.localcluster.gardener_landscape import (
     new_shoot,
     preserved,
     read_extension,
-    ready,
     served,
 )
-from machine_preservation.localcluster.mcm_pool import POOL_LABEL, create_pool, wait_for_pool
 from machine_preservation.localcluster.toolchain import Toolchain
 from tests.e2e import rbac_audit
+from tests.e2e.gardener_harness import enable_with_pool
 from tests.e2e.rbac_audit import Grant
 from tests.polling import eventually_async
 
@@ -77,13 +76,7 @@ async def test_the_extension_calls_exactly_what_the_seed_chart_grants(
 async def _lifecycle(seed: client.ApiClient, shoot: Shoot) -> None:
     ns = shoot.namespace
     # Enable.
-    await gardener.apply_extension(seed, ns)
-    await ready(seed, ns, limit=30)
-    await eventually_async(lambda: served(seed, ns), limit=30)
-    await create_pool(
-        seed, ns, POOL, replicas=2, machine_deployment_labels={POOL_LABEL: POOL}, node_labels={POOL_LABEL: POOL}
-    )
-    victim = sorted(m["metadata"]["name"] for m in await wait_for_pool(seed, ns, POOL, 2, target=shoot.api))[0]
+    victim = (await enable_with_pool(seed, shoot, POOL))[0]
 
     # Preserve a Failed machine; its preservation expires after 30 s and the controller deletes it.
     await annotate_node(shoot, victim, "when-failed")
