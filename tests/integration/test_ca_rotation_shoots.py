@@ -31,8 +31,7 @@ from tests.integration.test_certs_seed_webhooks import (
     MOUNT,
     admin,
     extension_namespace,
-    kubectl,
-    remove,
+    remove_installation,
     render,
     service_account_kubeconfig,
 )
@@ -115,7 +114,7 @@ async def test_the_serving_certificate_moves_to_a_new_ca_once_every_shoot_applie
 
     cluster_scoped = [d for d in documents if "namespace" not in d["metadata"]]
     try:
-        kubectl(toolchain, control_plane.kubeconfig, "create", documents=documents)
+        standalone.kubectl(toolchain.kubectl, control_plane.kubeconfig, "create", documents=documents)
         config_map = standalone.find(documents, "ConfigMap", "gardener-extension-machine-preservation-seed-webhooks")
         mounted = tmp_path / "seed-webhooks"
         mounted.mkdir()
@@ -171,13 +170,11 @@ async def test_the_serving_certificate_moves_to_a_new_ca_once_every_shoot_applie
             assert issued_by(serving, new_ca)
             assert not issued_by(serving, ca)
     finally:
-        leftovers = [
-            *cluster_scoped,
-            {
-                "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "ValidatingWebhookConfiguration",
-                "metadata": {"name": release},
-            },
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
-        ]
-        await asyncio.to_thread(remove, toolchain, control_plane.kubeconfig, leftovers)
+        await asyncio.to_thread(
+            remove_installation,
+            toolchain,
+            control_plane.kubeconfig,
+            cluster_scoped,
+            release=release,
+            namespace=namespace,
+        )

@@ -48,6 +48,20 @@ def remove(toolchain: Toolchain, kubeconfig: Path, documents: list[dict[str, Any
     )
 
 
+def remove_installation(
+    toolchain: Toolchain, kubeconfig: Path, cluster_scoped: list[dict[str, Any]], *, release: str, namespace: str
+) -> None:
+    """What a test's installation leaves behind: its cluster-scoped objects, the seed webhook configuration and the
+    namespace."""
+    configuration = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": release},
+    }
+    namespaced = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+    remove(toolchain, kubeconfig, [*cluster_scoped, configuration, namespaced])
+
+
 def reapplied(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """What GRM updates on a sync: every object, except those it only creates (`resources.gardener.cloud/ignore`:
     the Secrets the certs manager fills)."""
@@ -196,13 +210,11 @@ async def test_the_certs_manager_creates_keeps_and_updates_the_seed_configuratio
             names = {c.metadata.name for c in registration.list_validating_webhook_configuration().items}
             assert release not in names
     finally:
-        leftovers = [
-            *cluster_scoped,
-            {
-                "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "ValidatingWebhookConfiguration",
-                "metadata": {"name": release},
-            },
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
-        ]
-        await asyncio.to_thread(remove, toolchain, control_plane.kubeconfig, leftovers)
+        await asyncio.to_thread(
+            remove_installation,
+            toolchain,
+            control_plane.kubeconfig,
+            cluster_scoped,
+            release=release,
+            namespace=namespace,
+        )
