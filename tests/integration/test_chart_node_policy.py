@@ -8,6 +8,7 @@ start the project's webhook server on that port and show both at work."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime as dt
 import json
@@ -31,6 +32,7 @@ from machine_preservation.localcluster.toolchain import Toolchain
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import WebhookServer
 from tests.certificates import install, local_serving_pair
+from tests.controller.running import chart_identity
 from tests.integration import kube
 from tests.integration.chart import CHART, helm, set_args
 from tests.integration.test_webhook import ServerThread
@@ -373,13 +375,17 @@ def test_what_the_node_webhook_no_longer_sees_the_policy_catches(
     marker is refused by the policy; a plain user's still reaches the webhook."""
     install(tmp_path, local_serving_pair(release.ca))
     settings = AdmissionSettings(controller_username=release.controller, mcm_usernames=frozenset({MCM, SEED_MCM}))
+    # The release runs no webhook of its own: the server here reads as the chart's webhook ServiceAccount.
+    identity = asyncio.run(
+        chart_identity(control_plane.kubeconfig, release.namespace, leader_election=False, component="webhook")
+    )
     thread = ServerThread(
         lambda: WebhookServer(
             host="127.0.0.1",
             port=release.port,
             cert_dir=tmp_path,
             settings=settings,
-            machine_sets=KubernetesMachineSets(kubeconfig=control_plane.kubeconfig),
+            machine_sets=KubernetesMachineSets(kubeconfig=identity),
             cert_poll_interval=1.0,
         )
     )

@@ -99,6 +99,7 @@ def test_two_releases_in_one_cluster_each_judge_only_their_own_namespace(
     toolchain: Toolchain,
     control_plane: ControlPlane,
     kube_client: client.ApiClient,
+    kubeconfig_for: Callable[..., Path],
     ca: KeyPair,
     tmp_path: Path,
 ) -> None:
@@ -109,8 +110,11 @@ def test_two_releases_in_one_cluster_each_judge_only_their_own_namespace(
         namespaces = [stack.enter_context(_namespace(kube_client)) for _ in range(2)]
         servers: dict[str, ServerThread] = {}
         for namespace in namespaces:
+            # The deletion guard reads as this release's webhook ServiceAccount (its RBAC comes with the install
+            # below).
+            identity = kubeconfig_for(f"system:serviceaccount:{namespace}:mp-webhook")
             thread = ServerThread(
-                lambda namespace=namespace: WebhookServer(  # type: ignore[misc]
+                lambda namespace=namespace, identity=identity: WebhookServer(  # type: ignore[misc]
                     host="127.0.0.1",
                     port=0,
                     cert_dir=tmp_path,
@@ -118,7 +122,7 @@ def test_two_releases_in_one_cluster_each_judge_only_their_own_namespace(
                         controller_username=f"system:serviceaccount:{namespace}:mp-controller",
                         mcm_usernames=frozenset({MCM}),
                     ),
-                    machine_sets=KubernetesMachineSets(kubeconfig=control_plane.kubeconfig),
+                    machine_sets=KubernetesMachineSets(kubeconfig=identity),
                     cert_poll_interval=1.0,
                 )
             )

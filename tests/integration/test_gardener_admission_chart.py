@@ -489,7 +489,18 @@ async def test_the_registered_webhook_judges_enabled_shoots_only(
     for key in ("tls.crt", "tls.key"):
         (cert_dir / key).write_bytes(base64.b64decode(secret["data"][key]))
     args = build_parser().parse_args(container(runtime)["args"])
-    machine_sets = KubernetesMachineSets(kubeconfig=control_plane.kubeconfig)
+    # The runtime part's pod has no token: the server holds no credentials, and the Shoot rule reads nothing.
+    assert (
+        standalone.find(runtime, "Deployment", NAME)["spec"]["template"]["spec"]["automountServiceAccountToken"]
+        is False
+    )
+    kubeconfig = yaml.safe_load(control_plane.kubeconfig.read_text())
+    kubeconfig["users"] = [{"name": "none", "user": {}}]
+    for context in kubeconfig["contexts"]:
+        context["context"]["user"] = "none"
+    no_credentials = tmp_path / "no-credentials.kubeconfig"
+    no_credentials.write_text(yaml.safe_dump(kubeconfig))
+    machine_sets = KubernetesMachineSets(kubeconfig=no_credentials)
     server = WebhookServer(
         host="127.0.0.1",
         port=port,

@@ -9,6 +9,8 @@ are scoped to this module's labelled nodes and two namespaces (one per policy fo
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import functools
 import json
@@ -31,6 +33,7 @@ from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import WebhookServer
 from machine_preservation.webhook.wire import AdmissionRequest
 from tests.certificates import install, local_serving_pair
+from tests.controller.running import chart_identity
 from tests.integration.test_webhook import ALICE, CONTROLLER, MCM, Env, P, ServerThread, _machine
 from tests.polling import eventually
 from tests.webhook import configurations as wc
@@ -76,7 +79,15 @@ def setup(
     registration = client.AdmissionregistrationV1Api(kube_client)
     name = f"mp-internal-errors-{token}"
     namespaces: dict[FailurePolicy, str] = {"Fail": f"ie-fail-{token}", "Ignore": f"ie-ignore-{token}"}
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, contextlib.ExitStack() as cleanup:
+        for namespace in namespaces.values():
+            core.create_namespace(client.V1Namespace.model_validate({"metadata": {"name": namespace}}))
+            cleanup.callback(_delete, functools.partial(core.delete_namespace, namespace))
+        # The server reads as the chart's webhook ServiceAccount of a release serving the first namespace; the
+        # rules registered here never ask it for a deletion verdict.
+        identity = asyncio.run(
+            chart_identity(control_plane.kubeconfig, namespaces["Fail"], leader_election=False, component="webhook")
+        )
         patch.setattr(Endpoints, "preserve_annotation", _crash)
         thread = ServerThread(
             lambda: WebhookServer(
@@ -84,15 +95,14 @@ def setup(
                 port=0,
                 cert_dir=directory,
                 settings=AdmissionSettings(controller_username=CONTROLLER, mcm_usernames=frozenset({MCM})),
-                machine_sets=KubernetesMachineSets(kubeconfig=control_plane.kubeconfig),
+                machine_sets=KubernetesMachineSets(kubeconfig=identity),
                 cert_poll_interval=1.0,
             )
         )
         server = thread.start()
+        cleanup.callback(thread.stop)
         thread.ca_pem = ca.cert_pem.decode()
         try:
-            for namespace in namespaces.values():
-                core.create_namespace(client.V1Namespace.model_validate({"metadata": {"name": namespace}}))
             # Both may do everything (system:masters): what is judged here is admission, not authorization.
             masters = ("system:masters",)
             kubeconfigs = {
@@ -123,9 +133,6 @@ def setup(
             for node in core.list_node(label_selector=f"{LABEL}={token}").items:
                 if node.metadata is not None and node.metadata.name:
                     core.delete_node(node.metadata.name)
-            for namespace in namespaces.values():
-                _delete(functools.partial(core.delete_namespace, namespace))
-            thread.stop()
 
 
 def _delete(action: Callable[[], object]) -> None:

@@ -21,10 +21,13 @@ from machine_preservation.core.mcm_evidence import MACHINE_CRD, MACHINE_SET_CRD,
 from machine_preservation.core.mcm_generation import NativePreservationMode
 from machine_preservation.core.webhook_configurations import CA_ANNOTATION_PATH, shoot_path
 from machine_preservation.kube.clients import new_api_client
+from machine_preservation.localcluster import seed_install
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.webhook.app import WebhookConfig, build_app
 from machine_preservation.webhook.mcm_detection import NativeByNamespace, decide, read_evidence
 from machine_preservation.webhook.metrics import WebhookMetrics
+from tests.controller.running import chart_identity
+from tests.integration.seed_identity import seed_chart_identity
 from tests.webhook.conftest import AiohttpClient, StaticMachineSets
 from tests.webhook.reviews import NODE_KIND, node, review
 
@@ -49,6 +52,11 @@ def _mcm_deployment(image: str) -> dict[str, Any]:
     }
 
 
+def _webhook_identity(control_plane: ControlPlane, namespace: str) -> Path:
+    """The standalone chart's webhook ServiceAccount of a release serving `namespace`."""
+    return asyncio.run(chart_identity(control_plane.kubeconfig, namespace, leader_election=False, component="webhook"))
+
+
 async def _evidence(kubeconfig: Path, namespace: str | None) -> Any:
     api_client = await new_api_client(kubeconfig=kubeconfig)
     async with api_client:
@@ -60,7 +68,8 @@ def test_the_image_of_mcms_deployment_decides(
 ) -> None:
     apps = client.AppsV1Api(kube_client)
     apps.create_namespaced_deployment(namespace, _mcm_deployment("r/machine-controller-manager:v0.61.3"))
-    evidence = asyncio.run(_evidence(control_plane.kubeconfig, namespace))
+    webhook = _webhook_identity(control_plane, namespace)
+    evidence = asyncio.run(_evidence(webhook, namespace))
     assert evidence.mcm_image == "r/machine-controller-manager:v0.61.3"
     # The CRDs read as the installed ones say.
     extensions = client.ApiextensionsV1Api(kube_client)
@@ -78,7 +87,7 @@ def test_the_image_of_mcms_deployment_decides(
     assert evidence.machine_crd_has_expiry is not None
 
     auto = NativePreservationMode.AUTO
-    old = asyncio.run(decide(mode=auto, kubeconfig=control_plane.kubeconfig, namespace=namespace))
+    old = asyncio.run(decide(mode=auto, kubeconfig=webhook, namespace=namespace))
     assert (old.native, old.because) == (False, "MCM's image r/machine-controller-manager:v0.61.3 is v0.61.3")
     apps.patch_namespaced_deployment(
         "machine-controller-manager",
@@ -89,14 +98,14 @@ def test_the_image_of_mcms_deployment_decides(
             }
         },
     )
-    assert asyncio.run(decide(mode=auto, kubeconfig=control_plane.kubeconfig, namespace=namespace)).native
+    assert asyncio.run(decide(mode=auto, kubeconfig=webhook, namespace=namespace)).native
 
 
 def test_without_a_deployment_or_rights_the_crds_decide_and_nothing_fails(
     control_plane: ControlPlane, namespace: str, kubeconfig_for: Any
 ) -> None:
     # No Deployment in the namespace: the CRDs decide.
-    evidence = asyncio.run(_evidence(control_plane.kubeconfig, namespace))
+    evidence = asyncio.run(_evidence(_webhook_identity(control_plane, namespace), namespace))
     assert evidence.mcm_image is None
     assert evidence.machine_crd_has_expiry is not None
     # An identity without any rights: no evidence at all, and "not native".
@@ -144,13 +153,14 @@ def _user_drops_ca() -> dict[str, Any]:
 
 
 async def test_a_shoots_node_requests_follow_that_shoots_mcm(
-    control_plane: ControlPlane, kube_client: client.ApiClient, aiohttp_client: AiohttpClient
+    control_plane: ControlPlane, kube_client: client.ApiClient, aiohttp_client: AiohttpClient, tmp_path: Path
 ) -> None:
     """One webhook, two shoots: `…-by-mcm` is a preservation in the shoot whose MCM is v0.62 and none in the
     v0.61 one; after an upgrade, the v0.61 shoot's node requests follow once the TTL has passed."""
     apps = client.AppsV1Api(kube_client)
     ttl = 3.0
-    natives = NativeByNamespace.from_kubeconfig(control_plane.kubeconfig, ttl=ttl)
+    identity = await seed_chart_identity(control_plane, tmp_path, deployment=seed_install.WEBHOOK_DEPLOYMENT)
+    natives = NativeByNamespace.from_kubeconfig(identity, ttl=ttl)
     app = build_app(
         WebhookConfig(
             settings=AdmissionSettings(),
@@ -198,7 +208,7 @@ async def test_a_shoots_node_requests_follow_that_shoots_mcm(
 
 
 async def test_without_rights_a_namespace_is_not_native_and_nothing_fails(
-    kube_client: client.ApiClient, kubeconfig_for: Any
+    control_plane: ControlPlane, kube_client: client.ApiClient, kubeconfig_for: Any, tmp_path: Path
 ) -> None:
     nobody = kubeconfig_for("system:serviceaccount:nowhere:nobody")
     with _shoots(kube_client, new="r/machine-controller-manager:v0.62.0") as shoots:
@@ -209,8 +219,10 @@ async def test_without_rights_a_namespace_is_not_native_and_nothing_fails(
             assert time.monotonic() - started < 2.0
         finally:
             await natives.close()
-        # The same cluster read with rights says native: the refusal above was no accident of the setup.
-        seeing = NativeByNamespace.from_kubeconfig(kubeconfig_for("admin", ("system:masters",)))
+        # The same cluster read with the seed chart's webhook rights says native: the refusal above was no
+        # accident of the setup.
+        identity = await seed_chart_identity(control_plane, tmp_path, deployment=seed_install.WEBHOOK_DEPLOYMENT)
+        seeing = NativeByNamespace.from_kubeconfig(identity)
         try:
             assert await seeing.native(shoots["new"]) is True
         finally:
