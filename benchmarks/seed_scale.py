@@ -1016,6 +1016,7 @@ class Bench:
         names = {os.getpid(): "benchmark script", self.pid: "extension"}
         if self.install is not None:
             names[self.install.webhook.pid] = "webhook"
+            names[self.install.seed_webhook.pid] = "seed webhook"
         return names
 
     async def _steady(self, phase: str, seconds: float, *, resync_at: float | None) -> None:

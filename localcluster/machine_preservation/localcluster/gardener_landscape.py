@@ -93,12 +93,17 @@ async def seed_client(plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
 # --- one installation per seed ---------------------------------------------------------------------------------------
 
 
+# The installation's processes, by log name: the webhook Deployment's two containers, then the extension.
+PROCESSES = ("webhook", "seed-webhook", "extension")
+
+
 @dataclasses.dataclass
 class Installation:
     """The seed chart's webhook and extension processes, running as the chart's ServiceAccounts."""
 
     namespace: str
-    webhook: subprocess.Popen[bytes]
+    webhook: subprocess.Popen[bytes]  # the shoots' routes (the chart's `webhook` container)
+    seed_webhook: subprocess.Popen[bytes]  # the seed's routes (its `seed-webhook` container)
     extension: subprocess.Popen[bytes]
     logs: Path
     extension_user: str  # the extension process's identity towards the seed (its ServiceAccount)
@@ -110,13 +115,12 @@ class Installation:
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(
-            f"--- {name} ---\n{processes.log_tail(self.logs / f'{name}.log', lines)}"
-            for name in ("webhook", "extension")
+            f"--- {name} ---\n{processes.log_tail(self.logs / f'{name}.log', lines)}" for name in PROCESSES
         )
 
     def exited(self) -> str | None:
         """Why a process of the installation is no longer running (with its log's end), or None."""
-        for name, process in (("webhook", self.webhook), ("extension", self.extension)):
+        for name, process in zip(PROCESSES, (self.webhook, self.seed_webhook, self.extension), strict=True):
             problem = processes.exited(name, process, self.logs / f"{name}.log")
             if problem is not None:
                 return problem
@@ -160,21 +164,25 @@ async def installation(
     logs = directory / "logs"
     cert_dir = directory / "webhook-certs"
     cert_dir.mkdir(parents=True)
-    port = free_port()
-    # The chart's two webhook containers (the seed's routes, the shoots') as one process serving both: the same
-    # server, without the isolation that only matters under a flood.
-    webhook_args = seed_install.replace_args(
-        seed_install.container_args(documents, seed_install.WEBHOOK_DEPLOYMENT),
-        {"--host": "127.0.0.1", "--port": str(port), "--routes": "all", "--cert-dir": str(cert_dir)},
-        extra=["--self-signed", "--san=127.0.0.1", f"--kubeconfig={kubeconfigs['webhook']}"],
-    )
-    webhook = processes.spawn(webhook_args, log_file=logs / "webhook.log")
+    # The chart's two webhook containers as two processes, each on its own port: the shoots' routes and the seed's.
+    # Both serve the pair the first writes into the directory they share (as the pod's containers share /certs).
+    ports = {name: free_port() for name in ("webhook", "seed-webhook")}
+    webhooks: dict[str, subprocess.Popen[bytes]] = {}
     extension: subprocess.Popen[bytes] | None = None
     configuration_name = ""
     try:
-        await processes.wait_webhook_ready(
-            webhook, port=port, cafile=cert_dir / "ca.crt", log_file=logs / "webhook.log"
-        )
+        for name, port in ports.items():
+            webhooks[name] = processes.spawn(
+                seed_install.replace_args(
+                    seed_install.container_args(documents, seed_install.WEBHOOK_DEPLOYMENT, name),
+                    {"--host": "127.0.0.1", "--port": str(port), "--cert-dir": str(cert_dir)},
+                    extra=["--self-signed", "--san=127.0.0.1", f"--kubeconfig={kubeconfigs['webhook']}"],
+                ),
+                log_file=logs / f"{name}.log",
+            )
+            await processes.wait_webhook_ready(
+                webhooks[name], port=port, cafile=cert_dir / "ca.crt", log_file=logs / f"{name}.log"
+            )
         ca = (cert_dir / "ca.crt").read_bytes()
         # What the certs manager keeps: the trust bundle in its Secret, the seed webhooks registered with it.
         extension_args = seed_install.container_args(documents, seed_install.EXTENSION_DEPLOYMENT)
@@ -186,9 +194,10 @@ async def installation(
                 "data": {CA_BUNDLE_KEY: base64.b64encode(ca).decode()},
             },
         )
-        url = f"https://127.0.0.1:{port}"
         configuration = seed_install.served_by(
-            seed_install.seed_webhook_configuration(documents), url=url, ca_bundle=ca
+            seed_install.seed_webhook_configuration(documents),
+            url=f"https://127.0.0.1:{ports['seed-webhook']}",
+            ca_bundle=ca,
         )
         configuration_name = configuration["metadata"]["name"]
         await processes.apply_manifests(api, [configuration])
@@ -198,7 +207,7 @@ async def installation(
                 extension_args,
                 {
                     "--namespace": namespace,
-                    "--webhook-url": url,
+                    "--webhook-url": f"https://127.0.0.1:{ports['webhook']}",
                     "--metrics-bind-address": "127.0.0.1",
                     "--metrics-port": str(metrics_port),
                 },
@@ -210,7 +219,8 @@ async def installation(
         extension_account = seed_install.service_account_of(documents, seed_install.EXTENSION_DEPLOYMENT)
         yield Installation(
             namespace=namespace,
-            webhook=webhook,
+            webhook=webhooks["webhook"],
+            seed_webhook=webhooks["seed-webhook"],
             extension=extension,
             logs=logs,
             extension_user=f"system:serviceaccount:{namespace}:{extension_account}",
@@ -220,7 +230,8 @@ async def installation(
     finally:
         if extension is not None:
             await processes.stop_process("extension", extension)
-        await processes.stop_process("webhook", webhook)
+        for name, process in webhooks.items():
+            await processes.stop_process(name, process)
         if configuration_name:
             with contextlib.suppress(ApiException, OSError):
                 await client.AdmissionregistrationV1Api(api).delete_validating_webhook_configuration(configuration_name)

@@ -156,10 +156,11 @@ def find(documents: Iterable[Mapping[str, Any]], kind: str, name: str) -> dict[s
     raise LookupError(f"the chart renders no {kind} {name}")
 
 
-def container_args(documents: Iterable[Mapping[str, Any]], deployment: str) -> list[str]:
-    """The first container's arguments of a rendered Deployment."""
-    spec = find(documents, "Deployment", deployment)["spec"]["template"]["spec"]
-    return list(spec["containers"][0].get("args") or [])
+def container_args(documents: Iterable[Mapping[str, Any]], deployment: str, container: str | None = None) -> list[str]:
+    """The arguments of a rendered Deployment's container named `container` (None: its first)."""
+    containers = find(documents, "Deployment", deployment)["spec"]["template"]["spec"]["containers"]
+    chosen = containers[0] if container is None else next(c for c in containers if c["name"] == container)
+    return list(chosen.get("args") or [])
 
 
 def service_account_of(documents: Iterable[Mapping[str, Any]], deployment: str) -> str:

@@ -125,8 +125,9 @@ async def started(directory: Path, toolchain: Toolchain, *, start: float) -> Asy
             landscape.installation(plane, seed, toolchain, directory / "installation")
         )
         say(
-            f"the product installed once, as gardenlet installs the seed chart: webhook and extension in "
-            f"namespace {installed.namespace}, as the chart's ServiceAccounts"
+            f"the product installed once, as gardenlet installs the seed chart: webhook (the shoots' and the "
+            f"seed's routes, one process each) and extension in namespace {installed.namespace}, as the chart's "
+            f"ServiceAccounts"
         )
         shoots = {}
         for key, namespace in SHOOTS.items():
@@ -483,7 +484,7 @@ The Gardener playground is running: one seed, shoots a and b, the extension enab
     -p '{{"status":{{"conditions":[{{"type":"Ready","status":"False","reason":"KubeletNotReady"}}]}}}}'  # fail it
 
 Nothing plays the kubelets: a node stays as its status was last written.
-Logs: {land.installation.logs} (webhook, extension); {land.directory / "shoots"}/<a|b>/{{grm,mcm}}/logs
+Logs: {land.installation.logs} (webhook, seed-webhook, extension); {land.directory / "shoots"}/<a|b>/{{grm,mcm}}/logs
 Press Ctrl-C to tear everything down.
 """,
         flush=True,
