@@ -249,12 +249,24 @@ async def test_a_shoot_too_old_for_the_node_protection_is_reported_and_served_wi
         assert "ClusterRole" in kinds
         assert "ValidatingWebhookConfiguration" not in kinds
         assert await shoot_webhooks(shoot) is None
+        # ... and counted, for the seed's alerting.
+        registry = extension.controller.metrics.registry  # type: ignore[union-attr]
+
+        def missing() -> float | None:
+            labels = {"namespace": shoot.namespace}
+            return registry.get_sample_value("machine_preservation_shoot_node_protection_missing", labels)
+
+        await eventually_async(lambda: missing() == 1, limit=30)
 
         # After the upgrade, gardenlet's next reconcile installs the rest and the shoot is served.
         await _set_kubernetes_version(api, shoot.namespace, "1.30.2")
         await gardener.apply_extension(api, shoot.namespace)
         await eventually_async(lambda: shoot_webhooks(shoot), limit=30)
         await eventually_async(lambda: served(api, shoot.namespace), limit=30)
+        await eventually_async(lambda: missing() == 0, limit=30)
+        # Disabled: the shoot's series goes with its lifecycle.
+        await gardener.delete_extension(api, shoot.namespace)
+        await eventually_async(lambda: missing() is None, limit=30)
 
 
 async def _applied(api: client.ApiClient, namespace: str) -> dict[str, Any] | None:

@@ -155,6 +155,9 @@ class ExtensionActuator:
         """ControlPlaneHealthy: whether the shoot is served (core.shoot_resources.shoot_health)."""
         namespace = extension.metadata.namespace
         state = self.supervisor.state(namespace)
+        gap = shoot_resources.kubernetes_gap(facts.kubernetes_version) if facts is not None else ""
+        if state.running:  # stopping the shoot's lifecycle drops its series
+            self.supervisor.metrics.shoot_node_protection_missing.labels(namespace).set(1 if gap else 0)
         health = shoot_resources.shoot_health(
             hibernated=facts is not None and facts.lifecycle.hibernated,
             running=state.running,
@@ -162,7 +165,7 @@ class ExtensionActuator:
             problem=state.problem,
             objects=self.managed_resources.get(f"{namespace}/{shoot_resources.MANAGED_RESOURCE}"),
             slow=state.slow,
-            gap=shoot_resources.kubernetes_gap(facts.kubernetes_version) if facts is not None else "",
+            gap=gap,
         )
         patch = contract.control_plane_healthy(
             extension, status=health.status, reason=health.reason, message=health.message, now=self.clock()

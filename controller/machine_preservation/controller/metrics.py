@@ -125,6 +125,13 @@ class Metrics:
             ["namespace"],
             registry=r,
         )
+        self.shoot_node_protection_missing = Gauge(
+            "machine_preservation_shoot_node_protection_missing",
+            "1 while a served shoot runs without its node webhooks and node annotation policy: its Kubernetes is older"
+            " than 1.30 (writes of the preserve annotation on its Nodes are not checked).",
+            ["namespace"],
+            registry=r,
+        )
         self.loop_lag = Histogram(
             "machine_preservation_event_loop_lag_seconds",
             "How late the event loop ran a timer (one is due every 0.1 s): how long the process's own work held up"

@@ -150,7 +150,11 @@ class ShootSupervisor:
         shoot = self._shoots.pop(namespace, None)
         if shoot is None:
             return
-        for gauge in (self.metrics.shoot_api_server_slow, self.metrics.shoot_nodes_over_budget):
+        for gauge in (
+            self.metrics.shoot_api_server_slow,
+            self.metrics.shoot_nodes_over_budget,
+            self.metrics.shoot_node_protection_missing,
+        ):
             with contextlib.suppress(KeyError):
                 gauge.remove(namespace)
         shoot.halt.set()
