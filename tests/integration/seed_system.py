@@ -16,6 +16,7 @@ from tests.polling import eventually
 SEED_SYSTEM_CRDS = (
     "example/seed-crds/10-crd-autoscaling.k8s.io_verticalpodautoscalers.yaml",
     "example/seed-crds/10-crd-monitoring.coreos.com_prometheusrules.yaml",
+    "example/seed-crds/10-crd-monitoring.coreos.com_servicemonitors.yaml",
 )
 
 

@@ -24,6 +24,8 @@ import yaml
 from kubernetes import client, config
 
 from machine_preservation.certs import commands as certs_commands
+from machine_preservation.certs.authority import service_dns_names
+from machine_preservation.certs.rotation import CA_BUNDLE_KEY
 from machine_preservation.cli.main import build_parser
 from machine_preservation.core import shoot_resources
 from machine_preservation.core.admission.settings import AdmissionSettings
@@ -215,6 +217,8 @@ def test_the_installation_is_exactly_these_objects(rendered: list[dict[str, Any]
             ("ConfigMap", SEED_WEBHOOKS, NAMESPACE),
             # What a seed's monitoring, VPA and disruption handling take from an extension.
             ("Service", f"{NAME}-metrics", NAMESPACE),
+            ("Service", f"{WEBHOOK}-metrics", NAMESPACE),
+            ("ServiceMonitor", WEBHOOK, NAMESPACE),
             ("PodDisruptionBudget", NAME, NAMESPACE),
             ("VerticalPodAutoscaler", NAME, NAMESPACE),
             ("VerticalPodAutoscaler", WEBHOOK, NAMESPACE),
@@ -1235,13 +1239,56 @@ def test_controller_registration_example_uses_only_gardeners_fields() -> None:
 
 
 def _exported_metric_names() -> set[str]:
-    """Every series name the extension process can export (the registry's families, with their samples' suffixes)."""
+    """Every series name the extension and webhook processes can export (the registries' families, with their
+    samples' suffixes)."""
     from machine_preservation.controller.metrics import Metrics
+    from machine_preservation.webhook.metrics import WebhookMetrics
 
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     return {
-        family.name + suffix for family in Metrics().registry.collect() for suffix in suffixes.get(family.type, ("",))
+        family.name + suffix
+        for registry in (Metrics().registry, WebhookMetrics().registry)
+        for family in registry.collect()
+        for suffix in suffixes.get(family.type, ("",))
     }
+
+
+def test_the_seed_prometheus_scrapes_both_webhook_processes(rendered: list[dict[str, Any]]) -> None:
+    """Each container's TLS port, through a metrics Service the seed Prometheus may reach, by a ServiceMonitor that
+    verifies the serving certificate the certs manager issues for the webhook Service."""
+    webhook = f"{NAME}-webhook"
+    pod = standalone.find(rendered, "Deployment", webhook)["spec"]["template"]
+    ports = {port["name"]: port["containerPort"] for c in pod["spec"]["containers"] for port in c["ports"]}
+    assert set(ports) == {"https", "seed"}
+    service = standalone.find(rendered, "Service", f"{webhook}-metrics")
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert {(p["name"], p["targetPort"], p["port"]) for p in service["spec"]["ports"]} == {
+        (name, name, port) for name, port in ports.items()
+    }
+    annotations = service["metadata"]["annotations"]
+    allowed = json.loads(annotations["networking.resources.gardener.cloud/from-all-seed-scrape-targets-allowed-ports"])
+    assert sorted(p["port"] for p in allowed) == sorted(ports.values())
+    assert json.loads(annotations["networking.resources.gardener.cloud/namespace-selectors"]) == [
+        {"matchLabels": {"kubernetes.io/metadata.name": "garden"}}
+    ]
+    monitor = standalone.find(rendered, "ServiceMonitor", webhook)
+    assert monitor["metadata"]["labels"]["prometheus"] == "seed"
+    selected = [
+        d
+        for d in rendered
+        if d["kind"] == "Service"
+        and monitor["spec"]["selector"]["matchLabels"].items() <= d["metadata"].get("labels", {}).items()
+    ]
+    assert [d["metadata"]["name"] for d in selected] == [f"{webhook}-metrics"], "only the metrics Service"
+    assert sorted(e["port"] for e in monitor["spec"]["endpoints"]) == sorted(ports)
+    certs_args = pod_spec(rendered, f"{NAME}-certs")["containers"][0]["args"]
+    secret = next(a.split("/", 1)[1] for a in certs_args if a.startswith("--secret="))
+    service_name = next(a.split("=", 1)[1] for a in certs_args if a.startswith("--service="))
+    names = service_dns_names(service=service_name, namespace=NAMESPACE)
+    for endpoint in monitor["spec"]["endpoints"]:
+        assert (endpoint["scheme"], endpoint["path"]) == ("https", "/metrics")
+        assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": secret, "key": CA_BUNDLE_KEY}
+        assert endpoint["tlsConfig"]["serverName"] in names
 
 
 def test_the_seed_prometheus_scrapes_the_extension(rendered: list[dict[str, Any]]) -> None:
