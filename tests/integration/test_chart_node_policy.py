@@ -89,6 +89,8 @@ def release(toolchain: Toolchain, control_plane: ControlPlane, kube_client: clie
     namespace = f"t-{uuid.uuid4().hex[:10]}"
     core.create_namespace({"metadata": {"name": namespace}})
     legacy = [f"{PREFIX}legacy-{uuid.uuid4().hex[:8]}" for _ in range(LEGACY_NODES)]
+    # An earlier test's release may have just gone: wait until the API server has dropped its policy too.
+    eventually(lambda: _auto_value_probe(core) is None)
     for name in legacy:
         core.create_node(_node(name, LEGACY))
     # A plain user who may create and patch Nodes (as an SRE might), nothing more.
