@@ -75,10 +75,10 @@ from typing import Any
 import aiohttp
 from kubernetes.aio import client
 
-from machine_preservation.controller.informer import Informer, Source
 from machine_preservation.core import shoot_resources
 from machine_preservation.core.extension import CONTROL_PLANE_HEALTHY
 from machine_preservation.kube.clients import MERGE_PATCH, new_api_client
+from machine_preservation.kube.informer import Informer, Source
 from machine_preservation.localcluster import gardener, hosts
 from machine_preservation.localcluster import product as processes
 from machine_preservation.localcluster.controlplane import ControlPlane, _die_with_parent

@@ -15,12 +15,12 @@ from kubernetes.aio import client
 
 from machine_preservation.controller.caches import Caches
 from machine_preservation.controller.handlers import Queues, is_resync, wire_handlers
-from machine_preservation.controller.informer import Informer, Source
 from machine_preservation.controller.node_pods import NodePods
 from machine_preservation.controller.queue import WorkQueue
 from machine_preservation.controller.reader import PodsNotListed
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, Pod
+from machine_preservation.kube.informer import Informer, Source
 from tests.controller.faketimer import FakeTimer
 
 NODE = "n1"

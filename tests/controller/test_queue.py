@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from machine_preservation.controller.backoff import Backoff
 from machine_preservation.controller.queue import WorkQueue
+from machine_preservation.kube.backoff import Backoff
 from tests.controller.faketimer import FakeTimer
 
 

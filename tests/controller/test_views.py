@@ -10,11 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from machine_preservation.controller.caches import Caches
-from machine_preservation.controller.informer import Informer, Source
 from machine_preservation.controller.reader import MACHINE_NODE_INDEX, MACHINE_SET_INDEX
 from machine_preservation.controller.views import SeedInformers
 from machine_preservation.core.gardener import ClusterView, read_cluster
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node
+from machine_preservation.kube.informer import Informer, Source
 
 
 def _unused_list(*_: Any, **__: Any) -> None:

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.informer import BudgetExceeded, watch_event, watch_events
+from machine_preservation.kube.informer import BudgetExceeded, watch_event, watch_events
 
 Event = tuple[str, Mapping[str, Any]]
 

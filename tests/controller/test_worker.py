@@ -9,10 +9,10 @@ import datetime as dt
 from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.apply import ObjectGone, StepFailed
-from machine_preservation.controller.backoff import Backoff
 from machine_preservation.controller.metrics import Metrics
 from machine_preservation.controller.queue import WorkQueue, run_worker
 from machine_preservation.core import plan as p
+from machine_preservation.kube.backoff import Backoff
 from tests.controller.faketimer import FakeTimer
 
 

@@ -12,9 +12,9 @@ from typing import Any
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.backoff import Backoff
-from machine_preservation.controller.informer import Informer, Source
 from machine_preservation.core.models import Machine
+from machine_preservation.kube.backoff import Backoff
+from machine_preservation.kube.informer import Informer, Source
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.crds import crd_manifests
 from tests.controller.support import GROUP, VERSION, aio_client, create_machine

@@ -29,7 +29,6 @@ from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.events import EventRecorder, Regarding
-from machine_preservation.controller.informer import Informer
 from machine_preservation.controller.shoots import ShootSupervisor
 from machine_preservation.core import extension as contract
 from machine_preservation.core import shoot_resources
@@ -41,6 +40,7 @@ from machine_preservation.core.gardener import ShootFacts
 from machine_preservation.core.webhook_configurations import shoot_path
 from machine_preservation.kube.api_errors import ApiError, classify, read_json
 from machine_preservation.kube.clients import MERGE_PATCH
+from machine_preservation.kube.informer import Informer
 
 EXTENSION_VERSION = contract.API_VERSION.rpartition("/")[2]
 

@@ -10,7 +10,6 @@ from typing import Any, Protocol, TypeVar
 
 from kubernetes.aio import client
 
-from machine_preservation.controller.informer import Handler, Indexer, Informer, Source
 from machine_preservation.controller.reader import (
     DEPLOYMENT_INDEX,
     MACHINE_NODE_INDEX,
@@ -32,6 +31,7 @@ from machine_preservation.core.priority import (
     unpreserved_priorities,
     unpreserved_priority_ceiling,
 )
+from machine_preservation.kube.informer import Handler, Indexer, Informer, Source
 
 T = TypeVar("T")
 

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.backoff import Backoff
 from machine_preservation.controller.reader import POD_NODE_INDEX, NodePodReader
 from machine_preservation.core.clock import Clock, system_clock
 from machine_preservation.core.models import Node, Pod
 from machine_preservation.kube.api_errors import ApiError, classify
+from machine_preservation.kube.backoff import Backoff
 
 logger = logging.getLogger(__name__)
 

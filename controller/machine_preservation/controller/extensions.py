@@ -22,11 +22,11 @@ from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.actuator import EXTENSION_VERSION, ExtensionActuator, patch_status
-from machine_preservation.controller.informer import Informer
 from machine_preservation.core import extension as contract
 from machine_preservation.core.gardener import ShootFacts
 from machine_preservation.kube.api_errors import ApiError, classify, read_json
 from machine_preservation.kube.clients import MERGE_PATCH
+from machine_preservation.kube.informer import Informer
 
 logger = logging.getLogger(__name__)
 

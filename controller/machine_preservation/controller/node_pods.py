@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 from kubernetes.aio import client
 
-from machine_preservation.controller.informer import Handler, Informer, Source
 from machine_preservation.controller.reader import POD_NODE_INDEX, PodsNotListed
 from machine_preservation.core.models import Pod
+from machine_preservation.kube.informer import Handler, Informer, Source
 
 logger = logging.getLogger(__name__)
 

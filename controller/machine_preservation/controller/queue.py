@@ -35,11 +35,11 @@ from typing import Generic, Protocol, TypeVar
 from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.apply import ObjectGone, StepFailed
-from machine_preservation.controller.backoff import Backoff
 from machine_preservation.controller.metrics import Metrics
 from machine_preservation.controller.reader import PodsNotListed
 from machine_preservation.controller.slots import ReconcileSlots
 from machine_preservation.kube.api_errors import ApiError, classify
+from machine_preservation.kube.backoff import Backoff
 
 logger = logging.getLogger(__name__)
 

@@ -27,9 +27,7 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.certs.rotation import CA_BUNDLE_KEY
 from machine_preservation.controller.actuator import EXTENSION_VERSION, ExtensionActuator, decode_ca_bundle
-from machine_preservation.controller.backoff import Backoff
 from machine_preservation.controller.extensions import ExtensionReconciler
-from machine_preservation.controller.informer import Informer, Source
 from machine_preservation.controller.leader import LeaderElector, WriteFence, run_elected
 from machine_preservation.controller.metrics import Metrics, Probes, metrics_app, start_metrics_server
 from machine_preservation.controller.queue import WorkQueue, run_worker, stop_workers
@@ -51,7 +49,9 @@ from machine_preservation.core.gardener import (
 )
 from machine_preservation.core.mcm_generation import NativePreservationMode
 from machine_preservation.kube.api_errors import NO_ANSWER, ApiError, classify
+from machine_preservation.kube.backoff import Backoff
 from machine_preservation.kube.clients import MERGE_PATCH, new_api_client
+from machine_preservation.kube.informer import Informer, Source
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.backoff import Backoff
 from machine_preservation.controller.crd_check import ControlFactsCache
 from machine_preservation.controller.leader import WriteFence
 from machine_preservation.controller.metrics import Metrics
@@ -31,6 +30,7 @@ from machine_preservation.controller.shoot_access import ShootAccessUnavailable,
 from machine_preservation.controller.slots import ReconcileSlots
 from machine_preservation.controller.views import SeedInformers
 from machine_preservation.kube.api_errors import NO_ANSWER
+from machine_preservation.kube.backoff import Backoff
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,6 @@ from typing import Any, Generic, TypeVar
 
 from kubernetes.aio import client
 
-from machine_preservation.controller.informer import Handler, Indexer, Informer, Source
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.gardener import (
     CLUSTER_API_GROUP,
@@ -33,6 +32,7 @@ from machine_preservation.core.gardener import (
     read_cluster,
 )
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
+from machine_preservation.kube.informer import Handler, Indexer, Informer, Source
 
 T = TypeVar("T")
 

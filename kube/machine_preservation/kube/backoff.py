@@ -1,4 +1,4 @@
-"""Exponential backoff, shared by the work queue (per key), the informers (reconnects) and the drain
+"""Exponential backoff, shared by the controller's work queue (per key), the informers (reconnects) and the drain
 (evictions a PodDisruptionBudget refused)."""
 
 from __future__ import annotations

@@ -4,10 +4,10 @@ List (paginated), then watch from the list's resourceVersion with bookmarks; res
 from the last resourceVersion seen (events and bookmarks), re-list on 410 Gone, reconnect with
 backoff on any other failure (an apiserver restart is just a failed watch), and call the handlers
 for every object on a periodic resync. Lists and watches are read raw (`*_without_preload_content`), objects
-parsed into the core's pydantic models on arrival and the raw JSON dropped, so the cache holds only what the
-controller reads.
+parsed into the core's pydantic models on arrival and the raw JSON dropped, so the cache holds only what its
+reader (the controller, the webhook) reads.
 
-`kubernetes.informer.SharedInformer` is thread-based; this one lives in the controller's event loop.
+`kubernetes.informer.SharedInformer` is thread-based; this one lives in its process's event loop.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Any, Generic, TypeVar, cast
 import aiohttp
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.backoff import Backoff
 from machine_preservation.kube.api_errors import NO_ANSWER, ApiError, classify, ensure_ok
+from machine_preservation.kube.backoff import Backoff
 
 logger = logging.getLogger(__name__)
 
