@@ -376,6 +376,29 @@ async def test_objects_over_the_byte_budget_fail_the_informer_until_they_are_wit
         await eventually_async(lambda: informer.over_budget, limit=30)
 
 
+async def test_a_cache_over_its_budget_is_listed_again_by_its_own_backoff(
+    api: client.ApiClient, namespace: str
+) -> None:
+    """Each re-list of a cache over its budget reads up to the budget again: it waits by `budget_backoff`, not by
+    the short backoff of a failed watch."""
+    await create_big_machines(api, namespace, [f"m{i}" for i in range(8)])
+    informer = machine_informer(
+        api,
+        namespace,
+        page_size=2,
+        byte_budget=300_000,
+        backoff=Backoff(base=0.05, cap=0.05),
+        budget_backoff=Backoff(base=1.5, cap=1.5),
+    )
+    async with running(informer):
+        await eventually_async(lambda: informer.over_budget, limit=30)
+        first = informer.stats.errors
+        await asyncio.sleep(4.0)
+        # Each wait is 1.2-1.8 s (jittered): 1 to 3 more attempts in 4 s, where 0.05 s would have made dozens.
+        assert 1 <= informer.stats.errors - first <= 3
+        assert informer.over_budget
+
+
 async def test_many_small_objects_count_at_least_their_minimum_against_the_budget(
     api: client.ApiClient, namespace: str
 ) -> None:

@@ -31,6 +31,7 @@ from machine_preservation.core.priority import (
     unpreserved_priorities,
     unpreserved_priority_ceiling,
 )
+from machine_preservation.kube.backoff import Backoff
 from machine_preservation.kube.informer import Handler, Indexer, Informer, Source
 
 T = TypeVar("T")
@@ -199,6 +200,9 @@ NODE_PAGE_BYTES = 2 * 2**20
 # What a Node counts against its shoot's budget at least (a Gardener Node is 8-32 KiB of JSON): 8,192 Nodes of
 # ~2 KiB cached each in 128 MiB, however small a shoot owner makes them.
 NODE_MIN_BYTES = 16 * 2**10
+# A shoot whose Nodes stay over the budget is listed again 30 s after, then after twice as long each time, at most
+# every 5 minutes: each attempt reads up to the budget (128 MiB, ~1 s of CPU) in the process every shoot shares.
+NODE_BUDGET_BACKOFF = Backoff(base=30.0, cap=300.0)
 
 
 def _nodes(target: client.ApiClient, *, resync_period: float, byte_budget: int | None = None) -> Informer[Node]:
@@ -212,4 +216,5 @@ def _nodes(target: client.ApiClient, *, resync_period: float, byte_budget: int |
         page_bytes=NODE_PAGE_BYTES,
         byte_budget=byte_budget,
         min_object_bytes=NODE_MIN_BYTES,
+        budget_backoff=NODE_BUDGET_BACKOFF,
     )

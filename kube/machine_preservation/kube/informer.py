@@ -132,6 +132,9 @@ class Informer(Generic[T]):
     # What each object counts against the budget at least: many small objects must not fill the cache either.
     min_object_bytes: int = 0
     backoff: Backoff = field(default_factory=lambda: Backoff(base=0.2, cap=30.0))
+    # The re-lists after the objects came to more than the byte budget (None: `backoff`): each reads up to the
+    # budget again, so a cache that stays over it can be retried more patiently.
+    budget_backoff: Backoff | None = None
     # The resourceVersion the next watch resumes from ("" = list first).
     resource_version: str = ""
     # Bumped on every change to the store (not on resyncs): what is derived from the cache is valid while it stays.
@@ -226,7 +229,7 @@ class Informer(Generic[T]):
                     self.failing, self.over_budget = str(error), True
                     self.resource_version = ""  # what was dropped unread is known again only by a re-list
                     logger.warning("%s: %s, re-listing later", self.name, error)
-                    await asyncio.sleep(self._jittered(failures))
+                    await asyncio.sleep(self._jittered(failures, self.budget_backoff))
                 except (*NO_ANSWER, ValueError) as error:  # ValueError: an unreadable answer
                     failures += 1
                     self.stats.errors += 1
@@ -236,8 +239,8 @@ class Informer(Generic[T]):
         finally:
             resync.cancel()
 
-    def _jittered(self, failures: int) -> float:
-        return self.backoff.delay(failures) * random.uniform(0.8, 1.2)
+    def _jittered(self, failures: int, backoff: Backoff | None = None) -> float:
+        return (backoff or self.backoff).delay(failures) * random.uniform(0.8, 1.2)
 
     async def _list(self) -> None:
         raw_list = self.source.raw_list_function()
@@ -412,3 +415,22 @@ class Informer(Generic[T]):
                 handler(old, new)
             except Exception:
                 logger.exception("%s: event handler failed", self.name)
+
+
+async def supervise(informer: Informer[Any], backoff: Backoff) -> None:
+    """Run `informer` until cancelled. One that ends (an answer or a bug its own retries do not cover) is started
+    again with backoff and lists anew; until it has, its cache, which no longer follows the API server, counts as
+    not synced."""
+    failures = 0
+    while True:
+        try:
+            await informer.run()
+            raise RuntimeError("the informer returned")  # it runs until cancelled
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            failures += 1
+            delay = backoff.delay(failures)
+            logger.error("informer %s ended (%r); starting it again in %.1f s", informer.name, error, delay)
+            informer.relist()
+            await asyncio.sleep(delay)
