@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 import pytest
@@ -25,7 +26,7 @@ from machine_preservation.core.admission.deletion import (
     machine_set_to_read,
 )
 from machine_preservation.core.admission.settings import AdmissionSettings
-from machine_preservation.core.gardener import ShootLifecycle, shoot_lifecycle
+from machine_preservation.core.gardener import ShootLifecycle, cluster_as_read, read_cluster, shoot_lifecycle
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
 from machine_preservation.core.preservation_record import PreservationRecord
 from machine_preservation.core.preserve_value import last_known_node
@@ -789,6 +790,43 @@ def test_the_cluster_is_left_unread_only_where_it_changes_nothing(
             assert (
                 assess(candidate, machine_set=namespace, cluster=cluster, settings_=chosen).allowed == without.allowed
             )
+
+
+_PROVIDER_CONFIGS = st.sampled_from(
+    [
+        None,
+        {"apiVersion": "machine-preservation.extensions.gardener.cloud/v1alpha1", "kind": "PreservationConfig"},
+        "not a config",
+    ]
+)
+
+
+@given(namespace=namespaces(), cluster=_CLUSTERS, provider_config=_PROVIDER_CONFIGS, as_string=st.booleans())
+def test_the_guard_judges_the_same_from_the_cluster_as_cached(
+    namespace: MachineSetView, cluster: dict[str, Any] | None, provider_config: Any, as_string: bool
+) -> None:
+    """The webhook's cache keeps only `cluster_as_read` of each Cluster; the guard must answer the same from it."""
+    if cluster is None:
+        return
+    shoot = cluster["spec"]["shoot"]
+    shoot["metadata"]["managedFields"] = [{"manager": "gardenlet"}]
+    shoot["spec"]["extensions"] = [{"type": "machine-preservation", "providerConfig": provider_config}]
+    cluster["spec"]["seed"] = {"spec": {"provider": {"type": "aws"}}}
+    if as_string:
+        cluster["spec"]["shoot"] = json.dumps(shoot)
+    cached = cluster_as_read(cluster)
+    assert set(cached["spec"]) == {"shoot"}
+    assert read_cluster(cached) == read_cluster(cluster)
+    for candidate in namespace.machines:
+        full = assess(candidate, machine_set=namespace, cluster=cluster)
+        assert assess(candidate, machine_set=namespace, cluster=cached) == full
+
+
+def test_a_cluster_as_cached_keeps_what_does_not_parse_as_it_is() -> None:
+    for spec in ({}, {"shoot": "{not json"}, {"shoot": []}, {"shoot": {"spec": "x", "metadata": 1}}, []):
+        raw = {"metadata": {"name": "shoot--p--s"}, "spec": spec}
+        assert read_cluster(cluster_as_read(raw)) == read_cluster(raw)
+        assert shoot_lifecycle(cluster_as_read(raw)) == shoot_lifecycle(raw)
 
 
 # --- Gardener's extension mode: the shoot's Extension ------------------------------------------------------------

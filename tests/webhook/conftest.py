@@ -13,8 +13,9 @@ from aiohttp.test_utils import TestClient
 
 from machine_preservation.core.admission.deletion import MachineSetView, ShootExtension
 from machine_preservation.core.admission.settings import AdmissionSettings
+from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
 from machine_preservation.webhook.app import WebhookConfig, build_app
-from machine_preservation.webhook.machine_sets import SourceUnavailable, view_from_lists
+from machine_preservation.webhook.machine_sets import SourceUnavailable, parsed, view_of
 from machine_preservation.webhook.metrics import WebhookMetrics
 from tests.webhook.reviews import CONTROLLER, MCM
 
@@ -44,17 +45,23 @@ class StaticMachineSets:
     cluster_reads: list[str] = field(default_factory=list)
     extension_reads: list[str] = field(default_factory=list)
 
+    async def start(self) -> None:
+        pass
+
+    def synced(self) -> bool:
+        return True
+
     async def read(self, *, namespace: str, name: str) -> MachineSetView | None:
         self.reads.append((namespace, name))
         if self.failure:
             raise SourceUnavailable(self.failure)
         if self.crash:
             raise RuntimeError("a bug")
-        return view_from_lists(
+        return view_of(
             name=name,
-            machine_sets=self.machine_sets,
-            machines=self.machines,
-            machine_deployments=self.machine_deployments,
+            machine_sets=[parsed(MachineSet, raw) for raw in self.machine_sets],
+            machines=[parsed(Machine, raw) for raw in self.machines],
+            machine_deployments=[parsed(MachineDeployment, raw) for raw in self.machine_deployments],
         )
 
     async def read_cluster(self, *, namespace: str) -> dict[str, Any] | None:

@@ -51,7 +51,7 @@ from machine_preservation.core.mcm_generation import NativePreservationMode
 from machine_preservation.kube.api_errors import NO_ANSWER, ApiError, classify
 from machine_preservation.kube.backoff import Backoff
 from machine_preservation.kube.clients import MERGE_PATCH, new_api_client
-from machine_preservation.kube.informer import Informer, Source
+from machine_preservation.kube.informer import Informer, Source, supervise
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class SeedController:
     metrics_port: int = 0
     leading: bool = False
     supervisor: ShootSupervisor | None = None
-    # The seed-wide caches while leading, each run by `_supervise`.
+    # The seed-wide caches while leading, each run by `supervise` (restarted with backoff, until then not synced).
     informers: tuple[Informer[Any], ...] = ()
     # Restarts of an informer that ended, 0.5 s doubling to 30 s.
     informer_backoff: Backoff = field(default_factory=lambda: Backoff(base=0.5, cap=30.0))
@@ -271,7 +271,9 @@ class SeedController:
         managed_resources.add_handler(report_objects)
         running: tuple[Informer[Any], ...] = (extensions, clusters, ca_secrets, managed_resources, *seed_informers.all)
         self.informers = running
-        informers = [asyncio.create_task(self._supervise(i), name=f"informer-{i.name}") for i in running]
+        informers = [
+            asyncio.create_task(supervise(i, self.informer_backoff), name=f"informer-{i.name}") for i in running
+        ]
         heartbeat = asyncio.create_task(self._heartbeat(seed), name="heartbeat")
         workers: list[asyncio.Task[None]] = []
         synced = asyncio.Event()
@@ -309,24 +311,6 @@ class SeedController:
             for task in (waiting, heartbeat, *informers):
                 task.cancel()
             await asyncio.gather(waiting, heartbeat, *informers, return_exceptions=True)
-
-    async def _supervise(self, informer: Informer[Any]) -> None:
-        """Run the informer for as long as we lead. One that ends (an answer or a bug its own retries do not cover)
-        is started again with backoff and lists anew; until it has, readiness says false and its cache, which no
-        longer follows the seed, counts as not synced."""
-        failures = 0
-        while True:
-            try:
-                await informer.run()
-                raise RuntimeError("the informer returned")  # it runs until cancelled
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                failures += 1
-                delay = self.informer_backoff.delay(failures)
-                logger.error("informer %s ended (%r); starting it again in %.1f s", informer.name, error, delay)
-                informer.relist()
-                await asyncio.sleep(delay)
 
     async def _heartbeat(self, seed: client.ApiClient) -> None:
         """Renew `gardener-extension-heartbeat`: without it gardenlet reads our conditions as Unknown."""

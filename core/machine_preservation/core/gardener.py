@@ -169,6 +169,45 @@ def _first_line(error: Exception) -> str:
     return str(error).splitlines()[0][:200] if str(error) else type(error).__name__
 
 
+def cluster_as_read(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a `Cluster` that `read_cluster` and `shoot_lifecycle` read, as the API serves them, so that
+    both read the same from it as from the whole: its name; the Shoot's metadata (without managedFields), its
+    workers, extensions, hibernation and last operation. What a cache of every shoot's Cluster keeps: a Cluster
+    also carries the shoot's whole CloudProfile and Seed."""
+    metadata = mapping_of(raw.get("metadata"))
+    trimmed: dict[str, Any] = {"metadata": {"name": metadata.get("name")}}
+    spec = raw.get("spec")
+    if not isinstance(spec, Mapping) or "shoot" not in spec:
+        return trimmed
+    shoot = spec["shoot"]
+    if not isinstance(shoot, Mapping):  # e.g. raw JSON as a string, as some clients write a RawExtension: kept whole
+        return {**trimmed, "spec": {"shoot": shoot}}
+    kept: dict[str, Any] = {}
+    if "metadata" in shoot:
+        shoot_metadata = shoot["metadata"]
+        kept["metadata"] = (
+            {key: value for key, value in shoot_metadata.items() if key != "managedFields"}
+            if isinstance(shoot_metadata, Mapping)
+            else shoot_metadata
+        )
+    if "spec" in shoot:
+        shoot_spec = shoot["spec"]
+        if isinstance(shoot_spec, Mapping):
+            kept_spec = {key: shoot_spec[key] for key in ("hibernation", "extensions") if key in shoot_spec}
+            if "provider" in shoot_spec:
+                provider = shoot_spec["provider"]
+                kept_spec["provider"] = (
+                    {"workers": provider.get("workers")} if isinstance(provider, Mapping) else provider
+                )
+            kept["spec"] = kept_spec
+        else:
+            kept["spec"] = shoot_spec
+    last_operation = mapping_of(mapping_of(shoot.get("status")).get("lastOperation"))
+    if "type" in last_operation:
+        kept["status"] = {"lastOperation": {"type": last_operation["type"]}}
+    return {**trimmed, "spec": {"shoot": kept}}
+
+
 # --- What the Shoot is going through ---------------------------------------------------------------------
 
 

@@ -422,7 +422,9 @@ def build_app(config: WebhookConfig, *, routes: Routes = "all") -> web.Applicati
     async def readyz(_: web.Request) -> web.Response:
         if config.ready():
             return web.Response(text="ok")
-        return web.Response(status=503, text="no valid serving certificate loaded")
+        return web.Response(
+            status=503, text="no valid serving certificate loaded, or the deletion guard's caches not synced yet"
+        )
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=config.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})

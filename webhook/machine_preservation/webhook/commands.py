@@ -145,7 +145,12 @@ async def serve(args: argparse.Namespace) -> None:
         port=args.port,
         cert_dir=args.cert_dir,
         settings=settings,
-        machine_sets=KubernetesMachineSets(kubeconfig=args.kubeconfig, gardener_extension=args.gardener_extension),
+        machine_sets=KubernetesMachineSets(
+            kubeconfig=args.kubeconfig,
+            gardener_extension=args.gardener_extension,
+            # Standalone, the guard watches the control namespace from the start (as Gardener's extension: the seed).
+            namespaces=(args.control_namespace,) if args.control_namespace else (),
+        ),
         native=native,
         max_body_bytes=args.max_body_bytes,
         cert_poll_interval=args.cert_poll_interval,
@@ -321,6 +326,7 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument(
         "--control-namespace",
         default=None,
-        help="the namespace MCM's Deployment runs in, for --mcm-native-preservation=auto (default: CRDs only)",
+        help="the namespace MCM's Deployment runs in, for --mcm-native-preservation=auto (default: CRDs only); "
+        "standalone, the deletion guard watches it from the start (ready once read)",
     )
     parser.set_defaults(handler=run)

@@ -1,19 +1,25 @@
-"""What the deletion guard reads on demand: a Machine's MachineSet with the namespace's machines, MachineSets
-and MachineDeployments (budget and replica counts), the Shoot's Gardener `Cluster` resource, and (only when
-serving as Gardener's extension) the namespace's `Extension` of type machine-preservation: whether the extension
-is still enabled for the Shoot in this seed.
+"""What the deletion guard reads: a Machine's MachineSet with the namespace's machines, MachineSets and
+MachineDeployments (budget and replica counts), the Shoot's Gardener `Cluster` resource, and (only when serving
+as Gardener's extension) the namespace's `Extension` of type machine-preservation: whether the extension is still
+enabled for the Shoot in this seed.
 
-A guarded Machine DELETE is rare, so the webhook reads on demand with kubernetes.aio (in the server's event
-loop) instead of keeping a cache.
+All of it from watch-based caches (`kube.informer`), never a request per review: MCM deletes machines in bursts
+(a rolling update, a scale-down), and three LISTs of a namespace per delete cost the API server more the larger
+the namespace. As Gardener's extension the caches are seed-wide (one list and watch per resource for every shoot
+namespace); standalone they cover the namespaces the installation guards, and any other a request names from its
+first request on. They keep only what the guard reads. Until a cache has synced the guard cannot decide and says
+so, as when the API server does not answer: MCM's delete is refused and retried (fail closed).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Awaitable, Callable
+import contextlib
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
@@ -23,18 +29,22 @@ from pydantic import ValidationError
 from machine_preservation.core import extension as gardener_extension
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.deletion import EXTENSION_NAME, MachineSetView, ShootExtension
-from machine_preservation.core.gardener import CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL
+from machine_preservation.core.gardener import CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL, cluster_as_read
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
-from machine_preservation.kube.api_errors import NO_ANSWER, ApiError, classify
+from machine_preservation.kube.api_errors import NO_ANSWER, ApiError, classify, ensure_ok
+from machine_preservation.kube.backoff import Backoff
 from machine_preservation.kube.clients import new_api_client
+from machine_preservation.kube.informer import Informer, Source, supervise
 
-# The Machine webhook's timeoutSeconds is 10; leave room to answer.
-READ_TIMEOUT_SECONDS = 3.0
-# The API server answers 429 with a Retry-After of about a second while a resource's watch cache
-# (re)initializes, e.g. for the first list after a CRD is installed or the API server restarted: worth a short
-# wait, a few times, within the webhook's time.
-BUSY_ATTEMPTS = 3
-BUSY_WAIT_MAX_SECONDS = 1.0
+logger = logging.getLogger(__name__)
+
+# The Machine webhook's timeoutSeconds is 10: a review waits this long at most for caches that have not synced.
+SYNC_WAIT_SECONDS = 3.0
+PROBE_TIMEOUT_SECONDS = 10.0
+_NAMESPACE_INDEX = "namespace"
+
+M = TypeVar("M", bound=Machine | MachineSet | MachineDeployment)
+T = TypeVar("T")
 
 
 class SourceUnavailable(Exception):
@@ -42,14 +52,22 @@ class SourceUnavailable(Exception):
 
 
 class MachineSetSource(Protocol):
+    async def start(self) -> None:
+        """Begin watching what the guard reads, ahead of the first review."""
+        ...
+
+    def synced(self) -> bool:
+        """Whether what is watched from the start has been read, so that the guard can decide."""
+        ...
+
     async def read(self, *, namespace: str, name: str) -> MachineSetView | None:
         """The MachineSet `name` with the namespace's machines, MachineSets and MachineDeployments; None when it
         does not exist."""
         ...
 
     async def read_cluster(self, *, namespace: str) -> dict[str, Any] | None:
-        """Gardener's `Cluster` named after the control namespace, as served; None when there is none (not
-        Gardener)."""
+        """Gardener's `Cluster` named after the control namespace, as far as the guard reads it; None when there
+        is none (not Gardener)."""
         ...
 
     async def read_extension(self, *, namespace: str) -> ShootExtension | None:
@@ -60,162 +78,275 @@ class MachineSetSource(Protocol):
     async def close(self) -> None: ...
 
 
-def view_from_lists(
+@dataclass(frozen=True)
+class Unreadable:
+    """An object that does not fit its model, kept in its place: the guard cannot count without it."""
+
+    namespace: str
+    problem: str
+
+
+def parsed(model: type[M], raw: Mapping[str, Any]) -> M | Unreadable:
+    try:
+        return cast(M, model.model_validate(raw))
+    except ValidationError as error:
+        namespace = (raw.get("metadata") or {}).get("namespace") or ""
+        return Unreadable(namespace, f"unexpected object from the API server: {error.errors()[0]['msg']}")
+
+
+def _readable(objects: Iterable[T | Unreadable]) -> list[T]:
+    readable: list[T] = []
+    for item in objects:
+        if isinstance(item, Unreadable):
+            raise SourceUnavailable(item.problem)
+        readable.append(item)
+    return readable
+
+
+def view_of(
     *,
     name: str,
-    machine_sets: list[dict[str, Any]],
-    machines: list[dict[str, Any]],
-    machine_deployments: list[dict[str, Any]] | None = None,
+    machine_sets: Iterable[MachineSet | Unreadable],
+    machines: Iterable[Machine | Unreadable],
+    machine_deployments: Iterable[MachineDeployment | Unreadable] = (),
 ) -> MachineSetView | None:
-    """Build the view from raw list items; None when the named MachineSet is not among them."""
-    try:
-        sets = [MachineSet.model_validate(item) for item in machine_sets]
-        members = [Machine.model_validate(item) for item in machines]
-        deployments = [MachineDeployment.model_validate(item) for item in machine_deployments or []]
-    except ValidationError as error:
-        raise SourceUnavailable(f"unexpected object from the API server: {error.errors()[0]['msg']}") from None
+    """The view of a namespace's objects; None when the named MachineSet is not among them."""
+    sets, members, deployments = _readable(machine_sets), _readable(machines), _readable(machine_deployments)
     own = next((s for s in sets if s.metadata.name == name), None)
     if own is None:
         return None
     return MachineSetView(machine_set=own, machines=members, siblings=sets, machine_deployments=deployments)
 
 
-async def _patiently(call: Callable[[], Awaitable[Any]]) -> Any:
-    """`call()`, again after the API server's Retry-After (at most a second) while it answers 429."""
-    for attempt in range(1, BUSY_ATTEMPTS + 1):
-        try:
-            return await call()
-        except ApiException as error:
-            if classify(error.status) is not ApiError.TOO_MANY_REQUESTS or attempt == BUSY_ATTEMPTS:
-                raise
-            await asyncio.sleep(_retry_after(error))
-    raise AssertionError("unreachable")
+def _namespace_of(obj: Machine | MachineSet | MachineDeployment | Unreadable) -> tuple[str]:
+    return (obj.namespace if isinstance(obj, Unreadable) else obj.metadata.namespace,)
 
 
-def _retry_after(error: ApiException) -> float:
+@dataclass
+class _GardenerKind(Generic[T]):
+    """An informer of one of Gardener's kinds, which an API server outside Gardener does not serve: a LIST of one
+    finds out; while the kind is not served there is nothing to read, and the LIST is sent again with backoff
+    (up to every 30 s), in case the CRD is installed later."""
+
+    informer: Informer[T]
+    served: bool | None = None  # None: not known yet
+
+    async def run(self, backoff: Backoff) -> None:
+        source, failures = self.informer.source, 0
+        while not self.served:
+            try:
+                response = await source.raw_list_function()(
+                    *source.args, **source.kwargs, limit=1, _request_timeout=PROBE_TIMEOUT_SECONDS
+                )
+                try:
+                    await ensure_ok(response)
+                finally:
+                    response.release()
+                self.served = True
+            except ApiException as error:
+                if classify(error.status) is ApiError.NOT_FOUND:
+                    self.served = False
+                failures += 1
+                await asyncio.sleep(backoff.delay(failures))
+            except NO_ANSWER:
+                failures += 1
+                await asyncio.sleep(backoff.delay(failures))
+        await supervise(self.informer, backoff)
+
+    @property
+    def synced(self) -> bool:
+        return self.served is False or (self.served is True and self.informer.synced)
+
+    def get(self, key: str) -> T | None:
+        return self.informer.get(key) if self.served else None
+
+
+@dataclass
+class _Caches:
+    """The informers of one scope: the whole seed, or one namespace."""
+
+    machines: Informer[Machine | Unreadable]
+    machine_sets: Informer[MachineSet | Unreadable]
+    machine_deployments: Informer[MachineDeployment | Unreadable]
+    clusters: _GardenerKind[dict[str, Any]]
+    extensions: _GardenerKind[ShootExtension | Unreadable] | None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @property
+    def informers(self) -> tuple[Informer[Any], ...]:
+        return (self.machines, self.machine_sets, self.machine_deployments)
+
+    def synced(self) -> bool:
+        extensions_synced = self.extensions is None or self.extensions.synced
+        return all(i.synced for i in self.informers) and self.clusters.synced and extensions_synced
+
+    def start(self, backoff: Backoff) -> None:
+        self.tasks = [asyncio.create_task(supervise(i, backoff), name=f"webhook-{i.name}") for i in self.informers]
+        for kind in (self.clusters, self.extensions):
+            if kind is not None:
+                self.tasks.append(asyncio.create_task(kind.run(backoff), name=f"webhook-{kind.informer.name}"))
+
+    async def wait_synced(self, scope: str) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SYNC_WAIT_SECONDS
+        while not self.synced():
+            if loop.time() >= deadline:
+                raise SourceUnavailable(f"the caches of {scope} have not synced yet")
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+def _parse_extension(raw: Mapping[str, Any]) -> ShootExtension | Unreadable:
     try:
-        seconds = float((error.headers or {}).get("Retry-After", BUSY_WAIT_MAX_SECONDS))
-    except (TypeError, ValueError):
-        seconds = BUSY_WAIT_MAX_SECONDS
-    return min(max(seconds, 0.0), BUSY_WAIT_MAX_SECONDS)
-
-
-def _items(listing: object) -> list[dict[str, Any]]:
-    items = listing.get("items") if isinstance(listing, dict) else None
-    return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
-
-
-def _object_missing(error: ApiException) -> bool:
-    """A 404 about the object itself (a Status naming its kind), not about the resource: the API server answers a
-    path of a kind it does not serve (no CRD) with a bare "404 page not found"."""
-    try:
-        status = json.loads(error.body or "")
-    except (TypeError, ValueError):
-        return False
-    details = status.get("details") if isinstance(status, dict) else None
-    return (
-        isinstance(details, dict)
-        and details.get("kind") == gardener_extension.PLURAL
-        and details.get("group") == gardener_extension.API_GROUP
-    )
+        return ShootExtension.read(raw)
+    except ValidationError as error:
+        namespace = (raw.get("metadata") or {}).get("namespace") or ""
+        return Unreadable(namespace, f"unexpected object from the API server: {error.errors()[0]['msg']}")
 
 
 class KubernetesMachineSets:
-    """MachineSetSource backed by the API server (kubeconfig file, in-cluster config, or the default).
+    """MachineSetSource backed by informers on the API server (kubeconfig file, in-cluster config, or the
+    default).
 
-    `gardener_extension`: serving as Gardener's extension (one installation per seed), where a shoot namespace
-    without our Extension has the extension disabled. Off, `read_extension` reads nothing and answers None: a
-    seed may well have Gardener's Extension kind without this installation being the extension (a standalone
-    installation per shoot namespace), and there the guard must stay as it is."""
+    `gardener_extension`: serving as Gardener's extension (one installation per seed): the caches are
+    seed-wide, and a shoot namespace without our Extension has the extension disabled. Off, the caches are per
+    namespace (`namespaces` from the start, any other from its first review) and `read_extension` reads nothing
+    and answers None: a seed may well have Gardener's Extension kind without this installation being the
+    extension (a standalone installation per shoot namespace), and there the guard must stay as it is."""
 
-    def __init__(self, *, kubeconfig: Path | None = None, gardener_extension: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        kubeconfig: Path | None = None,
+        gardener_extension: bool = False,
+        namespaces: Sequence[str] = (),
+        backoff: Backoff | None = None,
+    ) -> None:
         self._kubeconfig = kubeconfig
         self._gardener_extension = gardener_extension
+        self._namespaces = tuple(namespaces)
+        self._backoff = backoff or Backoff(base=0.5, cap=30.0)
         self._api_client: client.ApiClient | None = None
+        # By namespace; the seed-wide caches under None.
+        self._caches: dict[str | None, _Caches] = {}
         self._lock = asyncio.Lock()
 
-    async def _api(self) -> client.CustomObjectsApi:
-        async with self._lock:
-            if self._api_client is None:
-                self._api_client = await new_api_client(kubeconfig=self._kubeconfig)
-            return client.CustomObjectsApi(self._api_client)
+    def _scopes(self) -> tuple[str | None, ...]:
+        """What is watched from the start: the seed, or the namespaces given."""
+        return (None,) if self._gardener_extension else self._namespaces
 
-    async def read(self, *, namespace: str, name: str) -> MachineSetView | None:
-        def listing(plural: str) -> Any:
-            return _patiently(
-                lambda: api.list_namespaced_custom_object(
-                    v.MACHINE_API_GROUP, v.MACHINE_API_VERSION, namespace, plural, _request_timeout=READ_TIMEOUT_SECONDS
+    async def start(self) -> None:
+        for scope in self._scopes():
+            try:
+                await self._caches_of(scope)
+            except SourceUnavailable as error:  # tried again by the first review; not ready until then
+                logger.warning("the deletion guard cannot watch yet: %s", error)
+
+    def synced(self) -> bool:
+        return all(scope in self._caches and self._caches[scope].synced() for scope in self._scopes())
+
+    async def _caches_of(self, namespace: str | None) -> _Caches:
+        async with self._lock:
+            caches = self._caches.get(namespace)
+            if caches is None:
+                try:
+                    if self._api_client is None:
+                        self._api_client = await new_api_client(kubeconfig=self._kubeconfig)
+                except (ConfigException, *NO_ANSWER) as error:
+                    raise SourceUnavailable(f"no API client: {error}") from None
+                caches = self._caches[namespace] = self._new_caches(
+                    client.CustomObjectsApi(self._api_client), namespace
+                )
+                caches.start(self._backoff)
+            return caches
+
+    def _new_caches(self, api: client.CustomObjectsApi, namespace: str | None) -> _Caches:
+        def machine_source(plural: str) -> Source:
+            if namespace is None:
+                return Source(api.list_cluster_custom_object, (v.MACHINE_API_GROUP, v.MACHINE_API_VERSION, plural))
+            return Source(
+                api.list_namespaced_custom_object, (v.MACHINE_API_GROUP, v.MACHINE_API_VERSION, namespace, plural)
+            )
+
+        def informer(plural: str, model: type[M]) -> Informer[M | Unreadable]:
+            cache: Informer[M | Unreadable] = Informer(
+                name=plural if namespace is None else f"{namespace}/{plural}",
+                source=machine_source(plural),
+                parse=lambda raw: parsed(model, raw),
+            )
+            cache.add_indexer(_NAMESPACE_INDEX, _namespace_of)
+            return cache
+
+        # Standalone, the one Cluster named after the namespace (RBAC grants it by name).
+        by_name = {} if namespace is None else {"field_selector": f"metadata.name={namespace}"}
+        clusters: Informer[dict[str, Any]] = Informer(
+            name="clusters" if namespace is None else f"{namespace}/cluster",
+            source=Source(
+                api.list_cluster_custom_object, (CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL), by_name
+            ),
+            parse=cluster_as_read,
+        )
+        extensions = None
+        if self._gardener_extension:
+            extensions = _GardenerKind(
+                Informer(
+                    name="extensions",
+                    source=Source(
+                        api.list_cluster_custom_object,
+                        (
+                            gardener_extension.API_GROUP,
+                            gardener_extension.API_VERSION.split("/")[1],
+                            gardener_extension.PLURAL,
+                        ),
+                        {"field_selector": f"metadata.name={EXTENSION_NAME}"},
+                    ),
+                    parse=_parse_extension,
                 )
             )
+        return _Caches(
+            machines=informer("machines", Machine),
+            machine_sets=informer("machinesets", MachineSet),
+            machine_deployments=informer("machinedeployments", MachineDeployment),
+            clusters=_GardenerKind(clusters),
+            extensions=extensions,
+        )
 
-        try:
-            api = await self._api()
-            sets, machines, deployments = await asyncio.gather(
-                listing("machinesets"), listing("machines"), listing("machinedeployments")
-            )
-        except ApiException as error:
-            raise SourceUnavailable(f"reading MachineSets in {namespace!r}: {error.status} {error.reason}") from None
-        except (ConfigException, *NO_ANSWER) as error:
-            raise SourceUnavailable(f"reading MachineSets in {namespace!r}: {error}") from None
-        return view_from_lists(
+    async def _synced_caches(self, namespace: str) -> _Caches:
+        caches = await self._caches_of(None if self._gardener_extension else namespace)
+        await caches.wait_synced("the seed" if self._gardener_extension else f"namespace {namespace!r}")
+        return caches
+
+    async def read(self, *, namespace: str, name: str) -> MachineSetView | None:
+        caches = await self._synced_caches(namespace)
+        return view_of(
             name=name,
-            machine_sets=_items(sets),
-            machines=_items(machines),
-            machine_deployments=_items(deployments),
+            machine_sets=caches.machine_sets.by_index(_NAMESPACE_INDEX, namespace),
+            machines=caches.machines.by_index(_NAMESPACE_INDEX, namespace),
+            machine_deployments=caches.machine_deployments.by_index(_NAMESPACE_INDEX, namespace),
         )
 
     async def read_cluster(self, *, namespace: str) -> dict[str, Any] | None:
-        try:
-            api = await self._api()
-            cluster = await _patiently(
-                lambda: api.get_cluster_custom_object(
-                    CLUSTER_API_GROUP,
-                    CLUSTER_API_VERSION,
-                    CLUSTER_PLURAL,
-                    namespace,
-                    _request_timeout=READ_TIMEOUT_SECONDS,
-                )
-            )
-        except ApiException as error:
-            # No Cluster resource (or not even its CRD): not a Gardener seed.
-            if classify(error.status) is ApiError.NOT_FOUND:
-                return None
-            raise SourceUnavailable(f"reading the Cluster {namespace!r}: {error.status} {error.reason}") from None
-        except (ConfigException, *NO_ANSWER) as error:
-            raise SourceUnavailable(f"reading the Cluster {namespace!r}: {error}") from None
-        return cluster if isinstance(cluster, dict) else None
+        return (await self._synced_caches(namespace)).clusters.get(namespace)
 
     async def read_extension(self, *, namespace: str) -> ShootExtension | None:
         if not self._gardener_extension:
             return None
-        shown = f"the Extension {namespace}/{EXTENSION_NAME}"
-        try:
-            api = await self._api()
-            extension = await _patiently(
-                lambda: api.get_namespaced_custom_object(
-                    gardener_extension.API_GROUP,
-                    gardener_extension.API_VERSION.split("/")[1],
-                    namespace,
-                    gardener_extension.PLURAL,
-                    EXTENSION_NAME,
-                    _request_timeout=READ_TIMEOUT_SECONDS,
-                )
-            )
-        except ApiException as error:
-            # No such Extension: disabled; no Extension kind at all: not Gardener.
-            if classify(error.status) is ApiError.NOT_FOUND:
-                return ShootExtension(present=False) if _object_missing(error) else None
-            raise SourceUnavailable(f"reading {shown}: {error.status} {error.reason}") from None
-        except (ConfigException, *NO_ANSWER) as error:
-            raise SourceUnavailable(f"reading {shown}: {error}") from None
-        if not isinstance(extension, dict):
-            raise SourceUnavailable(f"reading {shown}: unexpected answer from the API server")
-        try:
-            return ShootExtension.read(extension)
-        except ValidationError as error:
-            raise SourceUnavailable(f"unexpected object from the API server: {error.errors()[0]['msg']}") from None
+        extensions = (await self._synced_caches(namespace)).extensions
+        if extensions is None or not extensions.served:
+            return None  # no Extension kind: not Gardener
+        extension = extensions.get(f"{namespace}/{EXTENSION_NAME}")
+        if isinstance(extension, Unreadable):
+            raise SourceUnavailable(extension.problem)
+        return extension or ShootExtension(present=False)
 
     async def close(self) -> None:
+        caches, self._caches = list(self._caches.values()), {}
+        await asyncio.gather(*(c.stop() for c in caches))
         if self._api_client is not None:
-            await self._api_client.close()  # type: ignore[no-untyped-call]
+            with contextlib.suppress(*NO_ANSWER):
+                await self._api_client.close()  # type: ignore[no-untyped-call]
             self._api_client = None

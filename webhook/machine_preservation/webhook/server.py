@@ -53,7 +53,7 @@ class WebhookServer:
                 settings=settings,
                 machine_sets=machine_sets,
                 native=native,
-                ready=self.certificates.ready,
+                ready=self.ready,
                 metrics=self.metrics,
                 max_body_bytes=max_body_bytes,
                 clock=clock,
@@ -61,6 +61,7 @@ class WebhookServer:
             routes=routes,
         )
         self.routes = routes
+        self.machine_sets = machine_sets
         self._requested_port = port
         self._poll_interval = cert_poll_interval
         self.limits = limits or ConnectionLimits()
@@ -68,7 +69,18 @@ class WebhookServer:
         self._watcher: asyncio.Task[None] | None = None
         self.port = 0
 
+    @property
+    def guards_machines(self) -> bool:
+        """Whether it serves the Machine deletion guard (not on the shoots' routes)."""
+        return self.routes != "shoots"
+
+    def ready(self) -> bool:
+        """A valid serving certificate, and the deletion guard's caches synced where it serves the guard."""
+        return self.certificates.ready() and (not self.guards_machines or self.machine_sets.synced())
+
     async def start(self) -> None:
+        if self.guards_machines:
+            await self.machine_sets.start()
         self.certificates.reload()
         self._watcher = asyncio.create_task(self.certificates.watch(interval=self._poll_interval))
         # No access log: one line per admission request is noise at node-update rates and costs latency.
