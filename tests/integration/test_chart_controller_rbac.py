@@ -307,7 +307,8 @@ def test_rights_granted_by_name_cover_exactly_the_named_objects(
     kubeconfig_for: Callable[..., Path],
 ) -> None:
     """Gardener's Cluster of the control namespace (get; list and watch only with a metadata.name field
-    selector), MCM's Deployment, the controller's own Lease: by name, for the controller and the webhook."""
+    selector), MCM's Deployment, the controller's own Lease: by name, for the controller and the webhook (whose
+    deletion guard only caches the Cluster)."""
     fullname = f"n{uuid.uuid4().hex[:6]}"
     values = {
         "fullnameOverride": json.dumps(fullname),
@@ -340,7 +341,7 @@ def test_rights_granted_by_name_cover_exactly_the_named_objects(
                 granted[component] = _granted(api_client, namespace=namespace, other_cluster=gardener_clusters)
         assert granted == {
             "controller": {"get cluster", "list cluster", "watch cluster", "get mcm deployment", "get own lease"},
-            "webhook": {"get cluster", "get mcm deployment"},
+            "webhook": {"list cluster", "watch cluster", "get mcm deployment"},
         }
     finally:
         for name in ("machine-controller-manager", "something-else"):

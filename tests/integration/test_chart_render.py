@@ -634,12 +634,12 @@ def test_rbac_grants_exactly_the_verbs_used(rendered: dict[str, list[dict[str, A
     assert _rules(documents, "ClusterRole", _unique(f"{CONTROLLER}-gardener-cluster")) == _expand(
         "extensions.gardener.cloud", "clusters", "get list watch", NAMESPACE
     )
+    # The webhook's deletion guard caches them (list and watch), never reading per review.
     assert _rules(documents, "ClusterRole", _unique(f"{WEBHOOK}-gardener-cluster")) == _expand(
-        "extensions.gardener.cloud", "clusters", "get", NAMESPACE
+        "extensions.gardener.cloud", "clusters", "list watch", NAMESPACE
     )
     assert _rules(documents, "Role", _unique(f"{WEBHOOK}-control")) == (
-        _expand(machine, "machines machinesets", "list")
-        | _expand(machine, "machinedeployments", "get list")
+        _expand(machine, "machines machinesets machinedeployments", "list watch")
         | _expand("apps", "deployments", "get", "machine-controller-manager")
     )
     assert _rules(documents, "Role", CERTS) == _expand("", "secrets", "get patch", f"{WEBHOOK}-certs,{WEBHOOK}-tls")

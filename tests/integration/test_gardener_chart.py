@@ -748,8 +748,8 @@ def test_rbac_is_exactly_what_each_component_does(rendered: list[dict[str, Any]]
         | expand("", "secrets", "list watch", f"{WEBHOOK}-certs")
     )
     assert rules(rendered, "ClusterRole", f"{prefix}:webhook") == (
-        expand(mcm, "machines machinesets", "list")
-        | expand(mcm, "machinedeployments", "get list")
+        # The deletion guard's seed-wide caches (list and watch), never a read per review.
+        expand(mcm, "machines machinesets machinedeployments", "list watch")
         | expand("apps", "deployments", "get", "machine-controller-manager")
         | expand(
             "apiextensions.k8s.io",
@@ -757,10 +757,10 @@ def test_rbac_is_exactly_what_each_component_does(rendered: list[dict[str, Any]]
             "get",
             "machines.machine.sapcloud.io,machinesets.machine.sapcloud.io",
         )
-        | expand(ext, "clusters", "get")
+        | expand(ext, "clusters", "list watch")
         # Whether the extension is still enabled for the shoot (a disabled one's deletes all pass), and which
         # namespaces hold it (the shoots that get caches of their own).
-        | expand(ext, "extensions", "get list", "machine-preservation")
+        | expand(ext, "extensions", "list watch", "machine-preservation")
     )
     assert rules(rendered, "Role", CERTS) == expand("", "secrets", "get patch", f"{WEBHOOK}-certs,{WEBHOOK}-tls")
     # The chart creates the seed webhook configuration: the certs manager may not create any.
