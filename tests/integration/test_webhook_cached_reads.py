@@ -24,6 +24,7 @@ import yaml
 from kubernetes.aio import client
 
 from machine_preservation.core import vocabulary as v
+from machine_preservation.core.admission.deletion import ShootExtension
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.verdict import Verdict
 from machine_preservation.core.preservation_record import PreservationRecord
@@ -68,12 +69,19 @@ class Seed:
 
 
 @pytest.fixture(scope="module")
-def seed(toolchain: Toolchain, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seed]:
+def bare_seed(toolchain: Toolchain, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seed]:
+    """A seed with MCM's kinds and Gardener's Cluster, without Gardener's Extension kind yet."""
     directory = tmp_path_factory.mktemp("webhook-cached-reads")
     with seed_plane(directory=directory / "seed", bin_dir=toolchain.bin_dir, audit_policy=AUDIT_POLICY) as plane:
-        gardener.install_seed_crds(plane.kubeconfig, operator=False)
         identity = asyncio.run(seed_chart_identity(plane, directory, deployment=seed_install.WEBHOOK_DEPLOYMENT))
         yield Seed(plane, identity, _username(identity))
+
+
+@pytest.fixture(scope="module")
+def seed(bare_seed: Seed) -> Seed:
+    """The seed with all of Gardener's seed CRDs."""
+    gardener.install_seed_crds(bare_seed.plane.kubeconfig, operator=False)
+    return bare_seed
 
 
 def _username(kubeconfig: Path) -> str:
@@ -180,6 +188,24 @@ async def _mcm_deletes(endpoints: Endpoints, admin: client.CustomObjectsApi, nam
     mcm = f"system:serviceaccount:{namespace}:{MCM_SERVICE_ACCOUNT}"
     body = review(kind=MACHINE_KIND, operation="DELETE", old=machine, username=mcm)
     return await endpoints.machine_deletion(AdmissionRequest.model_validate(body["request"]))
+
+
+async def test_a_kind_the_api_server_does_not_serve_is_unknown_until_its_crd_comes(bare_seed: Seed) -> None:
+    """No Extension kind (not Gardener): the caches count as synced and the Extension as unknown (None: the guard
+    as without the extension); once the CRD is installed, the guard reads our Extension (here: none, absent)."""
+    source = KubernetesMachineSets(kubeconfig=bare_seed.identity, gardener_extension=True)
+    try:
+        await source.start()
+        await eventually_async(source.synced)
+        assert await source.read_extension(namespace="shoot--p--none") is None
+        await asyncio.to_thread(gardener.install_seed_crds, bare_seed.plane.kubeconfig, operator=False)
+
+        async def absent() -> bool:
+            return await source.read_extension(namespace="shoot--p--none") == ShootExtension(present=False)
+
+        await eventually_async(absent, limit=60.0)
+    finally:
+        await source.close()
 
 
 async def test_guarded_deletes_read_the_caches_and_see_a_machine_set_change(
