@@ -40,9 +40,9 @@ T = TypeVar("T")
 MCM = "system:serviceaccount:kube-system:machine-controller-manager"
 MACHINES = ("machine.sapcloud.io", "v1alpha1")
 
-# cert-manager and the Prometheus Operator are not installed here: minimal stand-in CRDs (any content
-# accepted) let the API server check everything else about the value sets using them (kinds, namespacing,
-# the other objects).
+# cert-manager is not installed here: minimal stand-in CRDs (any content accepted) let the API server check
+# everything else about the value sets using it (kinds, namespacing, the other objects). The Prometheus Operator's
+# ServiceMonitor is its real CRD, as Gardener ships it for seeds.
 CERT_MANAGER_STAND_IN_CRDS = [
     {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -70,13 +70,14 @@ CERT_MANAGER_STAND_IN_CRDS = [
     for group, kind, plural in (
         ("cert-manager.io", "Certificate", "certificates"),
         ("cert-manager.io", "Issuer", "issuers"),
-        ("monitoring.coreos.com", "ServiceMonitor", "servicemonitors"),
     )
 ]
 
 
 @pytest.fixture(scope="module")
-def cert_manager_crds(kube_client: client.ApiClient) -> Iterator[None]:
+def cert_manager_crds(kube_client: client.ApiClient, seed_system: None) -> Iterator[None]:
+    """cert-manager's kinds as stand-ins; prometheus-operator's ServiceMonitor is the real CRD (`seed_system`, shared
+    by the session: deleting it here would take it from the seed chart's tests)."""
     api = client.ApiextensionsV1Api(kube_client)
     for crd in CERT_MANAGER_STAND_IN_CRDS:
         api.create_custom_resource_definition(crd)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import ssl
+import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -291,33 +292,38 @@ def test_webhook_machine_set_reader_needs_and_uses_only_the_writable_temporary_d
     )
     mcm_kubeconfig = kubeconfig_for(seed.mcm, ("system:masters",))
 
-    def mcm_deletes(machine: str, *, tmpdir: Path | None) -> tuple[str, str]:
-        """Start the webhook, let MCM delete the Failed machine: the API server's answer and the webhook's log."""
+    def webhook(machine: str, tmpdir: Path | None) -> tuple[subprocess.Popen[bytes], Path]:
         _failed_machine(kube_client, seed.namespace, machine_set["metadata"]["uid"], machine)
         log = tmp_path / f"webhook-{machine}.log"
         process = sandbox.start(
             [str(sandbox.CONSOLE_SCRIPT), *args], writable=tmp_path / "tmp", tmpdir=tmpdir, cwd=tmp_path, log=log
         )
-        try:
-            # The server starts either way: the reader loads its kubeconfig on the first Machine DELETE.
-            eventually(lambda: process.poll() is not None or _ready(seed.port, cafile))
-            assert process.poll() is None, log.read_text()
-            answer = eventually(lambda: _mcm_delete_answer(mcm_kubeconfig, seed.namespace, machine))
-        finally:
-            sandbox.stop(process)
-        client.CustomObjectsApi(kube_client).delete_namespaced_custom_object(
-            *MACHINES, seed.namespace, "machines", machine
-        )
-        return answer, log.read_text()
+        return process, log
 
-    answer, log = mcm_deletes("m-failed-1", tmpdir=None)
-    assert sandbox.NO_TEMPORARY_DIRECTORY in answer + log, answer
+    # Without a temporary directory the guard's client cannot load its kubeconfig (the library writes the
+    # certificates it holds to files): the server runs, says why in its log, and never reports ready, so MCM's
+    # deletes are refused (failurePolicy Fail) rather than judged without the MachineSet.
+    process, log = webhook("m-failed-1", None)
+    try:
+        eventually(lambda: process.poll() is not None or _ready(seed.port, cafile, "/healthz"))
+        assert process.poll() is None, log.read_text()
+        eventually(lambda: sandbox.NO_TEMPORARY_DIRECTORY in log.read_text())
+        assert not _ready(seed.port, cafile)
+    finally:
+        sandbox.stop(process)
 
-    answer, log = mcm_deletes("m-failed-2", tmpdir=tmp_path / "tmp")
+    # With it: ready once its caches synced, and MCM's delete of the Failed machine is judged with its MachineSet.
+    process, log = webhook("m-failed-2", tmp_path / "tmp")
+    try:
+        eventually(lambda: process.poll() is not None or _ready(seed.port, cafile))
+        assert process.poll() is None, log.read_text()
+        answer = eventually(lambda: _mcm_delete_answer(mcm_kubeconfig, seed.namespace, "m-failed-2"))
+    finally:
+        sandbox.stop(process)
     assert "deletion.machines.machine-preservation.sapcloud.io" in answer, answer
     assert "m-failed-2" in answer
     assert "cannot decide" not in answer, "the reader got the MachineSet and its machines"
-    assert sandbox.NO_TEMPORARY_DIRECTORY not in answer + log
+    assert sandbox.NO_TEMPORARY_DIRECTORY not in answer + log.read_text()
 
 
 def _controller_ready(port: int) -> bool:
