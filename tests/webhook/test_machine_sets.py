@@ -1,5 +1,5 @@
 """Turning the cached MachineSets, Machines and MachineDeployments into the deletion guard's view (the caches
-themselves, on a real API server, are in tests/integration/test_webhook_guard_caches.py)."""
+themselves, on a real API server, are in tests/integration/test_webhook_cached_reads.py)."""
 
 from __future__ import annotations
 
@@ -64,3 +64,25 @@ async def test_without_an_api_client_the_guard_cannot_read_and_is_not_ready(tmp_
     await source.close()
     # Nothing watched from the start (no namespace given): nothing to wait for.
     assert machine_sets.KubernetesMachineSets(kubeconfig=tmp_path / "absent").synced()
+
+
+async def test_reviews_start_caches_for_a_bounded_number_of_namespaces(tmp_path: Path) -> None:
+    """Standalone, a review naming a namespace not configured starts its caches, up to a bound: the namespace comes
+    from whoever reaches the webhook's port."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    source = machine_sets.KubernetesMachineSets(kubeconfig=kubeconfig, namespaces=("control",))
+    try:
+        await source.start()
+        for i in range(machine_sets.MAX_NAMESPACES_FROM_REVIEWS):
+            await source._caches_of(f"ns-{i}")  # nobody answers: the caches exist, unsynced
+        with pytest.raises(SourceUnavailable, match="is not watched"):
+            await source.read(namespace="one-too-many", name="ms")
+        assert await source._caches_of("ns-0") is await source._caches_of("ns-0")  # known ones stay readable
+        await source._caches_of("control")
+    finally:
+        await source.close()

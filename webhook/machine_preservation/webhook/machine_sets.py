@@ -42,6 +42,9 @@ logger = logging.getLogger(__name__)
 SYNC_WAIT_SECONDS = 3.0
 PROBE_TIMEOUT_SECONDS = 10.0
 _NAMESPACE_INDEX = "namespace"
+# Standalone, the namespaces beyond those given that a review may start caches for: each costs four watches, and
+# whoever reaches the webhook's port names the namespace.
+MAX_NAMESPACES_FROM_REVIEWS = 8
 
 M = TypeVar("M", bound=Machine | MachineSet | MachineDeployment)
 T = TypeVar("T")
@@ -253,6 +256,13 @@ class KubernetesMachineSets:
         async with self._lock:
             caches = self._caches.get(namespace)
             if caches is None:
+                if namespace not in self._scopes() and len(self._caches) >= (
+                    len(self._scopes()) + MAX_NAMESPACES_FROM_REVIEWS
+                ):
+                    raise SourceUnavailable(
+                        f"namespace {namespace!r} is not watched: already {MAX_NAMESPACES_FROM_REVIEWS} namespaces"
+                        " besides the configured ones (--control-namespace)"
+                    )
                 try:
                     if self._api_client is None:
                         self._api_client = await new_api_client(kubeconfig=self._kubeconfig)
