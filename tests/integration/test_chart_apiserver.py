@@ -514,7 +514,9 @@ async def _exercise(
         ),
     )
     assert "autoPreserveFailedMachineMax" in denial
-    assert calls("validate-shoot") == before + 2
+    # Reached the webhook (its denial); the API server may call it again for the same request when a connection
+    # breaks under it (seen once in CI on a loaded machine), so at least once.
+    assert calls("validate-shoot") >= before + 2
 
 
 def mount_serving_secret(core: client.CoreV1Api, namespace: str, name: str, cert_dir: Path) -> None:
