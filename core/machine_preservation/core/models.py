@@ -43,26 +43,32 @@ class OwnerReference(KubeModel):
     controller: bool | None = None
 
 
-class ObjectMeta(KubeModel):
+class NodeMeta(KubeModel):
+    """The metadata the product reads of a Node. Every Node of every shoot is cached, and a field here is a slot
+    in each one's dict even when empty (labels and owner references alone were ~20 % of a cached Node)."""
+
     name: str = ""
     generate_name: str = ""
-    namespace: str = ""
     uid: str = ""
     resource_version: str = ""
-    generation: int = 0
-    labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
     # Whether the object has any annotation, given where `annotations` keeps only some (`cached_node`); see
     # `has_annotations`.
     annotated: bool | None = None
-    creation_timestamp: dt.datetime | None = None
     deletion_timestamp: dt.datetime | None = None
-    owner_references: list[OwnerReference] = Field(default_factory=list)
 
     @property
     def has_annotations(self) -> bool:
         """Whether the object has an annotations map at all (a JSON patch can add a key only to one that exists)."""
         return bool(self.annotations) if self.annotated is None else self.annotated
+
+
+class ObjectMeta(NodeMeta):
+    namespace: str = ""
+    generation: int = 0
+    labels: dict[str, str] = Field(default_factory=dict)
+    creation_timestamp: dt.datetime | None = None
+    owner_references: list[OwnerReference] = Field(default_factory=list)
 
     def controller_owner(self) -> OwnerReference | None:
         return next((ref for ref in self.owner_references if ref.controller), None)
@@ -109,7 +115,7 @@ class NodeStatus(KubeModel):
 
 
 class Node(KubeModel):
-    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    metadata: NodeMeta = Field(default_factory=NodeMeta)
     spec: NodeSpec = Field(default_factory=NodeSpec)
     status: NodeStatus = Field(default_factory=NodeStatus)
 

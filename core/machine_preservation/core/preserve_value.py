@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.models import Machine, Node, ObjectMeta
+from machine_preservation.core.models import Machine, Node, NodeMeta
 
 _VALUES = {
     **{value.value: value for value in v.PreserveValue},
@@ -98,4 +98,4 @@ def last_known_node(machine: Machine) -> Node | None:
         return None
     last_applied = machine.metadata.annotations.get(v.LAST_APPLIED_NODE_PRESERVE_ANNOTATION, "")
     annotations = {v.PRESERVE_ANNOTATION: last_applied} if last_applied else {}
-    return Node(metadata=ObjectMeta(name=machine.node_name, annotations=annotations))
+    return Node(metadata=NodeMeta(name=machine.node_name, annotations=annotations))

@@ -26,7 +26,6 @@ from machine_preservation.core.clock import system_clock
 from machine_preservation.core.duration_arguments import go_duration_argument
 from machine_preservation.core.durations import format_go_duration
 from machine_preservation.core.gardener import CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL, WORKER_POOL_LABEL
-from machine_preservation.core.models import Node
 from machine_preservation.core.preservation_record import format_timestamp
 from machine_preservation.localcluster import hosts
 from machine_preservation.localcluster.grm import ensure_grm_binary
@@ -35,7 +34,7 @@ from machine_preservation.localcluster.toolchain import ToolchainError, ensure_t
 from machine_preservation.playground import gardener, landscape
 from machine_preservation.playground.stack import Stack, start_stack
 from machine_preservation.playground.timeline import Timeline
-from machine_preservation.playground.walkthrough import StepFailed, Walkthrough, summary_table
+from machine_preservation.playground.walkthrough import LabelledNode, StepFailed, Walkthrough, summary_table
 
 logger = logging.getLogger(__name__)
 SEED_LIMIT = 120.0
@@ -103,7 +102,7 @@ async def seed(stack: Stack, timeline: Timeline, *, preserve_timeout: dt.timedel
     timeline.say(f"{len(pods)} pods running: a DaemonSet pod per node, web pods (PDB minAvailable 1) on {core_nodes}")
 
 
-def _ready_and_labelled(node: Node | None) -> bool:
+def _ready_and_labelled(node: LabelledNode | None) -> bool:
     """Ready, and carrying its pool's label (MCM puts the node template's labels on a little after it joined)."""
     if node is None:
         return False

@@ -220,7 +220,7 @@ class Endpoints:
         if request.operation == "UPDATE":
             old = _parse(model, request.old_object, field="oldObject", uid=request.uid)
         # Nodes are cluster-scoped: their namespace is the shoot's, from the URL; a Machine's is its own.
-        namespace = shoot_namespace if group_kind == NODE else (request.namespace or new.metadata.namespace)
+        namespace = shoot_namespace if isinstance(new, Node) else (request.namespace or new.metadata.namespace)
         return judge_annotations(
             subject=describe(group_kind[1], new.metadata.name, new.metadata.generate_name),
             old=old.metadata.annotations if old is not None else None,
