@@ -7,11 +7,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import asyncio
+
 import pytest
 from aiohttp import web
 from kubernetes.aio import client
 
-from machine_preservation.kube.clients import Proxy, api_client, environment_proxy
+from machine_preservation.kube.clients import KEEPALIVE_SECONDS, Proxy, api_client, environment_proxy
 
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "all_proxy")
 
@@ -60,6 +62,7 @@ async def seen() -> AsyncIterator[tuple[str, list[web.Request]]]:
 
     async def answer(request: web.Request) -> web.Response:
         requests.append(request)
+        request["peer"] = request.transport.get_extra_info("peername") if request.transport else None
         return web.json_response({"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": []})
 
     app = web.Application()
@@ -118,3 +121,20 @@ async def test_no_proxy_sends_the_request_straight_to_the_server(
     monkeypatch.setenv("no_proxy", "127.0.0.1")
     await list_nodes(server)
     assert [r.path for r in requests] == ["/api/v1/nodes"]
+
+
+@pytest.mark.parametrize(("keepalive", "connections"), [(0.2, 2), (KEEPALIVE_SECONDS, 1)])
+async def test_a_connection_left_idle_is_closed_after_the_keepalive(
+    seen: tuple[str, list[web.Request]], keepalive: float, connections: int
+) -> None:
+    """A shoot's drains must not leave their connections open for long (SHOOT_KEEPALIVE_SECONDS); every other
+    client keeps aiohttp's 15 s."""
+    server, requests = seen
+    api = api_client(client.Configuration(host=server), keepalive=keepalive)
+    try:
+        await client.CoreV1Api(api).list_node()
+        await asyncio.sleep(1.0)  # aiohttp closes idle connections at most two keep-alives late
+        await client.CoreV1Api(api).list_node()
+    finally:
+        await api.close()
+    assert len({r["peer"] for r in requests}) == connections

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import aiohttp
 from kubernetes.aio import client, config
+from kubernetes.aio.client import rest
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
@@ -52,20 +53,37 @@ def user_agent(identity: str) -> str:
     return f"machine-preservation ({identity})"
 
 
+# aiohttp's default: how long a connection no request uses stays open for the next one.
+KEEPALIVE_SECONDS = 15.0
+
+
+class _RestClient(rest.RESTClientObject):
+    """The library's REST client with a chosen keep-alive for idle connections."""
+
+    def __init__(self, configuration: client.Configuration, *, keepalive: float) -> None:
+        super().__init__(configuration)
+        self.keepalive = keepalive
+
+    def _create_connector(self) -> aiohttp.TCPConnector:
+        return aiohttp.TCPConnector(limit=self.maxsize, ssl=self.ssl_context, keepalive_timeout=self.keepalive)
+
+
 def api_client(
     configuration: client.Configuration,
     *,
     trace_configs: list[aiohttp.TraceConfig] | None = None,
     identity: str | None = None,
+    keepalive: float = KEEPALIVE_SECONDS,
 ) -> client.ApiClient:
     """An ApiClient for the configured server whose requests look up nothing in the environment, naming the replica
-    `identity` in its User-Agent."""
+    `identity` in its User-Agent, closing a connection left idle for `keepalive` seconds."""
     configuration.client_session_kwargs = {"trust_env": False}
     configuration.trace_configs = trace_configs
     if configuration.proxy is None and (proxy := environment_proxy(configuration.host)) is not None:
         configuration.proxy = proxy.url
         configuration.proxy_headers = proxy.headers or None
     api = client.ApiClient(configuration=configuration)
+    api.rest_client = _RestClient(configuration, keepalive=keepalive)
     if identity is not None:
         api.user_agent = user_agent(identity)
     return api
