@@ -47,7 +47,7 @@ VIRTUAL_NAMESPACE = f"extension-{RELEASE}"
 DEFAULT_HOST = f"{NAME}.{RUNTIME_NAMESPACE}"
 ENABLED_LABEL = "extensions.extensions.gardener.cloud/machine-preservation"
 SHOOTS = ("core.gardener.cloud", "v1beta1", "shoots")
-TLS_SECRET = "machine-preservation-admission-tls"  # the operator's, as in example/extension.yaml
+TLS_SECRET = "machine-preservation-admission-tls"  # an existing Secret of the operator's (example/extension.yaml)
 
 # What gardener-operator v1.147 (to v1.150) merges over the admission values (pkg/operator/controller/extension/
 # extension/admission/admission.go, v1.150: l. 103-113): into the runtime part ...
@@ -270,13 +270,13 @@ def test_the_parts_render_with_keys_a_later_operator_adds(
     assert render(toolchain, tmp_path, chart, merge(pki.values(), operator, later), namespace=namespace)
 
 
-def test_the_certificate_is_required(toolchain: Toolchain, tmp_path: Path, pki: Pki) -> None:
-    result = helm(toolchain, tmp_path, RUNTIME, {}, namespace=RUNTIME_NAMESPACE)
-    assert result.returncode != 0
-    assert "global.certificate.secretName is required" in result.stderr
-    result = helm(toolchain, tmp_path, APPLICATION, {}, namespace=VIRTUAL_NAMESPACE)
-    assert result.returncode != 0
-    assert "global.certificate.caBundle is required" in result.stderr
+def test_an_existing_secret_needs_its_ca_bundle(toolchain: Toolchain, tmp_path: Path) -> None:
+    """The existing-Secret mode; without a Secret the certificates are generated (test_gardener_admission_certs)."""
+    existing = {"global": {"certificate": {"secretName": TLS_SECRET}}}
+    for chart, namespace in ((RUNTIME, RUNTIME_NAMESPACE), (APPLICATION, VIRTUAL_NAMESPACE)):
+        result = helm(toolchain, tmp_path, chart, existing, namespace=namespace)
+        assert result.returncode != 0
+        assert "at '/global/certificate/caBundle': minLength: got 0, want 1" in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize("chart", [RUNTIME, APPLICATION], ids=["runtime", "application"])
@@ -586,14 +586,20 @@ async def test_the_registered_webhook_judges_enabled_shoots_only(
 
 def test_the_example_operator_extension_deploys_the_admission(toolchain: Toolchain, tmp_path: Path) -> None:
     """example/extension.yaml's admission, as gardener-operator deploys it: each part from its own chart with the
-    Extension's values and the operator's `gardener.*` merged over them."""
+    Extension's values and the operator's `gardener.*` merged over them. Its certificates are generated."""
     example = yaml.safe_load((Path(__file__).resolve().parents[2] / "example" / "extension.yaml").read_text())
     admission = example["spec"]["deployment"]["admission"]
     assert admission["runtimeCluster"]["helm"]["ociRepository"]["ref"].split("/")[-1].startswith(f"{NAME}-runtime:")
     assert admission["virtualCluster"]["helm"]["ociRepository"]["ref"].split("/")[-1].startswith(f"{NAME}-application:")
     values = admission["values"]
+    assert "certificate" not in values["global"]
     runtime = render_runtime(toolchain, tmp_path, values)
-    deployment = next(d for d in runtime if d["kind"] == "Deployment")
-    assert deployment["spec"]["template"]["spec"]["priorityClassName"] == "gardener-garden-system-400"
+    for name in (NAME, f"{NAME}-certs"):
+        deployment = standalone.find(runtime, "Deployment", name)
+        assert deployment["spec"]["template"]["spec"]["priorityClassName"] == "gardener-garden-system-400"
     application = render_application(toolchain, tmp_path, values)
-    assert [d["kind"] for d in application if d["kind"] == "ValidatingWebhookConfiguration"]
+    assert identities(application) == [
+        ("ClusterRole", f"{NAME}:ca-bundle", ""),
+        ("ClusterRoleBinding", f"{NAME}:ca-bundle", ""),
+        ("ValidatingWebhookConfiguration", NAME, ""),
+    ]
