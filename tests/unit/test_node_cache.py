@@ -208,7 +208,7 @@ def test_a_hostile_node_is_cached_bounded() -> None:
         v.PRESERVE_ANNOTATION: long[:CACHED_VALUE_LIMIT],
         v.PRESERVED_SINCE_ANNOTATION: "2026-11-26T09:00:00Z",
     }
-    assert (node.spec.taints, node.spec.has_taints) == ([], True)
+    assert (node.spec.taints, node.spec.has_taints) == ((), True)
     assert len(node.spec.provider_id) == CACHED_VALUE_LIMIT
     assert [c.type for c in node.status.conditions] == [
         "Ready",
