@@ -73,6 +73,9 @@ ADMISSION_ACCOUNT = OPERATOR_APPLICATION_VALUES["gardener"]["virtualCluster"]["s
 # Where gardener-operator mounts the virtual garden kubeconfig (gardenerutils.VolumeMountPathGenericKubeconfig) and
 # the variable naming it (InjectGenericGardenKubeconfig).
 GARDEN_KUBECONFIG = "$(GARDEN_KUBECONFIG)"
+# Where the loop finds the manifest of the configuration it keeps (the runtime part's ConfigMap).
+MANIFEST_DIR = Path("/etc/machine-preservation/shoot-webhook")
+MANIFEST_KEY = "validatingwebhookconfiguration.yaml"
 GRM_SYNC = "15s"  # the least GRM accepts
 
 
@@ -103,10 +106,26 @@ def test_without_a_secret_the_runtime_part_runs_the_certificate_loop(toolchain: 
     assert args.serving_secret == ("garden", SERVING)
     assert args.cert_dir is None
     assert args.kubeconfig is None  # its own identity in the runtime cluster: the pod's token
-    # The configuration in the virtual garden, through the kubeconfig gardener-operator mounts; nothing owned.
-    [ref] = args.webhook_configuration
+    # The configuration in the virtual garden, through the kubeconfig gardener-operator mounts, kept as the
+    # mounted manifest says: the very configuration the application part renders.
+    assert not args.webhook_configuration
+    [ref] = args.own_webhook_configuration
     assert (ref.kind.value, ref.name, str(ref.kubeconfig)) == ("validating", NAME, GARDEN_KUBECONFIG)
-    assert not args.own_webhook_configuration
+    assert ref.template == MANIFEST_DIR / MANIFEST_KEY
+    pod = standalone.find(documents, "Deployment", CERTS)["spec"]["template"]["spec"]
+    assert {"name": "shoot-webhook", "mountPath": str(MANIFEST_DIR), "readOnly": True} in certs_container(documents)[
+        "volumeMounts"
+    ]
+    volume = next(v for v in pod["volumes"] if v["name"] == "shoot-webhook")
+    manifest = yaml.safe_load(
+        standalone.find(documents, "ConfigMap", volume["configMap"]["name"])["data"][MANIFEST_KEY]
+    )
+    application = render(
+        toolchain, tmp_path, APPLICATION, OPERATOR_APPLICATION_VALUES, namespace=f"extension-{RELEASE}"
+    )
+    rendered = standalone.find(application, "ValidatingWebhookConfiguration", NAME)
+    assert rendered["metadata"].pop("annotations") == {"resources.gardener.cloud/ignore": "true"}
+    assert manifest == rendered
     assert args.shoot_managed_resource is None
     # The certificate names the host the virtual garden calls and the Service's names.
     settings = settings_from(args)
@@ -163,7 +182,7 @@ def test_without_gardener_operator_the_loop_keeps_the_configuration_of_its_own_c
     """Plain Helm puts both parts in one cluster: the loop's own identity gets the configuration's rights."""
     documents = render(toolchain, tmp_path, UMBRELLA, {}, namespace="garden")
     args = build_parser().parse_args(certs_container(documents)["args"])
-    [ref] = args.webhook_configuration
+    [ref] = args.own_webhook_configuration
     assert (ref.name, ref.kubeconfig) == (NAME, None)
     [binding] = documents_of(documents, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": CERTS, "namespace": "garden"}]
@@ -383,7 +402,8 @@ async def test_the_loop_publishes_injects_and_rotates_in_the_virtual_garden(
 ) -> None:
     """(1) the Secrets are filled, (2) the virtual garden's configuration gets the CA bundle (and GRM's syncs leave
     it there), (3) the server serves a certificate that verifies with that bundle, (4) a CA rotation keeps the old and
-    the new CA in the bundle through the overlap, and the server moves to the new CA meanwhile."""
+    the new CA in the bundle through the overlap, and the server moves to the new CA meanwhile, (5) a changed webhook
+    in a later release of the chart reaches the configuration."""
     ns = garden.namespace
     port = free_port()
     # Seconds-long lifetimes, so the rotation happens during the test: the CA is replaced 10 s after issuance and
@@ -448,7 +468,14 @@ async def test_the_loop_publishes_injects_and_rotates_in_the_virtual_garden(
         (mount / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
 
         # The loop's container as the kubelet starts it: $(GARDEN_KUBECONFIG) expanded, its own token in-cluster.
-        arguments = [a.replace(GARDEN_KUBECONFIG, str(mount / "kubeconfig")) for a in certs_container(runtime)["args"]]
+        # The manifest: the kubelet's view of the part's ConfigMap, in a directory of the test.
+        manifest_dir = tmp_path / "shoot-webhook"
+        manifest_dir.mkdir()
+        (manifest_dir / MANIFEST_KEY).write_text(_manifest(runtime))
+        arguments = [
+            a.replace(GARDEN_KUBECONFIG, str(mount / "kubeconfig")).replace(str(MANIFEST_DIR), str(manifest_dir))
+            for a in certs_container(runtime)["args"]
+        ]
         args = build_parser().parse_args(arguments)
         settings = settings_from(args)
         with _sync_client(control_plane.kubeconfig) as sync_admin:
@@ -542,6 +569,20 @@ async def test_the_loop_publishes_injects_and_rotates_in_the_virtual_garden(
 
             await eventually_async(reverted, limit=30)
             assert await _bundle(registration)
+
+            # (5) a chart release that changes the webhook reaches the virtual garden through the loop (GRM only
+            # created the configuration), and the bundle stays.
+            upgraded = merge(values, {"global": {"webhook": {"timeoutSeconds": 4}}}, OPERATOR_RUNTIME_VALUES)
+            (manifest_dir / MANIFEST_KEY).write_text(
+                _manifest(render(toolchain, tmp_path, RUNTIME, upgraded, namespace=ns))
+            )
+
+            async def timeout() -> int | None:
+                configuration = await registration.read_validating_webhook_configuration(NAME)
+                return configuration.webhooks[0].timeout_seconds if configuration.webhooks else None
+
+            await eventually_async(lambda: _equals(timeout(), 4), limit=30)
+            assert await _bundle(registration)
         finally:
             stop.set()
             await loop
@@ -560,3 +601,12 @@ async def _token(core: client.CoreV1Api, namespace: str) -> str | None:
 async def _filled(core: client.CoreV1Api, namespace: str, name: str, key: str) -> dict[str, bytes] | None:
     data = await _secret_data(core, namespace, name)
     return data if key in data else None
+
+
+def _manifest(runtime: list[dict[str, Any]]) -> str:
+    text: str = standalone.find(runtime, "ConfigMap", f"{NAME}-webhook")["data"][MANIFEST_KEY]
+    return text
+
+
+async def _equals(value: Any, expected: object) -> bool:
+    return bool(await value == expected)

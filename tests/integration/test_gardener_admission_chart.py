@@ -193,8 +193,9 @@ def test_the_umbrella_renders_the_parts_it_is_told_to(toolchain: Toolchain, tmp_
 
 
 def test_the_parts_accept_the_same_values(toolchain: Toolchain, tmp_path: Path, pki: Pki) -> None:
-    """gardener-operator hands both parts one set of values: each part's schema and defaults are the same file."""
-    for name in ("values.schema.json", "values.yaml"):
+    """gardener-operator hands both parts one set of values: each part's schema and defaults are the same file, and
+    so is the webhook configuration (the application part renders it, the runtime part's certificate loop keeps it)."""
+    for name in ("values.schema.json", "values.yaml", "templates/_shoot-webhook-configuration.tpl"):
         assert (RUNTIME / name).read_text() == (APPLICATION / name).read_text(), name
     values = pki.values(server={"replicas": 3}, webhook={"timeoutSeconds": 5})
     runtime = render_runtime(toolchain, tmp_path, values)

@@ -242,15 +242,26 @@ def test_owner_references_someone_set_are_left_alone() -> None:
             WebhookConfigurationRef(WebhookKind.VALIDATING, "mp", template=Path("/etc/x/c.yaml")),
         ),
         ("mutating/m=c.yaml", WebhookConfigurationRef(WebhookKind.MUTATING, "m", template=Path("c.yaml"))),
+        (
+            "validating/mp@/var/run/garden/kubeconfig=/etc/x/c.yaml",
+            WebhookConfigurationRef(
+                WebhookKind.VALIDATING,
+                "mp",
+                kubeconfig=Path("/var/run/garden/kubeconfig"),
+                template=Path("/etc/x/c.yaml"),
+            ),
+        ),
     ],
 )
 def test_owned_configuration_references_parse(text: str, expected: WebhookConfigurationRef) -> None:
     assert WebhookConfigurationRef.parse_managed(text) == expected
 
 
-@pytest.mark.parametrize("text", ["validating/mp", "validating/=f", "webhook/mp=f", "validating/mp@/k=f"])
+@pytest.mark.parametrize(
+    "text", ["validating/mp", "validating/=f", "webhook/mp=f", "validating/mp@=f", "validating/mp@/k"]
+)
 def test_bad_owned_configuration_references_are_rejected(text: str) -> None:
-    with pytest.raises(ValueError, match="expected validating/NAME=FILE"):
+    with pytest.raises(ValueError, match=r"expected validating/NAME\[@KUBECONFIG\]=FILE"):
         WebhookConfigurationRef.parse_managed(text)
 
 

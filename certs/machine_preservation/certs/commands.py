@@ -148,9 +148,10 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
         type=_owned_configuration,
         action="append",
         default=[],
-        metavar="KIND/NAME=FILE",
-        help="keep validating/NAME or mutating/NAME (local cluster, created by the chart) exactly as the manifest "
-        "FILE describes it (without caBundle; re-read every pass), with the caBundle (repeatable)",
+        metavar="KIND/NAME[@KUBECONFIG]=FILE",
+        help="keep validating/NAME or mutating/NAME (created by the chart) exactly as the manifest FILE describes it "
+        "(without caBundle; re-read every pass), with the caBundle (repeatable); @KUBECONFIG for a configuration "
+        "in another cluster",
     )
     loop.add_argument(
         "--shoot-managed-resource",

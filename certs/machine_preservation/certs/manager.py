@@ -91,12 +91,21 @@ class WebhookConfigurationRef:
 
     @classmethod
     def parse_managed(cls, text: str) -> WebhookConfigurationRef:
-        """`validating/NAME=MANIFEST` or `mutating/NAME=MANIFEST`: a configuration in the local cluster."""
+        """`validating/NAME=MANIFEST` or `mutating/NAME=MANIFEST`, optionally `validating/NAME@KUBECONFIG=MANIFEST`
+        for a configuration in another cluster."""
         reference, _, template = text.partition("=")
+        reference, at, kubeconfig = reference.partition("@")
         kind, _, name = reference.partition("/")
-        if kind not in {k.value for k in WebhookKind} or not name or not template or "@" in reference:
-            raise ValueError(f"expected validating/NAME=FILE or mutating/NAME=FILE, got {text!r}")
-        return cls(kind=WebhookKind(kind), name=name, template=Path(template))
+        if kind not in {k.value for k in WebhookKind} or not name or not template or (at and not kubeconfig):
+            raise ValueError(
+                f"expected validating/NAME[@KUBECONFIG]=FILE or mutating/NAME[@KUBECONFIG]=FILE, got {text!r}"
+            )
+        return cls(
+            kind=WebhookKind(kind),
+            name=name,
+            kubeconfig=Path(kubeconfig) if kubeconfig else None,
+            template=Path(template),
+        )
 
 
 @dataclass(frozen=True)
