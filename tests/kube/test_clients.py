@@ -4,10 +4,9 @@ serves the API on 127.0.0.1 with aiohttp and looks at what arrives."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
-
-import asyncio
 
 import pytest
 from aiohttp import web
