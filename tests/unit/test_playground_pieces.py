@@ -10,11 +10,13 @@ from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.shoot import validate_shoot
 from machine_preservation.core.gardener import WORKER_POOL_LABEL, ZONE_LABEL, read_cluster
 from machine_preservation.core.models import MachineDeployment
-from machine_preservation.core.pool_settings import PoolDefaults, PoolSettings, SettingOrigin, resolve_pool_settings
+from machine_preservation.core.pool_settings import PoolDefaults, SettingOrigin
 from machine_preservation.playground import landscape
 from machine_preservation.playground.commands import build_parser
 from machine_preservation.playground.timeline import diff
 from machine_preservation.playground.walkthrough import StepResult, summary_table
+
+from .pool_settings_helpers import PoolSettings, resolve_pool_settings
 
 
 def _settings(deployment: landscape.Deployment, preserve_timeout: dt.timedelta) -> PoolSettings:

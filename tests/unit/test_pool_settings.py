@@ -27,11 +27,12 @@ from machine_preservation.core.pool_settings import (
     carries_max,
     pool_name,
     resolve_auto_preserve_max,
-    resolve_pool_settings,
     resolve_preserve_timeout,
     zone_of,
 )
 from machine_preservation.core.provider_config import API_VERSION, EXTENSION_TYPE, KIND
+
+from .pool_settings_helpers import resolve_pool_settings
 
 DEFAULTS = PoolDefaults(preserve_timeout=dt.timedelta(hours=72), auto_preserve_failed_machine_max=0)
 ABSENT: Any = object()

@@ -101,15 +101,6 @@ class PoolDefaults:
     auto_preserve_failed_machine_max: int = 0
 
 
-@dataclass(frozen=True)
-class PoolSettings:
-    preserve_timeout: Setting[dt.timedelta]
-    auto_preserve_failed_machine_max: Setting[int]
-    # Why sources before the one used were passed over although they said something (invalid values, a
-    # malformed Cluster, a pool missing from the Shoot, an undetermined zone); empty when nothing is wrong.
-    notes: tuple[str, ...] = ()
-
-
 # --- The bits of Gardener's Cluster resource and Shoot that are read --------------------------------------
 
 
@@ -426,33 +417,3 @@ def _note(notes: list[str], note: str) -> None:
     # Both settings look at the same Shoot: say what is wrong with it once.
     if note not in notes:
         notes.append(note)
-
-
-def resolve_pool_settings(
-    *,
-    machine: Machine | None = None,
-    machine_set: MachineSet | None,
-    machine_deployment: MachineDeployment | None,
-    cluster: ClusterView | None,
-    defaults: PoolDefaults,
-    zone: str | None = None,
-) -> PoolSettings:
-    """Both settings and where each came from (see the module's docstring for the order)."""
-    notes: list[str] = []
-    timeout = resolve_preserve_timeout(
-        machine=machine,
-        machine_set=machine_set,
-        machine_deployment=machine_deployment,
-        cluster=cluster,
-        defaults=defaults,
-        notes=notes,
-    )
-    maximum = resolve_auto_preserve_max(
-        machine_set=machine_set,
-        machine_deployment=machine_deployment,
-        cluster=cluster,
-        defaults=defaults,
-        zone=zone,
-        notes=notes,
-    )
-    return PoolSettings(preserve_timeout=timeout, auto_preserve_failed_machine_max=maximum, notes=tuple(notes))

@@ -536,27 +536,3 @@ def extension_to_read(
         cluster=cluster,
         namespace=namespace,
     ).allowed
-
-
-def judge_machine_deletion(
-    *,
-    machine: Machine,
-    username: str,
-    settings: AdmissionSettings,
-    now: dt.datetime,
-    machine_set: MachineSetView | None = None,
-    cluster: Mapping[str, Any] | None = None,
-    namespace: str | None = None,
-    extension: ShootExtension | None = None,
-) -> Verdict:
-    """`assess_machine_deletion` as an admission verdict."""
-    return assess_machine_deletion(
-        machine=machine,
-        username=username,
-        settings=settings,
-        now=now,
-        machine_set=machine_set,
-        cluster=cluster,
-        namespace=namespace,
-        extension=extension,
-    ).verdict()
