@@ -1,10 +1,32 @@
-"""The meaning the controller gives each status of an API answer."""
+"""The meaning every component gives each status of an API answer, and each way of getting none."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
 
-from machine_preservation.kube.api_errors import ApiError, classify, is_failure
+import aiohttp
+import pytest
+from aiohttp.client_reqrep import ConnectionKey
+from kubernetes.aio.client.exceptions import ApiException, NotFoundException
+
+from machine_preservation.kube.api_errors import (
+    RETRYABLE,
+    ApiError,
+    Conflict,
+    Failed,
+    Forbidden,
+    Gone,
+    Invalid,
+    NoAnswer,
+    NotFound,
+    TooManyRequests,
+    Unavailable,
+    api_call,
+    classify,
+    ensure_ok,
+    is_failure,
+    read_json,
+)
 
 
 @pytest.mark.parametrize(
@@ -44,3 +66,133 @@ def test_each_status_has_one_meaning(status: int | None, meaning: ApiError) -> N
 )
 def test_a_failure_is_an_answer_no_caller_asked_for(status: int, failure: bool) -> None:
     assert is_failure(status) is failure
+
+
+@pytest.mark.parametrize(
+    ("status", "meaning"),
+    [
+        (403, Forbidden),
+        (404, NotFound),
+        (409, Conflict),
+        (410, Gone),
+        (422, Invalid),
+        (429, TooManyRequests),
+        (500, Unavailable),
+        (502, Unavailable),
+        (503, Unavailable),
+        (504, Unavailable),
+        (599, Unavailable),
+        (400, Failed),
+        (401, Failed),
+        (405, Failed),
+        (413, Failed),
+        (0, Failed),  # the library's own "no usable answer" (e.g. a bad parameter)
+        (None, Failed),
+    ],
+)
+def test_a_refusal_is_raised_as_its_meaning(status: int | None, meaning: type[Failed]) -> None:
+    with pytest.raises(Failed) as raised, api_call():
+        raise ApiException(status=status, reason="why", body="details")
+    assert type(raised.value) is meaning
+    # still an ApiException with what the answer said, for a handler further up that catches any refusal
+    assert isinstance(raised.value, ApiException)
+    assert (raised.value.status, raised.value.reason, raised.value.body) == (status, "why", "details")
+
+
+def test_the_librarys_own_subtypes_are_typed_by_their_status() -> None:
+    with pytest.raises(NotFound), api_call():
+        raise NotFoundException(status=404, reason="Not Found")
+
+
+def test_a_typed_error_passes_through_unchanged() -> None:
+    conflict = Conflict(status=409, reason="taken")
+    with pytest.raises(Conflict) as raised, api_call():
+        raise conflict
+    assert raised.value is conflict
+
+
+_KEY = ConnectionKey("api", 443, True, None, None, None, None)
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        aiohttp.ServerDisconnectedError(),
+        aiohttp.ClientConnectorError(_KEY, OSError(111, "refused")),
+        aiohttp.ClientOSError(104, "reset"),
+        aiohttp.ClientPayloadError("cut short"),
+        aiohttp.ServerTimeoutError(),
+        aiohttp.ClientError(),
+        TimeoutError(),
+        ConnectionResetError(),
+        OSError(113, "no route"),
+    ],
+)
+def test_no_answer_is_raised_as_no_answer(failure: Exception) -> None:
+    with pytest.raises(NoAnswer) as raised, api_call():
+        raise failure
+    assert raised.value.__cause__ is failure
+
+
+@pytest.mark.parametrize("failure", [ValueError("a bug"), KeyError("x"), asyncio.CancelledError()])
+def test_anything_else_is_left_alone(failure: BaseException) -> None:
+    with pytest.raises(type(failure)) as raised, api_call():
+        raise failure
+    assert raised.value is failure
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        NoAnswer("x"),
+        aiohttp.ServerDisconnectedError(),
+        TimeoutError(),
+        OSError(),
+        ApiException(status=500),
+        Unavailable(status=503),
+        Forbidden(status=403),
+    ],
+)
+def test_every_failed_request_is_retryable(failure: Exception) -> None:
+    assert isinstance(failure, RETRYABLE)
+
+
+@pytest.mark.parametrize("failure", [ValueError(), KeyError(), RuntimeError()])
+def test_a_bug_is_not_retryable(failure: Exception) -> None:
+    assert not isinstance(failure, RETRYABLE)
+
+
+class _Answer:
+    def __init__(self, status: int, body: bytes = b'{"a": 1}') -> None:
+        self.status, self.reason, self._body = status, "why", body
+
+    async def read(self) -> bytes:
+        return self._body
+
+
+@pytest.mark.parametrize(
+    ("status", "meaning"),
+    [
+        (403, Forbidden),
+        (409, Conflict),
+        (410, Gone),
+        (422, Invalid),
+        (429, TooManyRequests),
+        (503, Unavailable),
+        (401, Failed),
+    ],
+)
+async def test_a_raw_answer_is_read_as_its_meaning(status: int, meaning: type[Failed]) -> None:
+    with pytest.raises(Failed) as raised:
+        await read_json(_Answer(status, b"refused"))
+    assert type(raised.value) is meaning
+    assert (raised.value.status, raised.value.body) == (status, "refused")
+
+
+async def test_a_raw_answer_read() -> None:
+    assert await read_json(_Answer(200)) == {"a": 1}
+    assert await read_json(_Answer(404)) is None
+    assert await read_json(_Answer(403), absent=frozenset({ApiError.FORBIDDEN})) is None
+    await ensure_ok(_Answer(200))
+    with pytest.raises(NotFound):
+        await ensure_ok(_Answer(404))

@@ -50,7 +50,7 @@ from machine_preservation.certs.rotation import (
 )
 from machine_preservation.core import shoot_resources
 from machine_preservation.core.clock import Clock, system_clock
-from machine_preservation.kube.api_errors import NO_ANSWER, ApiError, classify
+from machine_preservation.kube.api_errors import NO_ANSWER, RETRYABLE, ApiError, classify
 
 logger = logging.getLogger(__name__)
 
@@ -413,7 +413,7 @@ class CertificateManager:
             except Conflict as conflict:
                 logger.info("%s; syncing again", conflict)
                 delay = 0.1
-            except (ApiException, OSError, TimeoutError) as error:
+            except RETRYABLE as error:  # e.g. a kept-alive connection the API server closed: try again
                 failures += 1
                 delay = min(2.0**failures, self.settings.resync.total_seconds())
                 logger.warning("certificate sync failed (attempt %d), retrying in %.0fs: %s", failures, delay, error)

@@ -1,11 +1,18 @@
 """What an answer of the Kubernetes API means, decided in one place for every component: each status the
 controller, the webhook or the certificates manager tells apart has a meaning here, everything else is OTHER
-(kopf's `check_response` does the same), and `NO_ANSWER` is what a request raises when there was no answer."""
+(kopf's `check_response` does the same), and `NO_ANSWER` is what a request raises when there was no answer.
+
+A request made `with api_call():` (or an answer read by `read_json`/`ensure_ok`) raises the meaning as a type:
+`NotFound`, `Conflict`, `Gone`, `Invalid`, `TooManyRequests`, `Forbidden`, `Unavailable`, any other status as
+`Failed` (their base), and `NoAnswer`; callers catch meanings, not status codes. `Failed` is an `ApiException`, so a
+handler further up that catches any refusal keeps catching these."""
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
+from collections.abc import Iterator
 from typing import Any, Final
 
 import aiohttp
@@ -49,14 +56,86 @@ def is_failure(status: int) -> bool:
     return status >= 400 and classify(status) not in OUTCOMES
 
 
-# What a request raises when the API server gave no answer: it is unreachable, dropped the connection or did
-# not answer in time. A retry may succeed; nothing was decided about the request.
-NO_ANSWER: Final = (TimeoutError, aiohttp.ClientError, OSError)
+class Failed(ApiException):
+    """The API server answered a request with a status that is not a success (and none of the meanings below)."""
+
+
+class NotFound(Failed):
+    """404: the object (or its namespace, or its kind) does not exist."""
+
+
+class Conflict(Failed):
+    """409: a stale resourceVersion or precondition, or a name already taken."""
+
+
+class Gone(Failed):
+    """410: a watch's resourceVersion is too old to resume from."""
+
+
+class Invalid(Failed):
+    """422: refused as invalid, which includes a JSON patch whose `test` op failed."""
+
+
+class TooManyRequests(Failed):
+    """429: not now, e.g. an eviction a PodDisruptionBudget does not allow yet."""
+
+
+class Forbidden(Failed):
+    """403: no right to it."""
+
+
+class Unavailable(Failed):
+    """5xx: the API server (or what it forwards to) failed; nothing says the request was refused."""
+
+
+class NoAnswer(Exception):
+    """The API server gave no answer: it is unreachable, dropped the connection or did not answer in time. A retry
+    may succeed; nothing was decided about the request."""
+
+
+_TYPED: Final[dict[ApiError, type[Failed]]] = {
+    ApiError.NOT_FOUND: NotFound,
+    ApiError.CONFLICT: Conflict,
+    ApiError.GONE: Gone,
+    ApiError.INVALID: Invalid,
+    ApiError.TOO_MANY_REQUESTS: TooManyRequests,
+    ApiError.FORBIDDEN: Forbidden,
+}
+
+
+def failed(status: int | None, reason: str | None, body: str | None = None) -> Failed:
+    """The typed error of an answer with `status` (not a success)."""
+    if 500 <= (status or 0) <= 599:
+        kind: type[Failed] = Unavailable
+    else:
+        kind = _TYPED.get(classify(status), Failed)
+    return kind(status=status, reason=reason, body=body)
+
+
+# What a request raises when the API server gave no answer, untyped (below `api_call`) and typed.
+NO_ANSWER: Final = (NoAnswer, TimeoutError, aiohttp.ClientError, OSError)
+# Every way a request can fail: an answer that is not a success, or none. A loop that tries again later (leader
+# election, an informer, the certificates manager) retries on these; anything else is a bug, not the API's doing.
+RETRYABLE: Final = (ApiException, *NO_ANSWER)
+
+
+@contextlib.contextmanager
+def api_call() -> Iterator[None]:
+    """Raise what the requests inside fail with as its meaning: a status as `Failed` (or its subtype), no answer
+    as `NoAnswer`."""
+    try:
+        yield
+    except Failed:
+        raise
+    except ApiException as error:
+        raise failed(error.status, error.reason, error.body) from error
+    except (TimeoutError, aiohttp.ClientError, OSError) as error:
+        raise NoAnswer(repr(error)) from error
 
 
 async def read_json(response: Any, *, absent: frozenset[ApiError] = frozenset({ApiError.NOT_FOUND})) -> Any:
     """The JSON body of a raw answer (a `*_without_preload_content` call's response); None where its status means
-    one of `absent`; any other failure raises the ApiException the typed client would have."""
+    one of `absent`; any other failure raises its typed error (`Failed`)."""
     if classify(response.status) in absent:
         await response.read()
         return None
@@ -65,7 +144,7 @@ async def read_json(response: Any, *, absent: frozenset[ApiError] = frozenset({A
 
 
 async def ensure_ok(response: Any) -> None:
-    """Raise the ApiException the typed client would have unless a raw answer's status is 200."""
+    """Raise the typed error (`Failed`) of a raw answer unless its status is 200."""
     if response.status != 200:
         body = await response.read()
-        raise ApiException(status=response.status, reason=response.reason, body=body.decode(errors="replace"))
+        raise failed(response.status, response.reason, body.decode(errors="replace"))
