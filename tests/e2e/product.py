@@ -37,6 +37,11 @@ from machine_preservation.localcluster.mcm_runner import MCM_USERNAME
 from machine_preservation.localcluster.toolchain import Toolchain
 
 WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
+# The audit annotations the API server adds when a webhook that may fail open did not answer.
+FAILED_OPEN_PREFIXES = (
+    "failed-open.mutation.webhook.admission.k8s.io/",
+    "failed-open.validating.webhook.admission.k8s.io/",
+)
 # Passed to the e2e control plane: every write to what MCM and our product act on, with its body.
 AUDIT_POLICY: dict[str, object] = {
     "apiVersion": "audit.k8s.io/v1",
@@ -104,6 +109,14 @@ class Write:
     at: dt.datetime  # when the API server received it
     completed: dt.datetime  # when it answered: admission (our webhook's verdict) lies between the two
     body: Any = field(compare=False, repr=False)
+    # The API server's audit annotations: which mutating webhooks patched the request, which failed open.
+    audit_annotations: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def failed_open(self) -> bool:
+        """A webhook with failurePolicy Ignore (every node webhook) could not answer, and the write went in as
+        sent."""
+        return any(key.startswith(FAILED_OPEN_PREFIXES) for key in self.audit_annotations)
 
 
 def field_paths(body: Any, prefix: str = "") -> tuple[str, ...]:
@@ -406,4 +419,5 @@ class Product:
             at=dt.datetime.fromisoformat(event["requestReceivedTimestamp"]),
             completed=dt.datetime.fromisoformat(event["stageTimestamp"]),
             body=body,
+            audit_annotations=dict(event.get("annotations") or {}),
         )

@@ -28,7 +28,7 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.localcluster.mcm_pool import machine_phase
 from machine_preservation.localcluster.mcm_runner import McmSettings
 from tests.e2e.harness import RealMcm, follow, following, patch_machine_deployment, preserved_condition
-from tests.e2e.product import Product
+from tests.e2e.product import Product, Write
 from tests.e2e.test_v061_lifecycle import fail_machine, owner_set, set_node_preserve, setup_pool, wait_replaced
 from tests.polling import eventually_async
 
@@ -102,6 +102,11 @@ def _marked_preserved(node: dict[str, Any]) -> bool:
 def de_annotated(logs: str) -> set[str]:
     """The nodes MCM says it removed its CA annotations from."""
     return set(re.findall(r'De-annotated the node "([^"]+)"', logs))
+
+
+def marker(write: Write) -> bool:
+    """The write sets or removes MCM's marker (an update sends the whole object: it carries the marker)."""
+    return f"metadata.annotations[{MCMS}]" in write.fields
 
 
 def assert_protected_throughout(versions: NodeVersions, name: str) -> None:
@@ -189,15 +194,22 @@ async def test_a_preserved_nodes_ca_annotation_survives_syncs_and_rollouts(real_
     assert_protected_throughout(versions, newcomer)
     assert others  # the pool had machines besides the preserved one throughout
     # No fight with MCM: its rollout's marker is kept off the preserved nodes at admission, so the controller
-    # takes it off at most once, when it takes over a newcomer MCM marked before its preservation.
-    marker_writes = {
-        name: [
-            w
-            for w in await product.controller_writes()
-            if w.kind == "Node" and w.name == name and f"metadata.annotations[{MCMS}]" in w.fields
-        ]
-        for name in (preserved, newcomer)
-    }
-    assert len(marker_writes[preserved]) == 0, marker_writes
-    assert len(marker_writes[newcomer]) <= 1, marker_writes
+    # takes it off at most once, when it takes over a newcomer MCM marked before its preservation. Two things race
+    # with that on a busy machine, and neither is a fight:
+    # - a write made on a view MCM (or anyone) changed meanwhile is answered 409 and changes nothing; the
+    #   controller plans again and writes once more: only the writes that took effect count;
+    # - our node webhooks fail open (failurePolicy Ignore, a node webhook never blocks): one of MCM's writes our
+    #   webhook could not answer in time puts the marker on the node, and the controller takes it off again, as
+    #   the product promises. Each such write allows one take-over more, and only such writes do.
+    controller_writes = await product.controller_writes()
+    mcm_writes = await product.writes_by(product.mcm_user)
+
+    def marker_writes(name: str) -> list[Write]:
+        return [w for w in controller_writes if w.kind == "Node" and w.name == name and marker(w) and w.code < 300]
+
+    def unanswered(name: str) -> list[Write]:
+        return [w for w in mcm_writes if w.kind == "Node" and w.name == name and marker(w) and w.failed_open]
+
+    assert len(marker_writes(preserved)) <= len(unanswered(preserved)), marker_writes(preserved)
+    assert len(marker_writes(newcomer)) <= 1 + len(unanswered(newcomer)), marker_writes(newcomer)
     product.check_running()
