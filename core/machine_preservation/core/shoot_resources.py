@@ -109,11 +109,6 @@ def shoot_access_secret(namespace: str) -> dict[str, Any]:
     }
 
 
-def webhook_url(service: str, namespace: str, port: int = 443) -> str:
-    """Base URL of the extension's webhook Service as the shoot's kube-apiserver (in the seed) reaches it."""
-    return f"https://{service}.{namespace}.svc:{port}"
-
-
 # --- the objects for the shoot ------------------------------------------------------------------------------------
 
 
@@ -360,12 +355,6 @@ def serialize_objects(objects: Iterable[Mapping[str, Any]]) -> bytes:
     sorted, documents in a fixed order, so equal objects give equal bytes."""
     documents = [json.dumps(obj, sort_keys=True, ensure_ascii=False) for obj in sorted(objects, key=_sort_key)]
     return ("---\n" + "\n---\n".join(documents) + "\n").encode() if documents else b""
-
-
-def deserialize_objects(data: bytes) -> list[dict[str, Any]]:
-    """The inverse of `serialize_objects` (for its own output)."""
-    parts = [part.strip() for part in data.decode().split("\n---\n")]
-    return [json.loads(part.removeprefix("---").strip()) for part in parts if part.removeprefix("---").strip()]
 
 
 def ca_bundle_digest(ca_bundle: bytes) -> str:
