@@ -50,6 +50,11 @@ def step(
     return new, decision.changes
 
 
+def stored_as(state: CertificateState) -> StoredCertificates:
+    """What the manager reads back after writing `state`."""
+    return StoredCertificates(ca=state.ca, bundle=state.bundle, serving=state.serving)
+
+
 def fresh() -> CertificateState:
     state, changed = step(StoredCertificates(), now=T0)
     assert changed
@@ -71,19 +76,19 @@ def test_empty_store_gets_a_ca_and_a_serving_certificate_trusted_by_it() -> None
 
 def test_a_fresh_state_is_a_fixed_point_until_the_serving_renewal_time() -> None:
     state = fresh()
-    decision = decide(stored=StoredCertificates.of(state), policy=POLICY, identity=IDENTITY, now=T0, injected=False)
+    decision = decide(stored=stored_as(state), policy=POLICY, identity=IDENTITY, now=T0, injected=False)
     assert not decision.changes
     renew_at = T0 + POLICY.serving_validity - POLICY.serving_validity / 3
     assert decision.next_check == renew_at
     before = decide(
-        stored=StoredCertificates.of(state),
+        stored=stored_as(state),
         policy=POLICY,
         identity=IDENTITY,
         now=renew_at - dt.timedelta(seconds=1),
         injected=True,
     )
     assert not before.changes
-    at = decide(stored=StoredCertificates.of(state), policy=POLICY, identity=IDENTITY, now=renew_at, injected=True)
+    at = decide(stored=stored_as(state), policy=POLICY, identity=IDENTITY, now=renew_at, injected=True)
     assert (at.new_ca, at.new_serving, at.bundle_changed) == (False, True, False)
 
 
@@ -91,11 +96,11 @@ def test_ca_rotation_runs_in_three_steps_with_both_cas_trusted_in_between() -> N
     state = fresh()
     # Keep the serving certificate fresh up to the CA's rotation time, as the loop would.
     rotate_at = state.ca.certificate.not_valid_after_utc - POLICY.ca_rotate_before
-    state, _ = step(StoredCertificates.of(state), now=rotate_at - dt.timedelta(minutes=30))
+    state, _ = step(stored_as(state), now=rotate_at - dt.timedelta(minutes=30))
     old_ca, old_serving = state.ca, state.serving
 
     # Step 1: new CA, old one kept in the bundle, serving certificate untouched.
-    state, changed = step(StoredCertificates.of(state), now=rotate_at)
+    state, changed = step(stored_as(state), now=rotate_at)
     assert changed
     assert serial(state.ca) != serial(old_ca)
     assert [c.serial_number for c in state.bundle] == [serial(state.ca), serial(old_ca)]
@@ -103,13 +108,11 @@ def test_ca_rotation_runs_in_three_steps_with_both_cas_trusted_in_between() -> N
 
     # Before the propagation delay, or before injection, the serving certificate stays.
     for now, injected in ((rotate_at + dt.timedelta(minutes=4), True), (rotate_at + dt.timedelta(minutes=6), False)):
-        decision = decide(
-            stored=StoredCertificates.of(state), policy=POLICY, identity=IDENTITY, now=now, injected=injected
-        )
+        decision = decide(stored=stored_as(state), policy=POLICY, identity=IDENTITY, now=now, injected=injected)
         assert not decision.changes, (now, injected)
 
     # Step 2: serving certificate moves to the new CA; both CAs still trusted.
-    moved, changed = step(StoredCertificates.of(state), now=rotate_at + dt.timedelta(minutes=6))
+    moved, changed = step(stored_as(state), now=rotate_at + dt.timedelta(minutes=6))
     assert changed
     assert moved.serving.certificate.issuer.rfc4514_string() == "CN=mp-webhook-ca"
     assert moved.serving.certificate.serial_number != serial(old_serving)
@@ -117,13 +120,11 @@ def test_ca_rotation_runs_in_three_steps_with_both_cas_trusted_in_between() -> N
 
     # Step 3: after the overlap the old CA leaves the bundle...
     end_of_overlap = rotate_at + POLICY.ca_overlap + dt.timedelta(seconds=1)
-    dropped, changed = step(StoredCertificates.of(moved), now=end_of_overlap)
+    dropped, changed = step(stored_as(moved), now=end_of_overlap)
     assert changed
     assert [c.serial_number for c in dropped.bundle] == [serial(moved.ca)]
     # ... but never while the stored serving certificate still depends on it (injection never happened).
-    kept = decide(
-        stored=StoredCertificates.of(state), policy=POLICY, identity=IDENTITY, now=end_of_overlap, injected=False
-    )
+    kept = decide(stored=stored_as(state), policy=POLICY, identity=IDENTITY, now=end_of_overlap, injected=False)
     assert not kept.changes
     assert [c.serial_number for c in kept.retiring] == [serial(old_ca)]
 
@@ -131,7 +132,7 @@ def test_ca_rotation_runs_in_three_steps_with_both_cas_trusted_in_between() -> N
 def test_an_expired_ca_is_replaced_with_no_overlap_and_a_new_serving_certificate() -> None:
     state = fresh()
     later = state.ca.certificate.not_valid_after_utc + dt.timedelta(seconds=1)
-    decision = decide(stored=StoredCertificates.of(state), policy=POLICY, identity=IDENTITY, now=later, injected=True)
+    decision = decide(stored=stored_as(state), policy=POLICY, identity=IDENTITY, now=later, injected=True)
     assert (decision.new_ca, decision.new_serving, decision.retiring) == (True, True, ())
     assert any("expired" in reason for reason in decision.reasons)
 
@@ -166,7 +167,7 @@ def test_a_garbage_ca_starts_over() -> None:
 def test_a_changed_service_name_reissues_the_serving_certificate() -> None:
     state = fresh()
     renamed = ServingIdentity(dns_names=("other.ns.svc",), ip_addresses=("127.0.0.1",))
-    decision = decide(stored=StoredCertificates.of(state), policy=POLICY, identity=renamed, now=T0, injected=True)
+    decision = decide(stored=stored_as(state), policy=POLICY, identity=renamed, now=T0, injected=True)
     assert (decision.new_ca, decision.new_serving) == (False, True)
     assert "missing-names" in decision.reasons[0]
 
@@ -217,12 +218,12 @@ def test_rollouts_never_meet_an_untrusted_certificate(steps: list[int]) -> None:
     for seconds in steps:
         now += dt.timedelta(seconds=seconds)
         # The loop injects after each pass, so the decision sees the previous state's bundle injected.
-        current, _ = step(StoredCertificates.of(previous), now=now, injected=True)
+        current, _ = step(stored_as(previous), now=now, injected=True)
         for bundle_state in (previous, current):
             for serving_state in (previous, current):
                 assert _trusts(bundle_state, serving_state, now), (now, bundle_state.bundle, serving_state.serving)
         assert 1 <= len(current.bundle) <= 2
-        again = decide(stored=StoredCertificates.of(current), policy=POLICY, identity=IDENTITY, now=now, injected=True)
+        again = decide(stored=stored_as(current), policy=POLICY, identity=IDENTITY, now=now, injected=True)
         assert not again.changes, again.reasons
         assert again.next_check > now
         cas_seen.add(serial(current.ca))
@@ -234,12 +235,12 @@ def test_rollouts_never_meet_an_untrusted_certificate(steps: list[int]) -> None:
 def test_the_serving_certificate_moves_to_a_new_ca_only_once_every_shoot_has_applied_it() -> None:
     state = fresh()
     rotate_at = state.ca.certificate.not_valid_after_utc - POLICY.ca_rotate_before
-    state, _ = step(StoredCertificates.of(state), now=rotate_at - dt.timedelta(minutes=30))
-    state, _ = step(StoredCertificates.of(state), now=rotate_at)  # step 1: the new CA joins the bundle
+    state, _ = step(stored_as(state), now=rotate_at - dt.timedelta(minutes=30))
+    state, _ = step(stored_as(state), now=rotate_at)  # step 1: the new CA joins the bundle
     propagated = rotate_at + dt.timedelta(minutes=6)
 
     def at(now: dt.datetime, pending: tuple[str, ...]) -> Decision:
-        stored = StoredCertificates.of(state)
+        stored = stored_as(state)
         return decide(stored=stored, policy=POLICY, identity=IDENTITY, now=now, injected=True, shoots_pending=pending)
 
     # A shoot whose API server may still hold the old bundle keeps the serving certificate on the old CA ...

@@ -134,10 +134,6 @@ class StoredCertificates:
             bundle = ()
         return cls(ca=ca, bundle=bundle, serving=serving)
 
-    @classmethod
-    def of(cls, state: CertificateState) -> StoredCertificates:
-        return cls(ca=state.ca, bundle=state.bundle, serving=state.serving)
-
 
 def _pair(data: Mapping[str, bytes], cert_key: str, key_key: str) -> KeyPair | None:
     cert, key = data.get(cert_key), data.get(key_key)
