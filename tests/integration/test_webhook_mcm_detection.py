@@ -18,7 +18,7 @@ from kubernetes import client
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.mcm_evidence import MACHINE_CRD, MACHINE_SET_CRD, cluster_evidence
-from machine_preservation.core.mcm_generation import NativePreservationMode
+from machine_preservation.core.mcm_generation import ClusterEvidence, NativePreservationMode
 from machine_preservation.core.webhook_configurations import CA_ANNOTATION_PATH, shoot_path
 from machine_preservation.kube.clients import new_api_client
 from machine_preservation.localcluster import seed_install
@@ -152,6 +152,16 @@ def _user_drops_ca() -> dict[str, Any]:
     return review(kind=NODE_KIND, operation="UPDATE", obj=new, old=old)
 
 
+class _CountingNatives(NativeByNamespace):
+    """Counts the namespace reads the cache lets through to the API server."""
+
+    reads = 0
+
+    async def _read_namespace(self, api_client: client.ApiClient, namespace: str, seconds: float) -> ClusterEvidence:
+        self.reads += 1
+        return await super()._read_namespace(api_client, namespace, seconds)
+
+
 async def test_a_shoots_node_requests_follow_that_shoots_mcm(
     control_plane: ControlPlane, kube_client: client.ApiClient, aiohttp_client: AiohttpClient, tmp_path: Path
 ) -> None:
@@ -160,7 +170,8 @@ async def test_a_shoots_node_requests_follow_that_shoots_mcm(
     apps = client.AppsV1Api(kube_client)
     ttl = 3.0
     identity = await seed_chart_identity(control_plane, tmp_path, deployment=seed_install.WEBHOOK_DEPLOYMENT)
-    natives = NativeByNamespace.from_kubeconfig(identity, ttl=ttl)
+    natives = _CountingNatives.from_kubeconfig(identity, ttl=ttl)
+    assert isinstance(natives, _CountingNatives)
     app = build_app(
         WebhookConfig(
             settings=AdmissionSettings(),
