@@ -25,7 +25,6 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from machine_preservation.cli.main import build_parser
-from machine_preservation.core import webhook_configurations as wc
 from machine_preservation.localcluster.controlplane import ControlPlane, free_port
 from machine_preservation.localcluster.toolchain import Toolchain
 from machine_preservation.webhook import commands as webhook_commands
@@ -33,6 +32,7 @@ from machine_preservation.webhook.machine_sets import KubernetesMachineSets
 from machine_preservation.webhook.server import WebhookServer
 from tests.integration import chart as standalone
 from tests.polling import eventually
+from tests.webhook import configurations as wc
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "gardener-extension-machine-preservation-admission"

@@ -17,7 +17,6 @@ from kubernetes.client.exceptions import ApiException
 
 from machine_preservation.cli.main import build_parser
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core import webhook_configurations as wc
 from machine_preservation.core.admission.settings import service_account_username
 from machine_preservation.core.preservation_record import PreservationRecord
 from machine_preservation.localcluster import seed_install
@@ -28,6 +27,7 @@ from machine_preservation.webhook.mcm_detection import NativeByNamespace
 from machine_preservation.webhook.server import WebhookServer
 from tests.integration.seed_identity import seed_chart_identity
 from tests.polling import eventually
+from tests.webhook import configurations as wc
 
 MACHINES = (v.MACHINE_API_GROUP, v.MACHINE_API_VERSION)
 SEED_CONTROLLER = "system:serviceaccount:extension-mp:gardener-extension-machine-preservation"

@@ -1,18 +1,11 @@
 """Validating/MutatingWebhookConfiguration builders: how the API server is told to call the webhook.
 
 Production code: the Gardener extension puts the node configurations into every shoot (shoot_resources.py).
-The standalone Helm chart renders the same registration, and tests/integration/test_chart_render.py compares
-the chart's webhook configurations with these builders. The narrowing they encode:
-- node rules (Nodes and nodes/status, which can carry metadata changes too) are called only when a relevant
-  annotation changes (CEL `matchConditions`), never for kubelets (group `system:nodes`), MCM or the
-  controller, with `failurePolicy: Ignore` and `timeoutSeconds` ≤ 5, so a webhook outage cannot block nodes;
-- Machine and Shoot rules may fail closed; the deletion guard is only called for MCM's own deletes of
-  Failed machines and of machines carrying our preservation record, so an outage never blocks MCM deleting
-  the healthy machines nobody preserves; and never for a machine Gardener marked for forced deletion (it marks
-  every machine of a Shoot it hibernates or deletes before MCM deletes them), so an outage never blocks
-  hibernation or shoot deletion (force deletion's deletes are gardenlet's, never MCM's);
-- Machine rules are namespaced: the chart pins them to their control namespace (`control_namespace_selector`),
-  so several installs in one cluster each judge only their own.
+The narrowing they encode: node rules (Nodes and nodes/status, which can carry metadata changes too) are called
+only when a relevant annotation changes (CEL `matchConditions`), never for kubelets (group `system:nodes`), MCM
+or the controller, with `failurePolicy: Ignore` and `timeoutSeconds` ≤ 5, so a webhook outage cannot block nodes.
+The Machine and Shoot registrations are the charts' own; tests/webhook/configurations.py builds them from the
+blocks here, for the tests that register the webhook and compare the charts with them.
 """
 
 from __future__ import annotations
@@ -23,8 +16,6 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.admission.deletion import FORCE_DELETION_LABEL, FORCE_DELETION_VALUE
-from machine_preservation.core.provider_config import EXTENSION_TYPE
 
 # The URL paths the webhook server serves (webhook/app.py routes them), one per kind of review.
 PRESERVE_ANNOTATION_PATH: Final = "/validate-preserve-annotation"
@@ -44,16 +35,11 @@ def shoot_path(namespace: str, path: str = "") -> str:
 
 DOMAIN: Final = "machine-preservation.sapcloud.io"
 NODE_PRESERVE_WEBHOOK: Final = f"preserve-annotation.nodes.{DOMAIN}"
-MACHINE_PRESERVE_WEBHOOK: Final = f"preserve-annotation.machines.{DOMAIN}"
 NODE_CA_WEBHOOK: Final = f"ca-annotation.nodes.{DOMAIN}"
 NODE_MCM_MARKER_WEBHOOK: Final = f"mcm-marker.nodes.{DOMAIN}"
-MACHINE_DELETION_WEBHOOK: Final = f"deletion.machines.{DOMAIN}"
-SHOOT_WEBHOOK: Final = f"workers.shoots.{DOMAIN}"
 
 MAX_NODE_TIMEOUT_SECONDS: Final = 5
 KUBELET_GROUP: Final = "system:nodes"
-# Set by the API server on every namespace.
-NAMESPACE_NAME_LABEL: Final = "kubernetes.io/metadata.name"
 PRESERVE_RELATED_ANNOTATIONS: Final = (v.PRESERVE_ANNOTATION, *v.CONTROLLER_OWNED_ANNOTATIONS)
 
 FailurePolicy = Literal["Fail", "Ignore"]
@@ -113,7 +99,7 @@ def username_list(usernames: Iterable[str]) -> str:
     return "[" + ", ".join(cel_string(name) for name in sorted(set(usernames))) + "]"
 
 
-def _username_not_in(usernames: Iterable[str]) -> str:
+def username_not_in(usernames: Iterable[str]) -> str:
     return f"!(request.userInfo.username in {username_list(usernames)})"
 
 
@@ -131,49 +117,18 @@ def _preserved(obj: str) -> str:
     return f"({marker} || {condition})"
 
 
-def _failed(obj: str) -> str:
-    """CEL: the object's phase is Failed (every level checked, so a Machine without status is not)."""
-    return (
-        f"({obj} != null && has({obj}.status) && has({obj}.status.currentStatus) && "
-        f"has({obj}.status.currentStatus.phase) && {obj}.status.currentStatus.phase == "
-        f"{cel_string(v.MachinePhase.FAILED)})"
-    )
-
-
-def _failed_or_preserved(obj: str) -> str:
-    """CEL: the object is Failed, or carries any key of our preservation record (in any phase)."""
-    record = " || ".join(has_annotation(obj, key) for key in v.PRESERVATION_RECORD_ANNOTATIONS)
-    return f"({_failed(obj)} || {record})"
-
-
-def _not_force_deleted(obj: str) -> str:
-    """CEL: the object does not carry MCM's forced-deletion mark."""
-    label = cel_string(FORCE_DELETION_LABEL)
-    return (
-        f"!({obj} != null && has({obj}.metadata.labels) && {label} in {obj}.metadata.labels && "
-        f"{obj}.metadata.labels[{label}] == {cel_string(FORCE_DELETION_VALUE)})"
-    )
-
-
-def control_namespace_selector(namespace: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A namespaceSelector for the control namespace only, narrowed further by `extra` (a label selector)."""
-    selector = dict(extra or {})
-    selector["matchLabels"] = {**selector.get("matchLabels", {}), NAMESPACE_NAME_LABEL: namespace}
-    return selector
-
-
-def _condition(name: str, expression: str) -> dict[str, str]:
+def match_condition(name: str, expression: str) -> dict[str, str]:
     return {"name": name, "expression": expression}
 
 
 def _node_exclusions(*, controller_username: str, mcm_usernames: Iterable[str]) -> list[dict[str, str]]:
     return [
-        _condition("not-a-kubelet", f"!({cel_string(KUBELET_GROUP)} in request.userInfo.groups)"),
-        _condition("not-mcm-or-controller", _username_not_in([controller_username, *mcm_usernames])),
+        match_condition("not-a-kubelet", f"!({cel_string(KUBELET_GROUP)} in request.userInfo.groups)"),
+        match_condition("not-mcm-or-controller", username_not_in([controller_username, *mcm_usernames])),
     ]
 
 
-def _rule(*, group: str, version: str, resources: Sequence[str], operations: Sequence[str]) -> dict[str, Any]:
+def rule(*, group: str, version: str, resources: Sequence[str], operations: Sequence[str]) -> dict[str, Any]:
     return {
         "apiGroups": [group],
         "apiVersions": [version],
@@ -183,7 +138,7 @@ def _rule(*, group: str, version: str, resources: Sequence[str], operations: Seq
     }
 
 
-def _webhook(
+def webhook_entry(
     *,
     name: str,
     client: ClientConfig,
@@ -231,13 +186,13 @@ def node_preserve_annotation_webhook(
     object_selector: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Validating, Nodes CREATE/UPDATE: preserve annotation values and the controller's markers."""
-    return _webhook(
+    return webhook_entry(
         name=NODE_PRESERVE_WEBHOOK,
         client=client,
         path=PRESERVE_ANNOTATION_PATH,
-        rules=[_rule(group="", version="v1", resources=["nodes", "nodes/status"], operations=["CREATE", "UPDATE"])],
+        rules=[rule(group="", version="v1", resources=["nodes", "nodes/status"], operations=["CREATE", "UPDATE"])],
         match_conditions=[
-            _condition("preserve-annotations-change", any_annotation_changed(PRESERVE_RELATED_ANNOTATIONS)),
+            match_condition("preserve-annotations-change", any_annotation_changed(PRESERVE_RELATED_ANNOTATIONS)),
             *_node_exclusions(controller_username=controller_username, mcm_usernames=mcm_usernames),
         ],
         failure_policy="Ignore",
@@ -259,15 +214,15 @@ def node_ca_annotation_webhook(
     key = cel_string(v.CA_SCALE_DOWN_DISABLED_ANNOTATION)
     present = has_annotation("object", v.CA_SCALE_DOWN_DISABLED_ANNOTATION)
     still_true = f"({present} && object.metadata.annotations[{key}] == 'true')"
-    webhook = _webhook(
+    webhook = webhook_entry(
         name=NODE_CA_WEBHOOK,
         client=client,
         path=CA_ANNOTATION_PATH,
-        rules=[_rule(group="", version="v1", resources=["nodes", "nodes/status"], operations=["UPDATE"])],
+        rules=[rule(group="", version="v1", resources=["nodes", "nodes/status"], operations=["UPDATE"])],
         match_conditions=[
-            _condition("ca-annotation-changes", annotation_changed(v.CA_SCALE_DOWN_DISABLED_ANNOTATION)),
-            _condition("ca-annotation-not-true", f"!{still_true}"),
-            _condition("node-preserved", f"{_preserved('oldObject')} || {_preserved('object')}"),
+            match_condition("ca-annotation-changes", annotation_changed(v.CA_SCALE_DOWN_DISABLED_ANNOTATION)),
+            match_condition("ca-annotation-not-true", f"!{still_true}"),
+            match_condition("node-preserved", f"{_preserved('oldObject')} || {_preserved('object')}"),
             *_node_exclusions(controller_username=controller_username, mcm_usernames=mcm_usernames),
         ],
         failure_policy="Ignore",
@@ -289,155 +244,27 @@ def node_mcm_marker_webhook(
 ) -> dict[str, Any]:
     """Mutating, Nodes UPDATE by MCM: keep its CA marker off the nodes the controller preserves."""
     mcm_marker, ours = v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION, v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION
-    return _webhook(
+    return webhook_entry(
         name=NODE_MCM_MARKER_WEBHOOK,
         client=client,
         path=MCM_MARKER_PATH,
-        rules=[_rule(group="", version="v1", resources=["nodes", "nodes/status"], operations=["UPDATE"])],
+        rules=[rule(group="", version="v1", resources=["nodes", "nodes/status"], operations=["UPDATE"])],
         match_conditions=[
-            _condition(
+            match_condition(
                 "mcm-marker-added",
                 f"!{has_annotation('oldObject', mcm_marker)} && {has_annotation('object', mcm_marker)}",
             ),
-            _condition(
+            match_condition(
                 "preserved-by-the-controller",
                 f"{has_annotation('oldObject', ours)} && {has_annotation('object', ours)}",
             ),
-            _condition("by-mcm", f"request.userInfo.username in {username_list(mcm_usernames)}"),
+            match_condition("by-mcm", f"request.userInfo.username in {username_list(mcm_usernames)}"),
             _node_exclusions(controller_username="", mcm_usernames=())[0],
         ],
         failure_policy="Ignore",
         timeout_seconds=_node_timeout(timeout_seconds),
         object_selector=object_selector,
         namespace_selector=None,
-    )
-
-
-def machine_preserve_annotation_webhook(
-    *,
-    client: ClientConfig,
-    controller_username: str,
-    failure_policy: FailurePolicy = "Fail",
-    timeout_seconds: int = 10,
-    namespace_selector: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Validating, Machines CREATE/UPDATE: preserve annotation values and the controller's markers."""
-    return _webhook(
-        name=MACHINE_PRESERVE_WEBHOOK,
-        client=client,
-        path=PRESERVE_ANNOTATION_PATH,
-        rules=[
-            _rule(
-                group=v.MACHINE_API_GROUP,
-                version=v.MACHINE_API_VERSION,
-                resources=["machines"],
-                operations=["CREATE", "UPDATE"],
-            )
-        ],
-        match_conditions=[
-            _condition("preserve-annotations-change", any_annotation_changed(PRESERVE_RELATED_ANNOTATIONS)),
-            _condition("not-the-controller", _username_not_in([controller_username])),
-        ],
-        failure_policy=failure_policy,
-        timeout_seconds=timeout_seconds,
-        object_selector=None,
-        namespace_selector=namespace_selector,
-    )
-
-
-def machine_deletion_webhook(
-    *,
-    client: ClientConfig,
-    mcm_usernames: Iterable[str],
-    failure_policy: FailurePolicy = "Fail",
-    timeout_seconds: int = 10,
-    namespace_selector: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Validating, Machines DELETE, called for MCM's deletes of Failed machines and of machines carrying our
-    preservation record only (only those are kept), unless Gardener marked the machine for forced deletion."""
-    return _webhook(
-        name=MACHINE_DELETION_WEBHOOK,
-        client=client,
-        path=MACHINE_DELETION_PATH,
-        rules=[
-            _rule(
-                group=v.MACHINE_API_GROUP, version=v.MACHINE_API_VERSION, resources=["machines"], operations=["DELETE"]
-            )
-        ],
-        match_conditions=[
-            _condition("deleted-by-mcm", f"request.userInfo.username in {username_list(mcm_usernames)}"),
-            _condition("machine-failed-or-preserved", _failed_or_preserved("oldObject")),
-            _condition("not-force-deletion", _not_force_deleted("oldObject")),
-        ],
-        failure_policy=failure_policy,
-        timeout_seconds=timeout_seconds,
-        object_selector=None,
-        namespace_selector=namespace_selector,
-    )
-
-
-def _workers_present(obj: str) -> str:
-    return f"(has({obj}.spec) && has({obj}.spec.provider) && has({obj}.spec.provider.workers))"
-
-
-def _extensions_present(obj: str) -> str:
-    return f"(has({obj}.spec) && has({obj}.spec.extensions))"
-
-
-def _pool_settings(obj: str) -> str:
-    """Per pool what the Shoot admission judges: name, max, timeout and the max's bound (`maximum`,
-    `systemComponents`), each as a list of zero or one item (so an absent field compares as absent, and typed
-    fields of different kinds fit one list via `dyn`)."""
-    mcm = "w.machineControllerManager"
-    parts = [
-        "has(w.name) ? [w.name] : []",
-        f"has({mcm}) && has({mcm}.autoPreserveFailedMachineMax) ? [{mcm}.autoPreserveFailedMachineMax] : []",
-        f"has({mcm}) && has({mcm}.machinePreserveTimeout) ? [{mcm}.machinePreserveTimeout] : []",
-        "has(w.maximum) ? [w.maximum] : []",
-        "has(w.systemComponents) ? [w.systemComponents] : []",
-    ]
-    projection = ", ".join(f"dyn({part})" for part in parts)
-    return f"({_workers_present(obj)} ? {obj}.spec.provider.workers.map(w, [{projection}]) : [])"
-
-
-def _preservation_extension(obj: str) -> str:
-    """The Shoot's entries of this extension (its providerConfig, whether it is disabled)."""
-    entries = f"{obj}.spec.extensions.filter(e, has(e.type) && e.type == '{EXTENSION_TYPE}')"
-    return f"({_extensions_present(obj)} ? {entries} : [])"
-
-
-def shoot_webhook(
-    *,
-    client: ClientConfig,
-    failure_policy: FailurePolicy = "Fail",
-    timeout_seconds: int = 10,
-    namespace_selector: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Validating, Shoots CREATE/UPDATE, called on UPDATE only when what the admission judges changes (a pool's
-    preservation settings or their bound, the extension's entry): any other update (an image or version update,
-    hibernation, a deletion's annotations) never reaches the webhook, so its outage cannot block it."""
-    settings_changed = (
-        "request.operation != 'UPDATE' || "
-        f"{_pool_settings('object')} != {_pool_settings('oldObject')} || "
-        f"{_preservation_extension('object')} != {_preservation_extension('oldObject')}"
-    )
-    return _webhook(
-        name=SHOOT_WEBHOOK,
-        client=client,
-        path=SHOOT_PATH,
-        rules=[
-            _rule(
-                group=v.SHOOT_API_GROUP,
-                version=v.SHOOT_API_VERSION,
-                resources=["shoots"],
-                operations=["CREATE", "UPDATE"],
-            )
-        ],
-        match_conditions=[_condition("preservation-settings-change", settings_changed)],
-        failure_policy=failure_policy,
-        timeout_seconds=timeout_seconds,
-        object_selector=None,
-        namespace_selector=namespace_selector,
     )
 
 
