@@ -11,12 +11,10 @@ through it).
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.aio import client
@@ -24,7 +22,8 @@ from kubernetes.aio import client
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.gardener import CLUSTER_API_GROUP, CLUSTER_PLURAL
 from machine_preservation.core.mcm_evidence import AUTO_MAX_PATH, EXPIRY_PATH, MACHINE_CRD, MACHINE_SET_CRD, keeps
-from machine_preservation.kube.api_errors import ApiError, classify
+from machine_preservation.kube.api_errors import Failed, NotFound
+from machine_preservation.kube.crds import SharedRead, read_crd
 
 logger = logging.getLogger(__name__)
 
@@ -59,24 +58,21 @@ def check_machine_crd(crd: Mapping[str, Any], *, version: str = v.MACHINE_API_VE
     return keeps(crd, EXPIRY_PATH, version=version)
 
 
-async def _read_crd(api: client.ApiextensionsV1Api, name: str) -> tuple[int, bytes]:
-    response = await api.read_custom_resource_definition_without_preload_content(name)
-    return response.status, await response.read()
-
-
 async def inspect_crds(api_client: client.ApiClient) -> CrdFacts:
     """Read MCM's Machine and MachineSet CRDs from the control cluster and say what they keep."""
-    api = client.ApiextensionsV1Api(api_client)
-    status, body = await _read_crd(api, MACHINE_CRD)
-    if classify(status) is ApiError.NOT_FOUND:
-        raise CrdCheckFailed(f"The Machine CRD {MACHINE_CRD} is not installed in the control cluster.")
-    if status != 200:
+    try:
+        machine = await read_crd(api_client, MACHINE_CRD)
+    except NotFound as error:
+        raise CrdCheckFailed(f"The Machine CRD {MACHINE_CRD} is not installed in the control cluster.") from error
+    except Failed as error:
         raise CrdCheckFailed(
-            f"Cannot read the Machine CRD {MACHINE_CRD}: HTTP {status} {body[:300].decode(errors='replace')}"
-        )
-    keeps_expiry = check_machine_crd(json.loads(body))
-    status, body = await _read_crd(api, MACHINE_SET_CRD)
-    keeps_auto_max = keeps(json.loads(body), AUTO_MAX_PATH) if status == 200 else None
+            f"Cannot read the Machine CRD {MACHINE_CRD}: HTTP {error.status} {(error.body or '')[:300]}"
+        ) from error
+    keeps_expiry = check_machine_crd(machine)
+    try:
+        keeps_auto_max: bool | None = keeps(await read_crd(api_client, MACHINE_SET_CRD), AUTO_MAX_PATH)
+    except Failed:
+        keeps_auto_max = None
     logger.info(
         "MCM's CRDs %s the preservation status fields (Machine keeps %s: %s; MachineSet keeps %s: %s)",
         "keep" if keeps_expiry else "prune",
@@ -90,20 +86,18 @@ async def inspect_crds(api_client: client.ApiClient) -> CrdFacts:
 
 async def has_crd(api_client: client.ApiClient, name: str) -> bool:
     """Whether the CRD is installed; said in the log either way, since what depends on it is then left out."""
-    status, body = await _read_crd(client.ApiextensionsV1Api(api_client), name)
-    if status == 200:
-        logger.info("CRD %s is installed", name)
-        return True
-    if classify(status) is ApiError.NOT_FOUND:
+    try:
+        await read_crd(api_client, name)
+    except NotFound:
         logger.info("CRD %s is not installed", name)
-    else:
+        return False
+    except Failed as error:
         logger.warning(
-            "cannot read CRD %s (HTTP %d %s): treated as not installed",
-            name,
-            status,
-            body[:200].decode(errors="replace"),
+            "cannot read CRD %s (HTTP %d %s): treated as not installed", name, error.status, (error.body or "")[:200]
         )
-    return False
+        return False
+    logger.info("CRD %s is installed", name)
+    return True
 
 
 @dataclass(frozen=True)
@@ -118,20 +112,11 @@ async def inspect_control(api_client: client.ApiClient) -> ControlFacts:
     return ControlFacts(crds=await inspect_crds(api_client), has_cluster=await has_crd(api_client, CLUSTER_CRD))
 
 
-@dataclass
-class ControlFactsCache:
+class ControlFactsCache(SharedRead[ControlFacts]):
     """`inspect_control`, read at most once per `max_age` for all the shoots of a seed: the CRDs are the seed's,
     so 200 shoots starting together, or inspecting MCM every minute, read them once."""
 
-    api_client: client.ApiClient
-    max_age: float = 60.0
-    clock: Callable[[], float] = time.monotonic
-    _facts: ControlFacts | None = None
-    _read_at: float = 0.0
-    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    async def get(self) -> ControlFacts:
-        async with self._lock:  # one read at a time; the others wait for it and share it
-            if self._facts is None or self.clock() - self._read_at >= self.max_age:
-                self._facts, self._read_at = await inspect_control(self.api_client), self.clock()
-            return self._facts
+    def __init__(
+        self, api_client: client.ApiClient, *, max_age: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__(lambda: inspect_control(api_client), max_age=max_age, clock=clock)

@@ -12,11 +12,13 @@ from __future__ import annotations
 import contextlib
 import enum
 import json
-from collections.abc import Iterator
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any, Final, TypeVar
 
 import aiohttp
 from kubernetes.aio.client.exceptions import ApiException
+
+T = TypeVar("T")
 
 
 class ApiError(enum.Enum):
@@ -130,7 +132,25 @@ def api_call() -> Iterator[None]:
     except ApiException as error:
         raise failed(error.status, error.reason, error.body) from error
     except (TimeoutError, aiohttp.ClientError, OSError) as error:
-        raise NoAnswer(repr(error)) from error
+        raise NoAnswer(str(error) or type(error).__name__) from error
+
+
+async def call(request: Awaitable[T]) -> T:
+    """What `request` returns; what it fails with raised as its meaning, as `api_call` does."""
+    with api_call():
+        return await request
+
+
+async def read_object(
+    call: Callable[..., Awaitable[Any]], *args: str, seconds: float | None = None
+) -> Mapping[str, Any]:
+    """One object as JSON by a `*_without_preload_content` call, bounded by `seconds`; raises its meaning (`NotFound`,
+    `NoAnswer`, ...) or ValueError for an answer that is not a JSON object."""
+    with api_call():
+        document = await read_json(await call(*args, _request_timeout=seconds), absent=frozenset())
+    if not isinstance(document, Mapping):
+        raise ValueError("the answer is not a JSON object")
+    return document
 
 
 async def read_json(response: Any, *, absent: frozenset[ApiError] = frozenset({ApiError.NOT_FOUND})) -> Any:

@@ -17,20 +17,17 @@ real shoots out of the cache.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-import aiohttp
 from kubernetes.aio import client
-from kubernetes.aio.client.exceptions import ApiException
 from kubernetes.aio.config.config_exception import ConfigException
 
 from machine_preservation.core import extension as gardener_extension
@@ -42,27 +39,37 @@ from machine_preservation.core.mcm_generation import (
     NativePreservationMode,
     decide_native_preservation,
 )
-from machine_preservation.kube.api_errors import NO_ANSWER
+from machine_preservation.kube.api_errors import NO_ANSWER, Failed, NoAnswer, call, read_object
 from machine_preservation.kube.clients import new_api_client
+from machine_preservation.kube.crds import SharedRead, read_crd
 
 logger = logging.getLogger(__name__)
 
 READ_TIMEOUT_SECONDS = 5.0
 
 
-async def _read(
-    call: Callable[..., Awaitable[Any]], *args: str, seconds: float = READ_TIMEOUT_SECONDS
-) -> Mapping[str, Any] | None:
+async def _read(read: Awaitable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """One object as JSON; None when it cannot be read (missing, forbidden, unreachable, not JSON)."""
     try:
-        response = await call(*args, _request_timeout=seconds)
-        body = await response.read()
-        if response.status != 200:
-            return None
-        document = json.loads(body)
-    except (ApiException, aiohttp.ClientError, TimeoutError, OSError, ValueError):
+        return await read
+    except (Failed, NoAnswer, ValueError):
         return None
-    return document if isinstance(document, Mapping) else None
+
+
+async def _read_deployment(api_client: client.ApiClient, namespace: str, seconds: float) -> Mapping[str, Any]:
+    read = client.AppsV1Api(api_client).read_namespaced_deployment_without_preload_content
+    return await read_object(read, MCM_DEPLOYMENT, namespace, seconds=seconds)
+
+
+async def _read_crds(
+    api_client: client.ApiClient, seconds: float
+) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
+    """MCM's Machine and MachineSet CRDs (read at the same time), each None when it cannot be read."""
+    machine, machine_set = await asyncio.gather(
+        _read(read_crd(api_client, MACHINE_CRD, seconds=seconds)),
+        _read(read_crd(api_client, MACHINE_SET_CRD, seconds=seconds)),
+    )
+    return machine, machine_set
 
 
 async def read_evidence(
@@ -70,21 +77,12 @@ async def read_evidence(
 ) -> ClusterEvidence:
     """What the control cluster shows about its MCM; `namespace`: where MCM's Deployment runs, if known.
     `seconds`: the timeout of each read (they run at the same time)."""
-    extensions = client.ApiextensionsV1Api(api_client)
-    read_crd = extensions.read_custom_resource_definition_without_preload_content
 
     async def read_deployment() -> Mapping[str, Any] | None:
-        if not namespace:
-            return None
-        apps = client.AppsV1Api(api_client)
-        return await _read(
-            apps.read_namespaced_deployment_without_preload_content, MCM_DEPLOYMENT, namespace, seconds=seconds
-        )
+        return await _read(_read_deployment(api_client, namespace, seconds)) if namespace else None
 
-    deployment, machine_crd, machine_set_crd = await asyncio.gather(
-        read_deployment(),
-        _read(read_crd, MACHINE_CRD, seconds=seconds),
-        _read(read_crd, MACHINE_SET_CRD, seconds=seconds),
+    deployment, (machine_crd, machine_set_crd) = await asyncio.gather(
+        read_deployment(), _read_crds(api_client, seconds)
     )
     return cluster_evidence(deployment=deployment, machine_crd=machine_crd, machine_set_crd=machine_set_crd)
 
@@ -221,10 +219,10 @@ class ExtensionNamespaces:
             async with asyncio.timeout(self._timeout):
                 if self._api_client is None:
                     self._api_client = await self._connect()
-                self._names = await self._list(self._api_client, self._timeout)
+                self._names = await call(self._list(self._api_client, self._timeout))
         except TimeoutError:
             logger.warning("the shoot namespaces with our Extension: no answer within %g s", self._timeout)
-        except ApiException as error:
+        except Failed as error:
             logger.warning(
                 "the shoot namespaces with our Extension cannot be listed: %s %s", error.status, error.reason
             )
@@ -240,32 +238,6 @@ class ExtensionNamespaces:
         if self._api_client is not None:
             await self._api_client.close()  # type: ignore[no-untyped-call]
             self._api_client = None
-
-
-@dataclass
-class _SeedCrds:
-    """MCM's CRDs as last read: the seed's, the same for every namespace, so read at most once per `ttl` for all
-    (200 namespaces would otherwise read both of them every minute each)."""
-
-    ttl: float
-    monotonic: Callable[[], float]
-    read_at: float = 0.0
-    crds: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None] | None = None
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    async def get(
-        self, api_client: client.ApiClient, seconds: float
-    ) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
-        async with self.lock:  # one read at a time; the namespaces waiting for it share it
-            # A CRD that could not be read is tried again soon, not after a whole ttl.
-            fresh_for = self.ttl if self.crds is not None and None not in self.crds else min(self.ttl, RETRY_SECONDS)
-            if self.crds is None or self.monotonic() - self.read_at >= fresh_for:
-                read_crd = client.ApiextensionsV1Api(api_client).read_custom_resource_definition_without_preload_content
-                machine, machine_set = await asyncio.gather(
-                    _read(read_crd, MACHINE_CRD, seconds=seconds), _read(read_crd, MACHINE_SET_CRD, seconds=seconds)
-                )
-                self.crds, self.read_at = (machine, machine_set), self.monotonic()
-            return self.crds
 
 
 @dataclass
@@ -308,7 +280,14 @@ class NativeByNamespace:
     ) -> None:
         self._connect = connect
         self._only, self._default = only, default
-        self._crds = _SeedCrds(ttl=ttl, monotonic=monotonic)
+        # MCM's CRDs are the seed's, the same for every namespace: read once per `ttl` for all (200 namespaces would
+        # otherwise read both every minute each), and a CRD that could not be read again soon, not after a whole ttl.
+        self._crds = SharedRead(
+            self._read_seed_crds,
+            max_age=ttl,
+            clock=monotonic,
+            fresh_for=lambda crds: ttl if None not in crds else min(ttl, RETRY_SECONDS),
+        )
         self._read = read or self._read_namespace
         self._reading = asyncio.Semaphore(max_reads)
         self._ttl, self._max_entries, self._timeout = ttl, max_entries, timeout
@@ -344,11 +323,12 @@ class NativeByNamespace:
                 self._api_client = await self._connect()
             return self._api_client
 
+    async def _read_seed_crds(self) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
+        return await _read_crds(await self._client(), self._timeout)
+
     async def _read_namespace(self, api_client: client.ApiClient, namespace: str, seconds: float) -> ClusterEvidence:
-        apps = client.AppsV1Api(api_client)
         deployment, (machine_crd, machine_set_crd) = await asyncio.gather(
-            _read(apps.read_namespaced_deployment_without_preload_content, MCM_DEPLOYMENT, namespace, seconds=seconds),
-            self._crds.get(api_client, seconds),
+            _read(_read_deployment(api_client, namespace, seconds)), self._crds.get()
         )
         return cluster_evidence(deployment=deployment, machine_crd=machine_crd, machine_set_crd=machine_set_crd)
 
