@@ -17,7 +17,7 @@ from machine_preservation.controller.queue import WorkQueue
 from machine_preservation.controller.reader import DEPLOYMENT_INDEX, MACHINE_NODE_INDEX, key_of, owner_name
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.gardener import ClusterView
-from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, NodeMeta, Pod
+from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, NodeMeta, ObjectMeta, Pod
 from machine_preservation.kube.informer import Handler
 
 T = TypeVar("T")
@@ -66,7 +66,7 @@ def is_resync(old: object, new: object) -> bool:
 
 def _resource_version(obj: object) -> str | None:
     metadata = getattr(obj, "metadata", None)
-    return metadata.resource_version if isinstance(metadata, NodeMeta) else None
+    return metadata.resource_version if isinstance(metadata, NodeMeta | ObjectMeta) else None
 
 
 def _machine_key(machine: Machine) -> str:

@@ -26,6 +26,7 @@ from machine_preservation.core.clock import system_clock
 from machine_preservation.core.duration_arguments import go_duration_argument
 from machine_preservation.core.durations import format_go_duration
 from machine_preservation.core.gardener import CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL, WORKER_POOL_LABEL
+from machine_preservation.core.models import Node
 from machine_preservation.core.preservation_record import format_timestamp
 from machine_preservation.localcluster import hosts
 from machine_preservation.localcluster.grm import ensure_grm_binary
@@ -34,7 +35,7 @@ from machine_preservation.localcluster.toolchain import ToolchainError, ensure_t
 from machine_preservation.playground import gardener, landscape
 from machine_preservation.playground.stack import Stack, start_stack
 from machine_preservation.playground.timeline import Timeline
-from machine_preservation.playground.walkthrough import LabelledNode, StepFailed, Walkthrough, summary_table
+from machine_preservation.playground.walkthrough import StepFailed, Walkthrough, summary_table
 
 logger = logging.getLogger(__name__)
 SEED_LIMIT = 120.0
@@ -82,8 +83,10 @@ async def seed(stack: Stack, timeline: Timeline, *, preserve_timeout: dt.timedel
         expected = sum(pool.machines_per_zone * len(pool.zones) for pool in landscape.POOLS)
         if len(machines) != expected or any(m.phase != v.MachinePhase.RUNNING for m in machines):
             return False
-        nodes = [await walkthrough.node(m.node_name) for m in machines if m.node_name]
-        return len(nodes) == expected and all(_ready_and_labelled(n) for n in nodes)
+        names = [m.node_name for m in machines if m.node_name]
+        nodes = [await walkthrough.node(name) for name in names]
+        labelled = [WORKER_POOL_LABEL in await walkthrough.node_labels(name) for name in names]
+        return len(nodes) == expected and all(map(_ready, nodes)) and all(labelled)
 
     await walkthrough.wait_for("MCM: every machine Running with a Ready node", all_running, limit=SEED_LIMIT)
 
@@ -102,12 +105,12 @@ async def seed(stack: Stack, timeline: Timeline, *, preserve_timeout: dt.timedel
     timeline.say(f"{len(pods)} pods running: a DaemonSet pod per node, web pods (PDB minAvailable 1) on {core_nodes}")
 
 
-def _ready_and_labelled(node: LabelledNode | None) -> bool:
-    """Ready, and carrying its pool's label (MCM puts the node template's labels on a little after it joined)."""
+def _ready(node: Node | None) -> bool:
+    """Ready; with its pool's label too (MCM puts the node template's labels on a little after it joined)."""
     if node is None:
         return False
     ready = node.condition("Ready")
-    return ready is not None and ready.status == "True" and WORKER_POOL_LABEL in node.metadata.labels
+    return ready is not None and ready.status == "True"
 
 
 async def _mark_ready(core: client.CoreV1Api, name: str) -> None:

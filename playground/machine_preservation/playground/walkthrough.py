@@ -17,12 +17,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from kubernetes.aio import client
 
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.durations import format_go_duration
-from machine_preservation.core.models import Machine, Node, ObjectMeta
+from machine_preservation.core.models import Machine, Node
 from machine_preservation.localcluster import mcm_pool
 from machine_preservation.localcluster.mcm_runner import MACHINE_CONTROLLER
 from machine_preservation.playground import landscape
@@ -33,12 +34,6 @@ SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 # What kubectl shows for a denied delete, and what MCM's delete of a kept machine gets.
 KEPT_DENIAL = "is Failed and preserved until"
 Step = tuple[str, Callable[[], Awaitable[str]]]
-
-
-class LabelledNode(Node):
-    """A Node with its labels, which the product's Node model does not keep (the playground waits for MCM's)."""
-
-    metadata: ObjectMeta = ObjectMeta()
 
 
 @dataclass
@@ -109,9 +104,18 @@ class Walkthrough:
         )
         return Machine.model_validate(json.loads(await raw.read())) if raw.status == 200 else None
 
-    async def node(self, name: str) -> LabelledNode | None:
+    async def node(self, name: str) -> Node | None:
+        raw = await self._raw_node(name)
+        return Node.model_validate(raw) if raw is not None else None
+
+    async def node_labels(self, name: str) -> dict[str, str]:
+        """The Node's labels (the product's Node model does not keep them)."""
+        raw = await self._raw_node(name)
+        return dict((raw or {}).get("metadata", {}).get("labels") or {})
+
+    async def _raw_node(self, name: str) -> dict[str, Any] | None:
         raw = await client.CoreV1Api(self.api).read_node_without_preload_content(name)
-        return LabelledNode.model_validate(json.loads(await raw.read())) if raw.status == 200 else None
+        return json.loads(await raw.read()) if raw.status == 200 else None
 
     async def node_of(self, machine: str) -> Node | None:
         found = await self.machine(machine)
