@@ -24,18 +24,17 @@ from typing import Any, Final
 import aiohttp
 import yaml
 from kubernetes.aio import client
-from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.kube.api_errors import read_json
+from machine_preservation.kube.api_errors import Failed, read_json
 from machine_preservation.kube.clients import api_client
 
 API_SERVER_SERVICE: Final = "kube-apiserver"
 API_SERVER_PORT: Final = 443
 TOKEN_MAX_AGE_SECONDS: Final = 300.0
-# A drain evicts up to 10 pods at once, each on a connection of its own to the shoot; kept for aiohttp's 15 s
-# after it, a seed's overlapping drains held hundreds of idle TLS connections (~75 KiB each, +30 MiB at 200
-# shoots). The watches stay open; a drain's retries come within a second or two and find theirs still open.
-SHOOT_KEEPALIVE_SECONDS: Final = 2.0
+# A drain evicts up to 10 pods at once, each on a connection of its own to the shoot; all kept for aiohttp's
+# 15 s after it, a seed's overlapping drains held hundreds of idle TLS connections (~75 KiB each, +30 MiB at 200
+# shoots). Two stay for the next requests (the API server probe every 10 s keeps one warm).
+SHOOT_IDLE_CONNECTIONS: Final = 2
 
 
 class ShootAccessUnavailable(Exception):
@@ -72,7 +71,7 @@ async def _read_secret(seed: client.ApiClient, namespace: str, name: str) -> dic
     response = await client.CoreV1Api(seed).read_namespaced_secret_without_preload_content(name, namespace)
     try:
         secret: dict[str, Any] | None = await read_json(response)
-    except ApiException as error:
+    except Failed as error:
         raise ShootAccessUnavailable(f"reading Secret {namespace}/{name}: HTTP {error.status}") from error
     return secret
 
@@ -138,4 +137,4 @@ async def new_shoot_client(
             current.api_key = {"BearerToken": await read_token(seed, namespace=namespace, access_secret=access_secret)}
 
     configuration.refresh_api_key_hook = refresh  # type: ignore[assignment]
-    return api_client(configuration, trace_configs=trace_configs, identity=identity, keepalive=SHOOT_KEEPALIVE_SECONDS)
+    return api_client(configuration, trace_configs=trace_configs, identity=identity, max_idle=SHOOT_IDLE_CONNECTIONS)

@@ -15,8 +15,11 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+from aiohttp.client_proto import ResponseHandler
+from aiohttp.client_reqrep import ConnectionKey
 from kubernetes.aio import client, config
 from kubernetes.aio.client import rest
 
@@ -53,19 +56,30 @@ def user_agent(identity: str) -> str:
     return f"machine-preservation ({identity})"
 
 
-# aiohttp's default: how long a connection no request uses stays open for the next one.
-KEEPALIVE_SECONDS = 15.0
+class _IdleBoundedConnector(aiohttp.TCPConnector):
+    """A TCPConnector that keeps at most `max_idle` idle connections per host for reuse: one released beyond them
+    is closed at once. A burst (a drain's evictions, up to 10 at once) then leaves a few connections, not all it
+    opened for aiohttp's 15 s keep-alive; during it each finished request hands its connection to the next."""
+
+    def __init__(self, *, max_idle: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._max_idle = max_idle
+
+    def _release(self, key: ConnectionKey, protocol: ResponseHandler, *, should_close: bool = False) -> None:
+        idle = self._conns.get(key)
+        crowded = idle is not None and len(idle) >= self._max_idle
+        super()._release(key, protocol, should_close=should_close or crowded)
 
 
 class _RestClient(rest.RESTClientObject):
-    """The library's REST client with a chosen keep-alive for idle connections."""
+    """The library's REST client, its connections bounded by `_IdleBoundedConnector`."""
 
-    def __init__(self, configuration: client.Configuration, *, keepalive: float) -> None:
+    def __init__(self, configuration: client.Configuration, *, max_idle: int) -> None:
         super().__init__(configuration)
-        self.keepalive = keepalive
+        self.max_idle = max_idle
 
     def _create_connector(self) -> aiohttp.TCPConnector:
-        return aiohttp.TCPConnector(limit=self.maxsize, ssl=self.ssl_context, keepalive_timeout=self.keepalive)
+        return _IdleBoundedConnector(max_idle=self.max_idle, limit=self.maxsize, ssl=self.ssl_context)
 
 
 def api_client(
@@ -73,17 +87,18 @@ def api_client(
     *,
     trace_configs: list[aiohttp.TraceConfig] | None = None,
     identity: str | None = None,
-    keepalive: float = KEEPALIVE_SECONDS,
+    max_idle: int | None = None,
 ) -> client.ApiClient:
     """An ApiClient for the configured server whose requests look up nothing in the environment, naming the replica
-    `identity` in its User-Agent, closing a connection left idle for `keepalive` seconds."""
+    `identity` in its User-Agent; keeping at most `max_idle` idle connections (None: aiohttp's pool)."""
     configuration.client_session_kwargs = {"trust_env": False}
     configuration.trace_configs = trace_configs
     if configuration.proxy is None and (proxy := environment_proxy(configuration.host)) is not None:
         configuration.proxy = proxy.url
         configuration.proxy_headers = proxy.headers or None
     api = client.ApiClient(configuration=configuration)
-    api.rest_client = _RestClient(configuration, keepalive=keepalive)
+    if max_idle is not None:
+        api.rest_client = _RestClient(configuration, max_idle=max_idle)
     if identity is not None:
         api.user_agent = user_agent(identity)
     return api
