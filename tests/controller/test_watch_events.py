@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from kubernetes.aio.client.exceptions import ApiException
 
+from machine_preservation.kube.api_errors import Gone
 from machine_preservation.kube.informer import BudgetExceeded, watch_event, watch_events
 
 Event = tuple[str, Mapping[str, Any]]
@@ -108,9 +108,9 @@ def test_blank_lines_are_not_events() -> None:
     assert read([b"\n", line, b"\n\r\n\n"]) == [("BOOKMARK", {"metadata": {"resourceVersion": "7"}})]
 
 
-def test_an_error_event_raises_its_status() -> None:
+def test_an_error_event_raises_its_meaning() -> None:
     status = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old resource version: 5 (9)"}
-    with pytest.raises(ApiException) as raised:
+    with pytest.raises(Gone) as raised:
         watch_event(json.dumps({"type": "ERROR", "object": status}).encode())
     assert raised.value.status == 410
     assert raised.value.reason == "Expired: too old resource version: 5 (9)"

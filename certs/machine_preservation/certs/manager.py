@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes.aio import client
-from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.certs import bundle, managed
 from machine_preservation.certs.rotation import (
@@ -50,7 +49,8 @@ from machine_preservation.certs.rotation import (
 )
 from machine_preservation.core import shoot_resources
 from machine_preservation.core.clock import Clock, system_clock
-from machine_preservation.kube.api_errors import NO_ANSWER, RETRYABLE, ApiError, classify
+from machine_preservation.kube import api_errors
+from machine_preservation.kube.api_errors import RETRYABLE, Failed, Invalid, NoAnswer, NotFound, api_call, call
 
 logger = logging.getLogger(__name__)
 
@@ -211,14 +211,15 @@ class CertificateManager:
         api = self._api_for(ref)
         model: client.V1ValidatingWebhookConfiguration | client.V1MutatingWebhookConfiguration
         try:
-            if ref.kind is WebhookKind.VALIDATING:
-                model = await api.read_validating_webhook_configuration(ref.name)
-            else:
-                model = await api.read_mutating_webhook_configuration(ref.name)
-        except ApiException as error:
+            with api_call():
+                if ref.kind is WebhookKind.VALIDATING:
+                    model = await api.read_validating_webhook_configuration(ref.name)
+                else:
+                    model = await api.read_mutating_webhook_configuration(ref.name)
+        except Failed as error:
             logger.warning("cannot read %s; not injecting there this pass: %s %s", ref, error.status, error.reason)
             return None
-        except NO_ANSWER as error:
+        except NoAnswer as error:
             logger.warning("cannot reach the cluster of %s; not injecting there this pass: %s", ref, error)
             return None
         return model.model_dump(by_alias=True, exclude_none=True, mode="json")
@@ -226,15 +227,14 @@ class CertificateManager:
     async def _patch_configuration(self, ref: WebhookConfigurationRef, patch: list[dict[str, Any]]) -> None:
         api = self._api_for(ref)
         try:
-            if ref.kind is WebhookKind.VALIDATING:
-                await api.patch_validating_webhook_configuration(ref.name, patch, field_manager=FIELD_MANAGER)
-            else:
-                await api.patch_mutating_webhook_configuration(ref.name, patch, field_manager=FIELD_MANAGER)
-        except ApiException as error:
-            # 409: changed since read; 422: a `test` failed (webhooks reordered) — both mean "read again".
-            if classify(error.status) in (ApiError.CONFLICT, ApiError.INVALID):
-                raise Conflict(f"{ref} changed meanwhile") from error
-            raise
+            with api_call():
+                if ref.kind is WebhookKind.VALIDATING:
+                    await api.patch_validating_webhook_configuration(ref.name, patch, field_manager=FIELD_MANAGER)
+                else:
+                    await api.patch_mutating_webhook_configuration(ref.name, patch, field_manager=FIELD_MANAGER)
+        except (api_errors.Conflict, Invalid) as error:
+            # changed since read, or a `test` failed (webhooks reordered): both mean "read again"
+            raise Conflict(f"{ref} changed meanwhile") from error
 
     def _template(self, ref: WebhookConfigurationRef) -> dict[str, Any] | None:
         """The manifest of an owned configuration as the file holds it now; when the file cannot be read or
@@ -275,11 +275,9 @@ class CertificateManager:
     async def _read_secret(self, namespace: str, name: str) -> tuple[dict[str, bytes], str | None]:
         """A Secret's data and resourceVersion; ({}, None) when it does not exist."""
         try:
-            secret = await self._core.read_namespaced_secret(name, namespace)
-        except ApiException as error:
-            if classify(error.status) is ApiError.NOT_FOUND:
-                return {}, None
-            raise
+            secret = await call(self._core.read_namespaced_secret(name, namespace))
+        except NotFound:
+            return {}, None
         data = {key: base64.b64decode(value) for key, value in (secret.data or {}).items()}
         return data, secret.metadata.resource_version if secret.metadata else None
 
@@ -288,28 +286,27 @@ class CertificateManager:
     ) -> None:
         encoded = {key: base64.b64encode(value).decode() for key, value in data.items()}
         try:
-            if resource_version is None:
-                secret = client.V1Secret(
-                    metadata=client.V1ObjectMeta(name=name, labels={"app.kubernetes.io/managed-by": FIELD_MANAGER}),
-                    type="Opaque",
-                    data=encoded,
-                )
-                await self._core.create_namespaced_secret(namespace, secret, field_manager=FIELD_MANAGER)
-            else:
-                # Re-stating the resourceVersion read makes the patch conditional (409 if it changed).
-                await self._core.patch_namespaced_secret(
-                    name,
-                    namespace,
-                    [
-                        {"op": "replace", "path": "/metadata/resourceVersion", "value": resource_version},
-                        {"op": "add", "path": "/data", "value": encoded},
-                    ],
-                    field_manager=FIELD_MANAGER,
-                )
-        except ApiException as error:
-            if classify(error.status) is ApiError.CONFLICT:
-                raise Conflict(f"Secret {namespace}/{name} changed meanwhile") from error
-            raise
+            with api_call():
+                if resource_version is None:
+                    secret = client.V1Secret(
+                        metadata=client.V1ObjectMeta(name=name, labels={"app.kubernetes.io/managed-by": FIELD_MANAGER}),
+                        type="Opaque",
+                        data=encoded,
+                    )
+                    await self._core.create_namespaced_secret(namespace, secret, field_manager=FIELD_MANAGER)
+                else:
+                    # Re-stating the resourceVersion read makes the patch conditional (409 if it changed).
+                    await self._core.patch_namespaced_secret(
+                        name,
+                        namespace,
+                        [
+                            {"op": "replace", "path": "/metadata/resourceVersion", "value": resource_version},
+                            {"op": "add", "path": "/data", "value": encoded},
+                        ],
+                        field_manager=FIELD_MANAGER,
+                    )
+        except api_errors.Conflict as error:
+            raise Conflict(f"Secret {namespace}/{name} changed meanwhile") from error
 
     async def _shoots_pending(self, ca_bundle: bytes) -> tuple[str, ...]:
         """The shoot namespaces whose ManagedResource has not been applied with `ca_bundle` (as stored): listed by
@@ -318,13 +315,13 @@ class CertificateManager:
         if name is None:
             return ()
         try:
-            listed = await self._custom.list_cluster_custom_object(
-                "resources.gardener.cloud", "v1alpha1", "managedresources", field_selector=f"metadata.name={name}"
+            listed = await call(
+                self._custom.list_cluster_custom_object(
+                    "resources.gardener.cloud", "v1alpha1", "managedresources", field_selector=f"metadata.name={name}"
+                )
             )
-        except ApiException as error:
-            if classify(error.status) is ApiError.NOT_FOUND:  # no ManagedResource kind: no shoot to wait for
-                return ()
-            raise
+        except NotFound:  # no ManagedResource kind: no shoot to wait for
+            return ()
         items = listed.get("items") if isinstance(listed, Mapping) else None
         pending = shoot_resources.bundle_pending(items or [], ca_bundle=ca_bundle)
         if pending:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -26,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes.aio import client
-from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.events import EventRecorder, Regarding
 from machine_preservation.controller.shoots import ShootSupervisor
@@ -38,7 +38,7 @@ from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.shoot import provider_config_errors
 from machine_preservation.core.gardener import ShootFacts
 from machine_preservation.core.webhook_configurations import shoot_path
-from machine_preservation.kube.api_errors import ApiError, classify, read_json
+from machine_preservation.kube.api_errors import ApiError, NotFound, call, classify, read_json
 from machine_preservation.kube.clients import MERGE_PATCH
 from machine_preservation.kube.informer import Informer
 
@@ -369,13 +369,10 @@ def _metadata_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> d
     return patch
 
 
-async def _absent(call: Any) -> None:
+async def _absent(write: Awaitable[Any]) -> None:
     """Await a write for which a missing object is as good as done."""
-    try:
-        await call
-    except ApiException as error:
-        if classify(error.status) is not ApiError.NOT_FOUND:
-            raise
+    with contextlib.suppress(NotFound):
+        await call(write)
 
 
 def decode_ca_bundle(secret: Mapping[str, Any], key: str) -> bytes | None:

@@ -31,7 +31,7 @@ from machine_preservation.core import plan as p
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node
 from machine_preservation.core.preservation_record import format_timestamp
-from machine_preservation.kube.api_errors import ApiError, classify
+from machine_preservation.kube.api_errors import Conflict, Failed, Invalid, NotFound, api_call, call
 from machine_preservation.kube.clients import JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH
 
 logger = logging.getLogger(__name__)
@@ -57,12 +57,6 @@ def _version_of(custom_object: object) -> str:
     if not isinstance(custom_object, dict):
         raise TypeError(f"expected a custom object, got {type(custom_object).__name__}")
     return str(custom_object["metadata"]["resourceVersion"])
-
-
-def _is_conflict(error: ApiException, *, guarded_json_patch: bool = False) -> bool:
-    # A failed JSON-patch `test` op is answered 422; for our guarded patches that means "changed".
-    meaning = classify(error.status)
-    return meaning is ApiError.CONFLICT or (guarded_json_patch and meaning is ApiError.INVALID)
 
 
 @dataclass
@@ -128,24 +122,25 @@ class Writer:
 
     async def delete_machine(self, snap: Snapshot) -> None:
         try:
-            await self._custom().delete_namespaced_custom_object(
-                v.MACHINE_API_GROUP,
-                v.MACHINE_API_VERSION,
-                self.namespace,
-                MACHINES,
-                snap.machine.metadata.name,
-                # Only the machine the plan saw, in the state it saw (a changed one is planned again).
-                body=client.V1DeleteOptions(
-                    preconditions=client.V1Preconditions(
-                        uid=snap.machine.metadata.uid, resource_version=snap.machine_version or None
-                    )
-                ),
+            await call(
+                self._custom().delete_namespaced_custom_object(
+                    v.MACHINE_API_GROUP,
+                    v.MACHINE_API_VERSION,
+                    self.namespace,
+                    MACHINES,
+                    snap.machine.metadata.name,
+                    # Only the machine the plan saw, in the state it saw (a changed one is planned again).
+                    body=client.V1DeleteOptions(
+                        preconditions=client.V1Preconditions(
+                            uid=snap.machine.metadata.uid, resource_version=snap.machine_version or None
+                        )
+                    ),
+                )
             )
-        except ApiException as error:
-            meaning = classify(error.status)
-            if meaning is ApiError.NOT_FOUND:
-                return
-            if meaning is ApiError.CONFLICT and await self._deleted_by_someone_else(snap):
+        except NotFound:
+            return
+        except Conflict:
+            if await self._deleted_by_someone_else(snap):
                 # Once the preservation is over, MCM's next delete passes the webhook and often comes first
                 # (our node writes just before make it look again): the machine goes, as this step wants,
                 # and the plan's Events after it still say why.
@@ -419,12 +414,15 @@ async def _write(*, writer: Writer, target: Target, step: Write, now: dt.datetim
     try:
         lend = writer.slots.lent() if in_the_target_cluster(step) else contextlib.nullcontext()
         async with lend:
-            await _execute_one(writer=writer, target=target, step=step, now=now)
-    except ApiException as error:
-        if classify(error.status) is ApiError.NOT_FOUND and not isinstance(step, p.RecordEvent):
+            with api_call():
+                await _execute_one(writer=writer, target=target, step=step, now=now)
+    except Failed as error:
+        if isinstance(error, NotFound) and not isinstance(step, p.RecordEvent):
             raise ObjectGone(f"{type(step).__name__}: {error.reason}") from error
+        # A failed JSON-patch `test` op is answered 422; for our guarded patches that means "changed".
         guarded = isinstance(step, (p.SetPreservedTaint, NodeAnnotationsAndTaint))
-        raise StepFailed(step, error, conflict=_is_conflict(error, guarded_json_patch=guarded)) from error
+        conflict = isinstance(error, Conflict) or (guarded and isinstance(error, Invalid))
+        raise StepFailed(step, error, conflict=conflict) from error
 
 
 async def execute_machine_plan(

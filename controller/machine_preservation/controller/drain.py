@@ -24,12 +24,11 @@ import logging
 from dataclasses import dataclass, field
 
 from kubernetes.aio import client
-from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.reader import POD_NODE_INDEX, NodePodReader
 from machine_preservation.core.clock import Clock, system_clock
 from machine_preservation.core.models import Node, Pod
-from machine_preservation.kube.api_errors import ApiError, classify
+from machine_preservation.kube.api_errors import Failed, NotFound, TooManyRequests, call
 from machine_preservation.kube.backoff import Backoff
 
 logger = logging.getLogger(__name__)
@@ -100,24 +99,23 @@ class Drainer:
             async with evicting:
                 try:
                     metadata = client.V1ObjectMeta(name=pod.name, namespace=pod.namespace)
-                    await api.create_namespaced_pod_eviction(
-                        pod.name, pod.namespace, client.V1Eviction(metadata=metadata)
+                    await call(
+                        api.create_namespaced_pod_eviction(
+                            pod.name, pod.namespace, client.V1Eviction(metadata=metadata)
+                        )
                     )
                     answered.add((key, pod.uid))
                     logger.info("evicted %s from node %s", key, node.metadata.name)
-                except ApiException as error:
-                    meaning = classify(error.status)
-                    if meaning is ApiError.NOT_FOUND:
-                        answered.add((key, pod.uid))
-                        return
-                    if meaning is not ApiError.TOO_MANY_REQUESTS:
-                        # e.g. 500 "more than one PodDisruptionBudget": retrying does not help.
-                        logger.warning("eviction of %s failed: %s %s", key, error.status, error.reason)
-                        refusals[key] = max_evict_retries + 1
-                        return
+                except NotFound:
+                    answered.add((key, pod.uid))
+                except TooManyRequests:
                     refusals[key] = refusals.get(key, 0) + 1
                     waiting_until[key] = loop.time() + self.eviction_backoff.delay(refusals[key])
                     logger.info("eviction of %s refused by a PodDisruptionBudget (%d)", key, refusals[key])
+                except Failed as error:
+                    # e.g. 500 "more than one PodDisruptionBudget": retrying does not help.
+                    logger.warning("eviction of %s failed: %s %s", key, error.status, error.reason)
+                    refusals[key] = max_evict_retries + 1
 
         while True:
             seen = self.pods.changes(node.metadata.name)

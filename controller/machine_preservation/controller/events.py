@@ -17,11 +17,10 @@ import logging
 from dataclasses import dataclass
 
 from kubernetes.aio import client
-from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.preservation_record import format_timestamp
-from machine_preservation.kube.api_errors import ApiError, classify
+from machine_preservation.kube.api_errors import Conflict, call
 from machine_preservation.kube.clients import MERGE_PATCH
 
 logger = logging.getLogger(__name__)
@@ -99,11 +98,10 @@ class EventRecorder:
             action=action,
         )
         try:
-            await api.create_namespaced_event(namespace, body)
+            await call(api.create_namespaced_event(namespace, body))
             return
-        except ApiException as error:
-            if classify(error.status) is not ApiError.CONFLICT:
-                raise
+        except Conflict:
+            pass  # the same Event again: counted below
         if once:
             return
         for attempt in range(1, REPEAT_ATTEMPTS + 1):
@@ -115,8 +113,8 @@ class EventRecorder:
                 "lastTimestamp": format_timestamp(now),
             }
             try:
-                await api.patch_namespaced_event(name, namespace, repeat, _content_type=MERGE_PATCH)
+                await call(api.patch_namespaced_event(name, namespace, repeat, _content_type=MERGE_PATCH))
                 return
-            except ApiException as error:
-                if classify(error.status) is not ApiError.CONFLICT or attempt == REPEAT_ATTEMPTS:
+            except Conflict:
+                if attempt == REPEAT_ATTEMPTS:
                     raise

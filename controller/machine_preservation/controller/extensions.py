@@ -12,6 +12,7 @@ the failure is raised again for the queue's backoff. A Delete of a shoot Gardene
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 from collections.abc import Callable, Mapping
@@ -24,7 +25,7 @@ from kubernetes.aio.client.exceptions import ApiException
 from machine_preservation.controller.actuator import EXTENSION_VERSION, ExtensionActuator, patch_status
 from machine_preservation.core import extension as contract
 from machine_preservation.core.gardener import ShootFacts
-from machine_preservation.kube.api_errors import ApiError, classify, read_json
+from machine_preservation.kube.api_errors import Failed, NotFound, call, read_json
 from machine_preservation.kube.clients import MERGE_PATCH
 from machine_preservation.kube.informer import Informer
 
@@ -116,8 +117,8 @@ class ExtensionReconciler:
     ) -> None:
         description = contract.error_text(action.error_description, cause)
         try:
-            await self.patch_status(extension, self._error(extension, action, description, codes))
-        except ApiException:
+            await call(self.patch_status(extension, self._error(extension, action, description, codes)))
+        except Failed:
             if len(description) <= _SHORT_ERROR:
                 raise
             # Too large for the object (a cause quoting much input): the first part is still an Error.
@@ -169,11 +170,8 @@ class ExtensionReconciler:
         patch = contract.finalizers_patch(current, remove=not everyone, clear=everyone)
         if patch is None:
             return
-        try:
-            await self._patch(current, patch)
-        except ApiException as error:
-            if classify(error.status) is not ApiError.NOT_FOUND:
-                raise
+        with contextlib.suppress(NotFound):
+            await call(self._patch(current, patch))
 
 
 def _cause(failure: Exception) -> str:

@@ -32,7 +32,7 @@ from kubernetes.aio.leaderelection.leaderelectionrecord import LeaderElectionRec
 from kubernetes.aio.leaderelection.resourcelock.leaselock import LeaseLock
 
 from machine_preservation.core.clock import system_clock
-from machine_preservation.kube.api_errors import NO_ANSWER, ApiError, classify
+from machine_preservation.kube.api_errors import NO_ANSWER, Conflict, Failed, NoAnswer, call
 
 logger = logging.getLogger(__name__)
 
@@ -95,11 +95,13 @@ class _LeaseLock(LeaseLock):
         body = client.V1Lease(metadata=client.V1ObjectMeta(name=name), spec=self.update_lease(election_record))
         sent = asyncio.get_running_loop().time()
         try:
-            await asyncio.wait_for(self.api_instance.create_namespaced_lease(namespace, body), self.request_timeout)
-        except ApiException as error:
+            await call(
+                asyncio.wait_for(self.api_instance.create_namespaced_lease(namespace, body), self.request_timeout)
+            )
+        except Failed as error:
             logger.info("could not create the lease %s/%s: %s %s", namespace, name, error.status, error.reason)
             return False
-        except NO_ANSWER as error:
+        except NoAnswer as error:
             logger.warning("could not create the lease %s/%s: %r", namespace, name, error)
             return False
         self.renewed_at = sent
@@ -194,7 +196,7 @@ class LeaderElector:
         api = client.CoordinationV1Api(self.api_client)
         for attempt in range(1, attempts + 1):
             try:
-                lease = await api.read_namespaced_lease(self.name, self.namespace)
+                lease = await call(api.read_namespaced_lease(self.name, self.namespace))
                 if lease.spec is None or lease.spec.holder_identity != self.identity:
                     return False
                 now = system_clock()
@@ -202,9 +204,9 @@ class LeaderElector:
                 lease.spec.lease_duration_seconds = 1
                 lease.spec.acquire_time = now
                 lease.spec.renew_time = now
-                await api.replace_namespaced_lease(self.name, self.namespace, lease)
-            except ApiException as error:
-                if classify(error.status) is ApiError.CONFLICT and attempt < attempts:
+                await call(api.replace_namespaced_lease(self.name, self.namespace, lease))
+            except Failed as error:
+                if isinstance(error, Conflict) and attempt < attempts:
                     continue
                 logger.warning(
                     "could not release the lease %s/%s: %s %s", self.namespace, self.name, error.status, error.reason

@@ -32,13 +32,11 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, Protocol, TypeVar
 
-from kubernetes.aio.client.exceptions import ApiException
-
 from machine_preservation.controller.apply import ObjectGone, StepFailed
 from machine_preservation.controller.metrics import Metrics
 from machine_preservation.controller.reader import PodsNotListed
 from machine_preservation.controller.slots import ReconcileSlots
-from machine_preservation.kube.api_errors import ApiError, classify
+from machine_preservation.kube.api_errors import Conflict, Failed, call
 from machine_preservation.kube.backoff import Backoff
 
 logger = logging.getLogger(__name__)
@@ -239,7 +237,7 @@ async def _reconcile_one(
     started = loop.time()
     result = "success"
     try:
-        requeue = await reconcile(key)
+        requeue = await call(reconcile(key))
     except ObjectGone as gone:
         queue.forget(key)  # what the plan writes is gone: its deletion is an event of its own
         logger.info("%s %s: %s; nothing more to do", queue.name, key, gone)
@@ -251,8 +249,8 @@ async def _reconcile_one(
         result = "error"
         delay = queue.add_rate_limited(key)
         logger.info("%s %s: %s; retry in %.1fs", queue.name, key, waiting, delay)
-    except ApiException as error:
-        result = "conflict" if classify(error.status) is ApiError.CONFLICT else "error"
+    except Failed as error:
+        result = "conflict" if isinstance(error, Conflict) else "error"
         delay = queue.add_rate_limited(key)
         logger.info("%s %s: %s %s; retry in %.1fs", queue.name, key, error.status, error.reason, delay)
     except Exception:

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes.aio import client
-from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.certs.rotation import CA_BUNDLE_KEY
 from machine_preservation.controller.actuator import EXTENSION_VERSION, ExtensionActuator, decode_ca_bundle
@@ -48,7 +47,7 @@ from machine_preservation.core.gardener import (
     read_shoot_facts,
 )
 from machine_preservation.core.mcm_generation import NativePreservationMode
-from machine_preservation.kube.api_errors import NO_ANSWER, ApiError, classify
+from machine_preservation.kube.api_errors import Failed, NoAnswer, NotFound, call
 from machine_preservation.kube.backoff import Backoff
 from machine_preservation.kube.clients import MERGE_PATCH, new_api_client
 from machine_preservation.kube.informer import Informer, Source, supervise
@@ -323,19 +322,19 @@ class SeedController:
                 try:
                     # A merge patch needs no resourceVersion; the client sends a plain JSON body as it is. No
                     # request may outlast the period: an unanswered one must not stop the renewals for good.
-                    await asyncio.wait_for(
-                        api.patch_namespaced_lease(
-                            contract.HEARTBEAT_LEASE_NAME, namespace, body, _content_type=MERGE_PATCH
-                        ),
-                        period,
+                    await call(
+                        asyncio.wait_for(
+                            api.patch_namespaced_lease(
+                                contract.HEARTBEAT_LEASE_NAME, namespace, body, _content_type=MERGE_PATCH
+                            ),
+                            period,
+                        )
                     )
-                except ApiException as error:
-                    if classify(error.status) is not ApiError.NOT_FOUND:
-                        raise
-                    await asyncio.wait_for(api.create_namespaced_lease(namespace, body), period)  # type: ignore[arg-type]
-            except ApiException as error:
+                except NotFound:
+                    await call(asyncio.wait_for(api.create_namespaced_lease(namespace, body), period))  # type: ignore[arg-type]
+            except Failed as error:
                 logger.warning("cannot renew the heartbeat Lease: %s %s", error.status, error.reason)
-            except NO_ANSWER as error:
+            except NoAnswer as error:
                 logger.warning("cannot renew the heartbeat Lease: %r", error)
             await asyncio.sleep(period)
 

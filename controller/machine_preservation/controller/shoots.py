@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kubernetes.aio import client
-from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.crd_check import ControlFactsCache
 from machine_preservation.controller.leader import WriteFence
@@ -29,7 +28,7 @@ from machine_preservation.controller.runtime import Outcome, RuntimeOptions, Sho
 from machine_preservation.controller.shoot_access import ShootAccessUnavailable, new_shoot_client
 from machine_preservation.controller.slots import ReconcileSlots
 from machine_preservation.controller.views import SeedInformers
-from machine_preservation.kube.api_errors import NO_ANSWER
+from machine_preservation.kube.api_errors import RETRYABLE
 from machine_preservation.kube.backoff import Backoff
 
 logger = logging.getLogger(__name__)
@@ -67,7 +66,7 @@ class ApiServerProbe:
                 await client.VersionApi(target).get_code()
         except TimeoutError:
             return f"no answer to GET /version within {self.timeout:g} s"
-        except (ApiException, *NO_ANSWER) as error:  # refused, down or unreachable: the watches tell that
+        except RETRYABLE as error:  # refused, down or unreachable: the watches tell that
             logger.debug("version probe failed: %s", error)
             return None
         took = loop.time() - started

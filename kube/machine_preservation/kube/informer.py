@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
 
 import aiohttp
-from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.kube.api_errors import NO_ANSWER, ApiError, classify, ensure_ok
+from machine_preservation.kube.api_errors import Failed, Gone, NoAnswer, api_call, ensure_ok, failed
 from machine_preservation.kube.backoff import Backoff
 
 logger = logging.getLogger(__name__)
@@ -37,8 +36,8 @@ ListFunction = Callable[..., Any]
 
 
 def watch_event(line: bytes) -> tuple[str, Mapping[str, Any]]:
-    """One line of a watch answer: (type, object). An ERROR event raises its status as the ApiException a request
-    would have (410 Gone: the resourceVersion expired); anything that is not an event raises ValueError."""
+    """One line of a watch answer: (type, object). An ERROR event raises its status's meaning as a request would
+    have (`Gone`: the resourceVersion expired); anything that is not an event raises ValueError."""
     try:
         event = json.loads(line)
     except ValueError:
@@ -47,7 +46,7 @@ def watch_event(line: bytes) -> tuple[str, Mapping[str, Any]]:
     if not isinstance(raw, Mapping) or not isinstance(event.get("type"), str):
         raise ValueError(f"the watch answered {line[:200]!r}")
     if event["type"] == "ERROR":
-        raise ApiException(status=raw.get("code"), reason=f"{raw.get('reason')}: {raw.get('message')}")
+        raise failed(raw.get("code"), f"{raw.get('reason')}: {raw.get('message')}")
     return event["type"], raw
 
 
@@ -209,16 +208,16 @@ class Informer(Generic[T]):
         try:
             while True:
                 try:
-                    if not self.resource_version:
-                        await self._list()
-                    await self._watch()
+                    with api_call():
+                        if not self.resource_version:
+                            await self._list()
+                        await self._watch()
                     failures = 0
-                except ApiException as error:
-                    if classify(error.status) is ApiError.GONE:
-                        self.stats.expired += 1
-                        logger.info("%s: resourceVersion %s expired, re-listing", self.name, self.resource_version)
-                        self.resource_version = ""
-                        continue
+                except Gone:
+                    self.stats.expired += 1
+                    logger.info("%s: resourceVersion %s expired, re-listing", self.name, self.resource_version)
+                    self.resource_version = ""
+                except Failed as error:
                     failures += 1
                     self.stats.errors += 1
                     self.failing = f"HTTP {error.status} {error.reason}"
@@ -231,7 +230,7 @@ class Informer(Generic[T]):
                     self.resource_version = ""  # what was dropped unread is known again only by a re-list
                     logger.warning("%s: %s, re-listing later", self.name, error)
                     await asyncio.sleep(self._jittered(failures, self.budget_backoff))
-                except (*NO_ANSWER, ValueError) as error:  # ValueError: an unreadable answer
+                except (NoAnswer, ValueError) as error:  # ValueError: an unreadable answer
                     failures += 1
                     self.stats.errors += 1
                     self.failing = str(error) or type(error).__name__

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar, cast
 
 from kubernetes.aio import client
-from kubernetes.aio.client.exceptions import ApiException
 from kubernetes.aio.config.config_exception import ConfigException
 from pydantic import ValidationError
 
@@ -31,7 +30,7 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.deletion import EXTENSION_NAME, MachineSetView, ShootExtension
 from machine_preservation.core.gardener import CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL, cluster_as_read
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
-from machine_preservation.kube.api_errors import NO_ANSWER, ApiError, classify, ensure_ok
+from machine_preservation.kube.api_errors import NO_ANSWER, RETRYABLE, NotFound, api_call, ensure_ok
 from machine_preservation.kube.backoff import Backoff
 from machine_preservation.kube.clients import new_api_client
 from machine_preservation.kube.informer import Informer, Source, supervise
@@ -138,20 +137,18 @@ class _GardenerKind(Generic[T]):
         source, failures = self.informer.source, 0
         while not self.served:
             try:
-                response = await source.raw_list_function()(
-                    *source.args, **source.kwargs, limit=1, _request_timeout=PROBE_TIMEOUT_SECONDS
-                )
-                try:
-                    await ensure_ok(response)
-                finally:
-                    response.release()
+                with api_call():
+                    response = await source.raw_list_function()(
+                        *source.args, **source.kwargs, limit=1, _request_timeout=PROBE_TIMEOUT_SECONDS
+                    )
+                    try:
+                        await ensure_ok(response)
+                    finally:
+                        response.release()
                 self.served = True
-            except ApiException as error:
-                if classify(error.status) is ApiError.NOT_FOUND:
+            except RETRYABLE as error:
+                if isinstance(error, NotFound):
                     self.served = False
-                failures += 1
-                await asyncio.sleep(backoff.delay(failures))
-            except NO_ANSWER:
                 failures += 1
                 await asyncio.sleep(backoff.delay(failures))
         await supervise(self.informer, backoff)
