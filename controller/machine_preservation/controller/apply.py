@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes.aio import client
-from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.events import EventRecorder, Regarding
 from machine_preservation.controller.slots import ReconcileSlots, detached
@@ -42,7 +41,7 @@ MACHINES = "machines"
 class StepFailed(Exception):
     """A step could not be written; the reconcile is retried with backoff."""
 
-    def __init__(self, step: object, cause: ApiException, *, conflict: bool) -> None:
+    def __init__(self, step: object, cause: Failed, *, conflict: bool) -> None:
         super().__init__(f"{type(step).__name__} failed: {cause.status} {cause.reason}")
         self.step = step
         self.conflict = conflict
