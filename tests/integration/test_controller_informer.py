@@ -353,6 +353,34 @@ async def test_pages_are_sized_by_their_bytes(api: client.ApiClient, namespace: 
     assert lists.limits == [1, 2, 2, 2, 2, 2, 2, 2]
 
 
+async def test_a_page_far_over_its_bytes_is_asked_for_again_one_object_at_a_time(
+    api: client.ApiClient, namespace: str
+) -> None:
+    """Small objects first, big ones after (a shoot's normal Nodes, then an owner's big ones): the page sized by the
+    small ones would hold many big ones, so once it comes to more than twice its bytes it is dropped unparsed and
+    the same page is asked for again from one object."""
+    custom = client.CustomObjectsApi(api)
+    for i in range(6):
+        await create_machine(custom, namespace, f"a{i:02}")
+    await create_big_machines(api, namespace, [f"m{i:02}" for i in range(10)])
+    lists = RecordedLists(api)
+    informer = Informer(
+        name="machines",
+        source=Source(lists.list_namespaced_custom_object, (GROUP, VERSION, namespace, "machines")),
+        parse=Machine.model_validate,
+        page_size=50,
+        page_bytes=120_000,
+    )
+    async with running(informer):
+        await asyncio.wait_for(informer.wait_synced(), 30)
+    assert len(informer) == 16
+    # 1 small object; 50 asked for (a page of 5 small and 10 big, ~500 kB: dropped after 240 kB); the same page
+    # again from 1 object, then as many as fit in 120 kB.
+    assert lists.limits[:3] == [1, 50, 1], lists.limits
+    assert max(lists.limits[3:]) <= 50
+    assert lists.limits[-1] == 2, lists.limits
+
+
 async def test_objects_over_the_byte_budget_fail_the_informer_until_they_are_within_it(
     api: client.ApiClient, namespace: str
 ) -> None:
