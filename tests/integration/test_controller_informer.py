@@ -329,15 +329,8 @@ class RecordedLists:
         return await self.custom.list_namespaced_custom_object_without_preload_content(*args, **kwargs)
 
 
-async def create_big_machines(api: client.ApiClient, namespace: str, names: list[str]) -> None:
-    custom = client.CustomObjectsApi(api)
-    for name in names:
-        await create_machine(custom, namespace, name, annotations={"owner.example.com/big": "x" * 50_000})
-
-
-async def test_pages_are_sized_by_their_bytes(api: client.ApiClient, namespace: str) -> None:
-    await create_big_machines(api, namespace, [f"m{i:02}" for i in range(14)])
-    lists = RecordedLists(api)
+async def list_by_bytes(lists: RecordedLists, namespace: str) -> Informer[Machine]:
+    """An informer of the namespace's Machines, its pages of 1 to 50 objects sized to about 120 kB; synced."""
     informer = Informer(
         name="machines",
         source=Source(lists.list_namespaced_custom_object, (GROUP, VERSION, namespace, "machines")),
@@ -347,6 +340,19 @@ async def test_pages_are_sized_by_their_bytes(api: client.ApiClient, namespace: 
     )
     async with running(informer):
         await asyncio.wait_for(informer.wait_synced(), 30)
+    return informer
+
+
+async def create_big_machines(api: client.ApiClient, namespace: str, names: list[str]) -> None:
+    custom = client.CustomObjectsApi(api)
+    for name in names:
+        await create_machine(custom, namespace, name, annotations={"owner.example.com/big": "x" * 50_000})
+
+
+async def test_pages_are_sized_by_their_bytes(api: client.ApiClient, namespace: str) -> None:
+    await create_big_machines(api, namespace, [f"m{i:02}" for i in range(14)])
+    lists = RecordedLists(api)
+    informer = await list_by_bytes(lists, namespace)
     assert len(informer) == 14
     # The first page takes 1 object (its size is not known yet: it may be big); the next ones as many as fit in
     # about 120 kB (objects of ~50 kB).
@@ -364,15 +370,7 @@ async def test_a_page_far_over_its_bytes_is_asked_for_again_one_object_at_a_time
         await create_machine(custom, namespace, f"a{i:02}")
     await create_big_machines(api, namespace, [f"m{i:02}" for i in range(10)])
     lists = RecordedLists(api)
-    informer = Informer(
-        name="machines",
-        source=Source(lists.list_namespaced_custom_object, (GROUP, VERSION, namespace, "machines")),
-        parse=Machine.model_validate,
-        page_size=50,
-        page_bytes=120_000,
-    )
-    async with running(informer):
-        await asyncio.wait_for(informer.wait_synced(), 30)
+    informer = await list_by_bytes(lists, namespace)
     assert len(informer) == 16
     # 1 small object; 50 asked for (a page of 5 small and 10 big, ~500 kB: dropped after 240 kB); the same page
     # again from 1 object, then as many as fit in 120 kB.

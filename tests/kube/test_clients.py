@@ -5,7 +5,8 @@ serves the API on 127.0.0.1 with aiohttp and looks at what arrives."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -55,15 +56,12 @@ def test_the_environments_proxy_for_a_server(
     assert environment_proxy(server) == expected
 
 
-@pytest.fixture
-async def seen() -> AsyncIterator[tuple[str, list[web.Request]]]:
-    """A server on 127.0.0.1 that answers every request with an empty NodeList and keeps the requests."""
-    requests: list[web.Request] = []
+EMPTY_NODE_LIST = {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": []}
 
-    async def answer(request: web.Request) -> web.Response:
-        requests.append(request)
-        return web.json_response({"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": []})
 
+@contextlib.asynccontextmanager
+async def serving(answer: Callable[[web.Request], Awaitable[web.Response]]) -> AsyncIterator[str]:
+    """A server on 127.0.0.1 answering every request with `answer`; its URL."""
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", answer)
     runner = web.AppRunner(app, access_log=None)
@@ -72,9 +70,22 @@ async def seen() -> AsyncIterator[tuple[str, list[web.Request]]]:
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        yield f"http://127.0.0.1:{port}", requests
+        yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
+
+
+@pytest.fixture
+async def seen() -> AsyncIterator[tuple[str, list[web.Request]]]:
+    """A server on 127.0.0.1 that answers every request with an empty NodeList and keeps the requests."""
+    requests: list[web.Request] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        requests.append(request)
+        return web.json_response(EMPTY_NODE_LIST)
+
+    async with serving(answer) as server:
+        yield server, requests
 
 
 async def list_nodes(host: str) -> None:
@@ -133,17 +144,12 @@ async def test_a_burst_leaves_at_most_max_idle_connections_open(max_idle: int | 
         if request.transport is not None and request.transport not in transports:
             transports.append(request.transport)
         await release.wait()  # all 10 in flight at once: 10 connections
-        return web.json_response({"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": []})
+        return web.json_response(EMPTY_NODE_LIST)
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", answer)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    api = api_client(client.Configuration(host=f"http://127.0.0.1:{port}"), max_idle=max_idle)
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        server = await stack.enter_async_context(serving(answer))
+        api = api_client(client.Configuration(host=server), max_idle=max_idle)
+        stack.push_async_callback(api.close)
         burst = asyncio.gather(*(client.CoreV1Api(api).list_node() for _ in range(10)))
         await eventually_async(lambda: len(transports) == 10, limit=5, interval=0.01)
         release.set()
@@ -151,6 +157,3 @@ async def test_a_burst_leaves_at_most_max_idle_connections_open(max_idle: int | 
         await eventually_async(lambda: sum(not t.is_closing() for t in transports) == left_open, limit=5, interval=0.01)
         await asyncio.sleep(0.2)  # and no more close
         assert sum(not t.is_closing() for t in transports) == left_open
-    finally:
-        await api.close()
-        await runner.cleanup()
