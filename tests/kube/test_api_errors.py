@@ -22,6 +22,7 @@ from machine_preservation.kube.api_errors import (
     TooManyRequests,
     Unavailable,
     api_call,
+    call,
     classify,
     ensure_ok,
     is_failure,
@@ -196,3 +197,20 @@ async def test_a_raw_answer_read() -> None:
     await ensure_ok(_Answer(200))
     with pytest.raises(NotFound):
         await ensure_ok(_Answer(404))
+
+
+async def test_call_returns_the_answer_or_raises_its_meaning() -> None:
+    async def answer() -> str:
+        return "ok"
+
+    async def refused() -> str:
+        raise ApiException(status=409, reason="taken")
+
+    async def dropped() -> str:
+        raise aiohttp.ServerDisconnectedError()
+
+    assert await call(answer()) == "ok"
+    with pytest.raises(Conflict):
+        await call(refused())
+    with pytest.raises(NoAnswer):
+        await call(dropped())

@@ -2,10 +2,10 @@
 controller, the webhook or the certificates manager tells apart has a meaning here, everything else is OTHER
 (kopf's `check_response` does the same), and `NO_ANSWER` is what a request raises when there was no answer.
 
-A request made `with api_call():` (or an answer read by `read_json`/`ensure_ok`) raises the meaning as a type:
-`NotFound`, `Conflict`, `Gone`, `Invalid`, `TooManyRequests`, `Forbidden`, `Unavailable`, any other status as
-`Failed` (their base), and `NoAnswer`; callers catch meanings, not status codes. `Failed` is an `ApiException`, so a
-handler further up that catches any refusal keeps catching these."""
+A request made `with api_call():` or awaited by `call(...)` (or an answer read by `read_json`/`ensure_ok`) raises
+the meaning as a type: `NotFound`, `Conflict`, `Gone`, `Invalid`, `TooManyRequests`, `Forbidden`, `Unavailable`,
+any other status as `Failed` (their base), and `NoAnswer`; callers catch meanings, not status codes. `Failed` is
+an `ApiException`, so a handler further up that catches any refusal keeps catching these."""
 
 from __future__ import annotations
 
@@ -142,12 +142,12 @@ async def call(request: Awaitable[T]) -> T:
 
 
 async def read_object(
-    call: Callable[..., Awaitable[Any]], *args: str, seconds: float | None = None
+    request: Callable[..., Awaitable[Any]], *args: str, seconds: float | None = None
 ) -> Mapping[str, Any]:
-    """One object as JSON by a `*_without_preload_content` call, bounded by `seconds`; raises its meaning (`NotFound`,
-    `NoAnswer`, ...) or ValueError for an answer that is not a JSON object."""
+    """One object as JSON by a `*_without_preload_content` request, bounded by `seconds`; raises its meaning
+    (`NotFound`, `NoAnswer`, ...) or ValueError for an answer that is not a JSON object."""
     with api_call():
-        document = await read_json(await call(*args, _request_timeout=seconds), absent=frozenset())
+        document = await read_json(await request(*args, _request_timeout=seconds), absent=frozenset())
     if not isinstance(document, Mapping):
         raise ValueError("the answer is not a JSON object")
     return document
