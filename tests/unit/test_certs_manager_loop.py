@@ -13,15 +13,7 @@ from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.certs.manager import CertificateManager, ManagerSettings, PassResult
-from machine_preservation.certs.rotation import RotationPolicy, ServingIdentity
-
-POLICY = RotationPolicy(
-    ca_validity=dt.timedelta(hours=10),
-    ca_rotate_before=dt.timedelta(hours=3),
-    ca_overlap=dt.timedelta(hours=1),
-    propagation_delay=dt.timedelta(minutes=5),
-    serving_validity=dt.timedelta(hours=2),
-)
+from tests.unit.test_certs_rotation import IDENTITY, POLICY
 
 
 @pytest.mark.parametrize(
@@ -40,7 +32,7 @@ async def test_the_loop_retries_a_pass_that_got_no_answer(
         secret_namespace="ns",
         secret_name="ca",
         cert_dir=tmp_path,
-        identity=ServingIdentity(dns_names=("mp.ns.svc",), ip_addresses=()),
+        identity=IDENTITY,
         policy=POLICY,
         configurations=(),
         ca_common_name="ca",
