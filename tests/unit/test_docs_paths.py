@@ -55,6 +55,16 @@ def file_names() -> frozenset[str]:
 
 
 @cache
+def module_files() -> dict[str, Path]:
+    files = {}
+    for component in COMPONENTS:
+        for path in (ROOT / component / "machine_preservation" / component).rglob("*.py"):
+            parts = path.relative_to(ROOT / component).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files
+
+
+@cache
 def module_segments() -> frozenset[str]:
     return frozenset(segment for name in module_files() for segment in name.split(".")[1:])
 
@@ -73,16 +83,6 @@ def path_exists(token: str) -> bool:
         elif (base / rest).exists():
             return True
     return False
-
-
-@cache
-def module_files() -> dict[str, Path]:
-    files = {}
-    for component in COMPONENTS:
-        for path in (ROOT / component / "machine_preservation" / component).rglob("*.py"):
-            parts = path.relative_to(ROOT / component).with_suffix("").parts
-            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return files
 
 
 @cache

@@ -199,8 +199,7 @@ deletes, core/admission/deletion.py FORCE_DELETION_LABEL). */ -}}
 (has({{ . }}.spec) && has({{ . }}.spec.extensions))
 {{- end -}}
 
-{{/* The Shoot webhook's matchCondition, as core/machine_preservation/core/webhook_configurations.py
-     (shoot_webhook) builds it. */}}
+{{/* The Shoot webhook's matchCondition, as tests/webhook/configurations.py (shoot_webhook) builds it. */}}
 {{- define "mp.cel.poolSettings" -}}
 {{- $m := "w.machineControllerManager" -}}
 ({{ include "mp.cel.workersPresent" . }} ? {{ . }}.spec.provider.workers.map(w, [dyn(has(w.name) ? [w.name] : []), dyn(has({{ $m }}) && has({{ $m }}.autoPreserveFailedMachineMax) ? [{{ $m }}.autoPreserveFailedMachineMax] : []), dyn(has({{ $m }}) && has({{ $m }}.machinePreserveTimeout) ? [{{ $m }}.machinePreserveTimeout] : []), dyn(has(w.maximum) ? [w.maximum] : []), dyn(has(w.systemComponents) ? [w.systemComponents] : [])]) : [])

@@ -48,8 +48,8 @@ webhooks:
         extensions.extensions.gardener.cloud/machine-preservation: "true"
 {{- end -}}
 
-{{/* The CEL of the Shoot webhook, built as core/machine_preservation/core/webhook_configurations.py
-     (shoot_webhook) and charts/machine-preservation builds it; tests/integration/test_gardener_admission_chart.py
+{{/* The CEL of the Shoot webhook, built as tests/webhook/configurations.py (shoot_webhook)
+     and charts/machine-preservation build it; tests/integration/test_gardener_admission_chart.py
      checks the three are identical. */}}
 {{- define "mpadm.cel.workersPresent" -}}
 (has({{ . }}.spec) && has({{ . }}.spec.provider) && has({{ . }}.spec.provider.workers))
