@@ -55,6 +55,7 @@ from tests.integration.test_gardener_admission_chart import (
     OPERATOR_RUNTIME_VALUES,
     RELEASE,
     RUNTIME,
+    container,
     dry_run,
     merge,
     render,
@@ -83,24 +84,12 @@ def documents_of(documents: list[dict[str, Any]], kind: str) -> list[dict[str, A
     return [d for d in documents if d["kind"] == kind]
 
 
-def certs_container(documents: list[dict[str, Any]]) -> dict[str, Any]:
-    containers = standalone.find(documents, "Deployment", CERTS)["spec"]["template"]["spec"]["containers"]
-    assert len(containers) == 1
-    only: dict[str, Any] = containers[0]
-    return only
-
-
-def server_container(documents: list[dict[str, Any]]) -> dict[str, Any]:
-    only: dict[str, Any] = standalone.find(documents, "Deployment", NAME)["spec"]["template"]["spec"]["containers"][0]
-    return only
-
-
 # --- rendering ---------------------------------------------------------------------------------------------------
 
 
 def test_without_a_secret_the_runtime_part_runs_the_certificate_loop(toolchain: Toolchain, tmp_path: Path) -> None:
     documents = render(toolchain, tmp_path, RUNTIME, OPERATOR_RUNTIME_VALUES)
-    args = build_parser().parse_args(certs_container(documents)["args"])
+    args = build_parser().parse_args(container(documents, CERTS)["args"])
     assert (args.command, args.action) == ("certs", "run")
     assert args.secret == ("garden", CERTS)
     assert args.serving_secret == ("garden", SERVING)
@@ -113,7 +102,7 @@ def test_without_a_secret_the_runtime_part_runs_the_certificate_loop(toolchain: 
     assert (ref.kind.value, ref.name, str(ref.kubeconfig)) == ("validating", NAME, GARDEN_KUBECONFIG)
     assert ref.template == MANIFEST_DIR / MANIFEST_KEY
     pod = standalone.find(documents, "Deployment", CERTS)["spec"]["template"]["spec"]
-    assert {"name": "shoot-webhook", "mountPath": str(MANIFEST_DIR), "readOnly": True} in certs_container(documents)[
+    assert {"name": "shoot-webhook", "mountPath": str(MANIFEST_DIR), "readOnly": True} in container(documents, CERTS)[
         "volumeMounts"
     ]
     volume = next(v for v in pod["volumes"] if v["name"] == "shoot-webhook")
@@ -169,11 +158,11 @@ def test_the_server_opts_out_of_the_virtual_garden_kubeconfig(toolchain: Toolcha
     GARDEN_KUBECONFIG yet (gardenerutils.InjectGenericGardenKubeconfig): the server names it, empty, so only the
     certificate loop holds the token that may patch the webhook configuration."""
     generated = render(toolchain, tmp_path, RUNTIME, OPERATOR_RUNTIME_VALUES)
-    assert {"name": "GARDEN_KUBECONFIG", "value": ""} in server_container(generated)["env"]
-    assert "GARDEN_KUBECONFIG" not in {e["name"] for e in certs_container(generated)["env"]}
+    assert {"name": "GARDEN_KUBECONFIG", "value": ""} in container(generated)["env"]
+    assert "GARDEN_KUBECONFIG" not in {e["name"] for e in container(generated, CERTS)["env"]}
     existing = {"global": {"certificate": {"secretName": "tls", "caBundle": "-----BEGIN CERTIFICATE-----"}}}
     documents = render(toolchain, tmp_path, RUNTIME, merge(existing, OPERATOR_RUNTIME_VALUES))
-    assert {"name": "GARDEN_KUBECONFIG", "value": ""} in server_container(documents)["env"]
+    assert {"name": "GARDEN_KUBECONFIG", "value": ""} in container(documents)["env"]
 
 
 def test_without_gardener_operator_the_loop_keeps_the_configuration_of_its_own_cluster(
@@ -181,7 +170,7 @@ def test_without_gardener_operator_the_loop_keeps_the_configuration_of_its_own_c
 ) -> None:
     """Plain Helm puts both parts in one cluster: the loop's own identity gets the configuration's rights."""
     documents = render(toolchain, tmp_path, UMBRELLA, {}, namespace="garden")
-    args = build_parser().parse_args(certs_container(documents)["args"])
+    args = build_parser().parse_args(container(documents, CERTS)["args"])
     [ref] = args.own_webhook_configuration
     assert (ref.name, ref.kubeconfig) == (NAME, None)
     [binding] = documents_of(documents, "ClusterRoleBinding")
@@ -475,7 +464,7 @@ async def test_the_loop_publishes_injects_and_rotates_in_the_virtual_garden(
         (manifest_dir / MANIFEST_KEY).write_text(_manifest(runtime))
         arguments = [
             a.replace(GARDEN_KUBECONFIG, str(mount / "kubeconfig")).replace(str(MANIFEST_DIR), str(manifest_dir))
-            for a in certs_container(runtime)["args"]
+            for a in container(runtime, CERTS)["args"]
         ]
         args = build_parser().parse_args(arguments)
         settings = settings_from(args)
@@ -489,7 +478,7 @@ async def test_the_loop_publishes_injects_and_rotates_in_the_virtual_garden(
 
         cert_dir = tmp_path / "server-certs"
         cert_dir.mkdir()
-        server_args = build_parser().parse_args(server_container(runtime)["args"])
+        server_args = build_parser().parse_args(container(runtime)["args"])
         no_credentials = tmp_path / "no-credentials.kubeconfig"
         no_credentials.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "clusters": [], "users": []}))
         machine_sets = KubernetesMachineSets(kubeconfig=no_credentials)

@@ -152,8 +152,9 @@ def identities(documents: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
     return sorted((d["kind"], d["metadata"]["name"], d["metadata"].get("namespace", "")) for d in documents)
 
 
-def container(documents: list[dict[str, Any]]) -> dict[str, Any]:
-    containers = standalone.find(documents, "Deployment", NAME)["spec"]["template"]["spec"]["containers"]
+def container(documents: list[dict[str, Any]], deployment: str = NAME) -> dict[str, Any]:
+    """The one container of the runtime part's Deployment `deployment` (the server's unless named)."""
+    containers = standalone.find(documents, "Deployment", deployment)["spec"]["template"]["spec"]["containers"]
     assert len(containers) == 1
     only: dict[str, Any] = containers[0]
     return only
