@@ -198,8 +198,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subcommands: argparse._SubParsersAction[Any]) -> None:
-    parser = subcommands.add_parser("webhook", help="the admission webhook server (HTTPS, AdmissionReview v1)")
+def _add_serving_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where it listens, which routes, and its serving certificate."""
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all interfaces)")
     parser.add_argument("--port", type=int, default=9443, help="port to listen on; 0 picks a free one")
     parser.add_argument(
@@ -224,6 +224,10 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
         default=DEFAULT_CERT_POLL_INTERVAL,
         help="seconds between checks of the certificate files for changes",
     )
+
+
+def _add_identity_arguments(parser: argparse.ArgumentParser) -> None:
+    """Whose requests are special: the controller's and MCM's identities."""
     parser.add_argument(
         "--controller-username",
         action=_AppendUsername,
@@ -248,6 +252,10 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
         "system:serviceaccount:<the Machine's namespace>:NAME is MCM's, as well as the --mcm-username ones "
         "(Gardener: machine-controller-manager, one MCM per shoot namespace)",
     )
+
+
+def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """What one client may cost: body size, connection timeouts and counts."""
     parser.add_argument(
         "--max-body-bytes", type=_positive_int, default=DEFAULT_MAX_BODY_BYTES, help="larger bodies get HTTP 413"
     )
@@ -282,6 +290,10 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
         f"{DEFAULT_MAX_CONNECTIONS_PER_PEER}); at the limit a new one replaces that client's own oldest connection "
         "as above",
     )
+
+
+def _add_control_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """The control cluster: what the deletion guard reads and how MCM is judged."""
     parser.add_argument(
         "--max-preserve-timeout",
         type=go_duration_argument(accept="not negative"),
@@ -329,4 +341,12 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
         help="the namespace MCM's Deployment runs in, for --mcm-native-preservation=auto (default: CRDs only); "
         "standalone, the deletion guard watches it from the start (ready once read)",
     )
+
+
+def register(subcommands: argparse._SubParsersAction[Any]) -> None:
+    parser = subcommands.add_parser("webhook", help="the admission webhook server (HTTPS, AdmissionReview v1)")
+    _add_serving_arguments(parser)
+    _add_identity_arguments(parser)
+    _add_limit_arguments(parser)
+    _add_control_cluster_arguments(parser)
     parser.set_defaults(handler=run)
