@@ -5,7 +5,7 @@ Any garden project member can send a Shoot; the Shoot admission judges its provi
 loop. Through the core's own admission function (`core.admission.shoot.validate_shoot`), one call per repetition,
 it prints per document: its compact JSON size, the CPU time of a call (`time.process_time`, median and max over
 the repetitions), the denial's size in bytes and how many errors it names and counts; then the same for the seed
-(`provider_config_errors`, aggregated, as the controller's `lastError`, through `core.extension.error`). For
+(`provider_config_errors`, aggregated, as the controller's `lastError`, through `core.gardener.extension.error`). For
 calibration, the CPU time of `json.loads` of the document, which the webhook pays anyway when it parses the review.
 
 Documents (each in a Shoot with one pool `w0`):
@@ -37,11 +37,11 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from machine_preservation.core import extension as contract
 from machine_preservation.core.admission.field_errors import aggregate
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.shoot import provider_config_errors, validate_shoot
-from machine_preservation.core.provider_config import API_VERSION, EXTENSION_TYPE, KIND
+from machine_preservation.core.gardener import extension as contract
+from machine_preservation.core.gardener.provider_config import API_VERSION, EXTENSION_TYPE, KIND
 
 SETTINGS = AdmissionSettings()
 MORE = re.compile(r"\.\.\. and (\d+) more errors?\]$")

@@ -95,7 +95,7 @@ def rfc3339(moment: dt.datetime) -> str:
 def run_controller_child(args: argparse.Namespace) -> int:
     """`--controller-child`: what `machine-preservation controller` runs, with a settable resync period."""
     from machine_preservation.controller.commands import serve
-    from machine_preservation.controller.manager import ControllerOptions
+    from machine_preservation.controller.standalone import ControllerOptions
     from machine_preservation.core.mcm_generation import NativePreservationMode
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -8,7 +8,7 @@ Setup, all on 127.0.0.1 and stopped at the end (the processes die with this scri
 - K real shoot kube-apiservers (`--shoot-apiservers`, default 4) on the seed's etcd
   (`gardener.start_shoot_control_plane`); shoot i's Service name resolves to server i mod K, so each server
   stands for N/K shoots. In each, the extension's ServiceAccount `kube-system/machine-preservation` and
-  its RBAC (`core.shoot_resources.rbac_objects`, what our ManagedResource would put there);
+  its RBAC (`core.gardener.shoot_resources.rbac_objects`, what our ManagedResource would put there);
 - per shoot, what gardenlet prepares: the namespace with its labels, the `Cluster` (one pool, no machines), the
   generic token kubeconfig Secret;
 - the seed chart's installation as gardenlet runs it (`gardener_landscape.installation`): its webhook and ONE
@@ -75,8 +75,8 @@ from typing import Any
 import aiohttp
 from kubernetes.aio import client
 
-from machine_preservation.core import shoot_resources
-from machine_preservation.core.extension import CONTROL_PLANE_HEALTHY
+from machine_preservation.core.gardener import shoot_resources
+from machine_preservation.core.gardener.extension import CONTROL_PLANE_HEALTHY
 from machine_preservation.kube.clients import MERGE_PATCH, new_api_client
 from machine_preservation.kube.informer import Informer, Source
 from machine_preservation.localcluster import gardener, hosts
@@ -99,7 +99,7 @@ TARGET_ALL_READY_S, TARGET_PER_SHOOT_S = 180.0, 60.0
 def product_version() -> str:
     """Where the product's code comes from: the commit, `+dirty` when the code differs from it, or the directory
     when it is not a git checkout (e.g. a `git archive` snapshot on PYTHONPATH). The figures depend on it."""
-    from machine_preservation.controller import extensions
+    from machine_preservation.controller.gardener import extensions
 
     source = Path(extensions.__file__).resolve().parents[3]
     if not (source / ".git").exists():

@@ -13,8 +13,8 @@ import yaml
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ConflictException
 
-from machine_preservation.controller.manager import Controller, ControllerOptions
-from machine_preservation.controller.metrics import Metrics
+from machine_preservation.controller.machinery.metrics import Metrics
+from machine_preservation.controller.standalone import Controller, ControllerOptions
 from machine_preservation.core.mcm_generation import NativePreservationMode
 from machine_preservation.kube.clients import new_api_client
 from machine_preservation.localcluster import product as mp

@@ -15,13 +15,13 @@ import pytest
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.apply import Writer
-from machine_preservation.controller.drain import Drainer
-from machine_preservation.controller.events import NODE_EVENT_NAMESPACE, EventRecorder
-from machine_preservation.controller.metrics import Metrics
-from machine_preservation.controller.node_pods import NodePods
-from machine_preservation.controller.reader import CacheReader
-from machine_preservation.controller.reconcile import LiveNodes, MachineReconciler
+from machine_preservation.controller.machinery.events import NODE_EVENT_NAMESPACE, EventRecorder
+from machine_preservation.controller.machinery.metrics import Metrics
+from machine_preservation.controller.preservation.apply import Writer
+from machine_preservation.controller.preservation.drain import Drainer
+from machine_preservation.controller.preservation.node_pods import NodePods
+from machine_preservation.controller.preservation.reader import CacheReader
+from machine_preservation.controller.preservation.reconcile import LiveNodes, MachineReconciler
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.config import DEFAULT_MAX_PRESERVE_TIMEOUT, PreservationConfig
 from machine_preservation.core.models import Machine, Node

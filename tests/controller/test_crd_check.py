@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from machine_preservation.controller.crd_check import CrdCheckFailed, check_machine_crd
+from machine_preservation.controller.preservation.crd_check import CrdCheckFailed, check_machine_crd
 from machine_preservation.core.mcm_evidence import EXPIRY_PATH, keeps
 from machine_preservation.localcluster.crds import crd_manifests
 

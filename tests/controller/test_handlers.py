@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from kubernetes.aio import client
 
-from machine_preservation.controller.caches import Caches
-from machine_preservation.controller.handlers import Queues, is_resync, wire_handlers
-from machine_preservation.controller.node_pods import NodePods
-from machine_preservation.controller.queue import WorkQueue
-from machine_preservation.controller.reader import PodsNotListed
+from machine_preservation.controller.machinery.queue import WorkQueue
+from machine_preservation.controller.preservation.caches import Caches
+from machine_preservation.controller.preservation.handlers import Queues, is_resync, wire_handlers
+from machine_preservation.controller.preservation.node_pods import NodePods
+from machine_preservation.controller.preservation.reader import PodsNotListed
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, Pod
 from machine_preservation.kube.informer import Informer, Source

@@ -7,7 +7,7 @@ import ctypes
 import gc
 from pathlib import Path
 
-from machine_preservation.controller.heap import keep_heap
+from machine_preservation.controller.machinery.heap import keep_heap
 from tests.polling import eventually_async
 
 

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from machine_preservation.controller.leader import LeaderElector, LeadershipLost, WriteFence, _LeaseLock
+from machine_preservation.controller.machinery.leader import LeaderElector, LeadershipLost, WriteFence, _LeaseLock
 from tests.controller.silent import silent_api_server
 
 

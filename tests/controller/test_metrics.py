@@ -13,7 +13,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import generate_latest
 
-from machine_preservation.controller.metrics import (
+from machine_preservation.controller.machinery.metrics import (
     Metrics,
     Probes,
     metrics_app,

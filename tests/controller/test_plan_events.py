@@ -12,8 +12,8 @@ import datetime as dt
 import pytest
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.apply import Snapshot, StepFailed, execute
-from machine_preservation.controller.slots import ReconcileSlots
+from machine_preservation.controller.machinery.slots import ReconcileSlots
+from machine_preservation.controller.preservation.apply import Snapshot, StepFailed, execute
 from machine_preservation.core import plan as p
 from machine_preservation.core.models import Machine, Node
 

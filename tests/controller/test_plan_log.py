@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from machine_preservation.controller.reconcile import _describe
+from machine_preservation.controller.preservation.reconcile import _describe
 from machine_preservation.core import plan as p
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from machine_preservation.controller.queue import WorkQueue
+from machine_preservation.controller.machinery.queue import WorkQueue
 from machine_preservation.kube.backoff import Backoff
 from tests.controller.faketimer import FakeTimer
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from machine_preservation.controller.shoot_access import ShootAccessUnavailable, endpoint_from_kubeconfig
-from machine_preservation.core.gardener import GENERIC_KUBECONFIG_ANNOTATION, read_shoot_facts
+from machine_preservation.controller.gardener.shoot_access import ShootAccessUnavailable, endpoint_from_kubeconfig
+from machine_preservation.core.gardener.cluster import GENERIC_KUBECONFIG_ANNOTATION, read_shoot_facts
 
 CA = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 NAMESPACE = "shoot--core--a"

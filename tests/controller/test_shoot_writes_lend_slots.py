@@ -10,9 +10,9 @@ import datetime as dt
 
 import pytest
 
-from machine_preservation.controller.apply import Snapshot, Writer, execute, in_the_target_cluster
-from machine_preservation.controller.events import EventRecorder
-from machine_preservation.controller.slots import ReconcileSlots
+from machine_preservation.controller.machinery.events import EventRecorder
+from machine_preservation.controller.machinery.slots import ReconcileSlots
+from machine_preservation.controller.preservation.apply import Snapshot, Writer, execute, in_the_target_cluster
 from machine_preservation.core import plan as p
 from machine_preservation.core.models import Machine, Node
 from tests.controller.silent import silent_api_server

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from machine_preservation.controller.slots import ReconcileSlots
+from machine_preservation.controller.machinery.slots import ReconcileSlots
 
 
 async def test_never_more_than_the_limit_at_once() -> None:

@@ -9,10 +9,10 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from machine_preservation.controller.caches import Caches
-from machine_preservation.controller.reader import MACHINE_NODE_INDEX, MACHINE_SET_INDEX
-from machine_preservation.controller.views import SeedInformers
-from machine_preservation.core.gardener import ClusterView, read_cluster
+from machine_preservation.controller.preservation.caches import Caches
+from machine_preservation.controller.preservation.reader import MACHINE_NODE_INDEX, MACHINE_SET_INDEX
+from machine_preservation.controller.preservation.views import SeedInformers
+from machine_preservation.core.gardener.cluster import ClusterView, read_cluster
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node
 from machine_preservation.kube.informer import Informer, Source
 

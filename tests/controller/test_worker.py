@@ -8,9 +8,9 @@ import datetime as dt
 
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.apply import ObjectGone, StepFailed
-from machine_preservation.controller.metrics import Metrics
-from machine_preservation.controller.queue import WorkQueue, run_worker
+from machine_preservation.controller.machinery.metrics import Metrics
+from machine_preservation.controller.machinery.queue import ObjectGone, WorkQueue, run_worker
+from machine_preservation.controller.preservation.apply import StepFailed
 from machine_preservation.core import plan as p
 from machine_preservation.kube.backoff import Backoff
 from tests.controller.faketimer import FakeTimer

@@ -21,8 +21,8 @@ import pytest
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.core import extension as contract
 from machine_preservation.core import vocabulary as v
+from machine_preservation.core.gardener import extension as contract
 from machine_preservation.localcluster import gardener
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.gardener_landscape import (

@@ -40,14 +40,14 @@ POOL = "worker1"
 MACHINES = "machine.sapcloud.io"
 # Granted, needed, and not called here; each with the code that calls it.
 NOT_EXERCISED = {
-    # controller/apply.py: MCM v0.62's own preservation fields (`status.currentStatus.preserveExpiryTime`, the
-    # MachineSet's and MachineDeployment's preserved counts) mirrored for an MCM that knows them; this scenario runs
-    # MCM v0.61.3 (tests/e2e/test_gardener_native.py runs v0.62.1).
+    # controller/preservation/apply.py: MCM v0.62's own preservation fields
+    # (`status.currentStatus.preserveExpiryTime`, the MachineSet's and MachineDeployment's preserved counts) mirrored
+    # for an MCM that knows them; this scenario runs MCM v0.61.3 (tests/e2e/test_gardener_native.py runs v0.62.1).
     Grant("patch", MACHINES, "machines/status", "", ""),
     Grant("patch", MACHINES, "machinesets/status", "", ""),
     Grant("patch", MACHINES, "machinedeployments/status", "", ""),
-    # controller/actuator.py `_ensure_secret`: the shoot-access Secret's labels or annotations brought back after
-    # someone changed them (the chart's next version may change them too); nobody changes them here.
+    # controller/gardener/actuator.py `_ensure_secret`: the shoot-access Secret's labels or annotations brought back
+    # after someone changed them (the chart's next version may change them too); nobody changes them here.
     Grant("patch", "", "secrets", "shoot-access-machine-preservation", ""),
 }
 

@@ -39,7 +39,7 @@ import pytest
 from kubernetes.aio import client
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.gardener import CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL
+from machine_preservation.core.gardener.cluster import CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL
 from machine_preservation.core.models import Machine
 from machine_preservation.core.preservation_record import PreservationRecord
 from machine_preservation.localcluster.controlplane import ControlPlane

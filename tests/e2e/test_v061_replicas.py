@@ -30,7 +30,7 @@ from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.gardener import (
+from machine_preservation.core.gardener.cluster import (
     CLUSTER_API_GROUP,
     CLUSTER_API_VERSION,
     CLUSTER_PLURAL,

@@ -21,7 +21,7 @@ from machine_preservation.certs import commands as certs_commands
 from machine_preservation.certs.manager import CertificateManager
 from machine_preservation.certs.pairs import issued_by, load_certificates
 from machine_preservation.cli.main import build_parser
-from machine_preservation.core import shoot_resources as sr
+from machine_preservation.core.gardener import shoot_resources as sr
 from machine_preservation.localcluster import gardener
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.toolchain import Toolchain

@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from machine_preservation.core import shoot_resources
+from machine_preservation.core.gardener import shoot_resources
 from machine_preservation.kube.clients import new_api_client
 from machine_preservation.localcluster import gardener, seed_install
 from machine_preservation.localcluster import product as processes

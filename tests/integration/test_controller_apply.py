@@ -13,7 +13,8 @@ import pytest
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.apply import (
+from machine_preservation.controller.machinery.events import EventRecorder, Regarding
+from machine_preservation.controller.preservation.apply import (
     ObjectGone,
     Snapshot,
     StepFailed,
@@ -21,7 +22,6 @@ from machine_preservation.controller.apply import (
     execute_machine_plan,
     execute_machine_set_plan,
 )
-from machine_preservation.controller.events import EventRecorder, Regarding
 from machine_preservation.core import plan as p
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.lifecycle import plan_after_drain

@@ -16,8 +16,8 @@ import aiohttp
 import pytest
 from kubernetes.aio import client
 
-from machine_preservation.controller.manager import Controller, ControllerOptions
-from machine_preservation.controller.metrics import WRITE_VERBS, Metrics, request_verb_and_resource
+from machine_preservation.controller.machinery.metrics import WRITE_VERBS, Metrics, request_verb_and_resource
+from machine_preservation.controller.standalone import Controller, ControllerOptions
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.mcm_generation import NativePreservationMode
 from machine_preservation.core.models import Machine, Node

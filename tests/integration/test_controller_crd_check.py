@@ -17,7 +17,8 @@ import pytest
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.crd_check import (
+from machine_preservation.controller.machinery.metrics import Metrics
+from machine_preservation.controller.preservation.crd_check import (
     AUTO_MAX_PATH,
     EXPIRY_PATH,
     MACHINE_CRD,
@@ -27,7 +28,6 @@ from machine_preservation.controller.crd_check import (
     inspect_crds,
     keeps,
 )
-from machine_preservation.controller.metrics import Metrics
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.mcm_generation import NativePreservationMode

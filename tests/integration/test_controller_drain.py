@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 from kubernetes.aio import client
 
-from machine_preservation.controller.drain import POD_NODE_INDEX, Drainer
-from machine_preservation.controller.node_pods import NodePods
+from machine_preservation.controller.preservation.drain import POD_NODE_INDEX, Drainer
+from machine_preservation.controller.preservation.node_pods import NodePods
 from machine_preservation.core.models import Pod
 from machine_preservation.kube.clients import new_api_client
 from machine_preservation.localcluster.controlplane import ControlPlane

@@ -14,10 +14,10 @@ import pytest
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.apply import Snapshot, StepFailed, Writer
-from machine_preservation.controller.caches import Caches, new_caches
-from machine_preservation.controller.drain import Drainer, DrainResult
-from machine_preservation.controller.node_pods import NodePods
+from machine_preservation.controller.preservation.apply import Snapshot, StepFailed, Writer
+from machine_preservation.controller.preservation.caches import Caches, new_caches
+from machine_preservation.controller.preservation.drain import Drainer, DrainResult
+from machine_preservation.controller.preservation.node_pods import NodePods
 from machine_preservation.core import plan as p
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Machine, Node

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from kubernetes.aio import client
 
-from machine_preservation.controller.metrics import Metrics
+from machine_preservation.controller.machinery.metrics import Metrics
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.conditions import go_time_string
 from machine_preservation.core.config import PreservationConfig

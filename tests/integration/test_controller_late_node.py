@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator
 import pytest
 from kubernetes.aio import client
 
-from machine_preservation.controller.caches import Caches, new_caches
-from machine_preservation.controller.node_pods import NodePods
-from machine_preservation.controller.reconcile import LiveNodes
+from machine_preservation.controller.preservation.caches import Caches, new_caches
+from machine_preservation.controller.preservation.node_pods import NodePods
+from machine_preservation.controller.preservation.reconcile import LiveNodes
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.lifecycle import node_is_healthy

@@ -19,8 +19,8 @@ import pytest
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.leader import LeaderElector
-from machine_preservation.controller.manager import LEASE_NAME
+from machine_preservation.controller.machinery.leader import LeaderElector
+from machine_preservation.controller.standalone import LEASE_NAME
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Node
 from machine_preservation.localcluster.controlplane import ControlPlane, free_port

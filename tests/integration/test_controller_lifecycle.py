@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kubernetes.aio import client
 
-from machine_preservation.controller.manager import Controller
+from machine_preservation.controller.standalone import Controller
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.models import Machine, Node

@@ -9,7 +9,7 @@ from typing import Any
 
 from kubernetes.aio import client
 
-from machine_preservation.controller.manager import Controller
+from machine_preservation.controller.standalone import Controller
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.conditions import go_time_string
 from machine_preservation.core.config import PreservationConfig

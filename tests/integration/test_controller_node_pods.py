@@ -9,8 +9,8 @@ import asyncio
 import pytest
 from kubernetes.aio import client
 
-from machine_preservation.controller.node_pods import NodePods
-from machine_preservation.controller.reader import POD_NODE_INDEX, PodsNotListed
+from machine_preservation.controller.preservation.node_pods import NodePods
+from machine_preservation.controller.preservation.reader import POD_NODE_INDEX, PodsNotListed
 from tests.controller.support import new_node, running_pod
 from tests.polling import eventually_async
 

@@ -20,8 +20,13 @@ from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.gardener import CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL, WORKER_POOL_LABEL
-from machine_preservation.core.provider_config import API_VERSION, EXTENSION_TYPE, KIND
+from machine_preservation.core.gardener.cluster import (
+    CLUSTER_API_GROUP,
+    CLUSTER_API_VERSION,
+    CLUSTER_PLURAL,
+    WORKER_POOL_LABEL,
+)
+from machine_preservation.core.gardener.provider_config import API_VERSION, EXTENSION_TYPE, KIND
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.crds import apply_crd
 from machine_preservation.localcluster.mcm import gardener_cluster_crd

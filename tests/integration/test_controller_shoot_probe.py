@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from machine_preservation.controller.shoots import ApiServerProbe
+from machine_preservation.controller.gardener.shoots import ApiServerProbe
 from machine_preservation.localcluster.controlplane import ControlPlane
 from tests.controller.support import aio_client
 from tests.controller.tcpproxy import TcpProxy

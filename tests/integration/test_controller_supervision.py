@@ -10,7 +10,7 @@ from typing import Any
 
 from kubernetes.aio import client
 
-from machine_preservation.controller.manager import EXIT_INFORMER_FAILED
+from machine_preservation.controller.standalone import EXIT_INFORMER_FAILED
 from machine_preservation.core.models import Node
 from machine_preservation.localcluster.controlplane import ControlPlane
 from tests.controller.running import running_controller

@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator
 
 from kubernetes.aio import client
 
-from machine_preservation.controller.caches import Caches, new_caches
-from machine_preservation.controller.handlers import Queues, wire_handlers
-from machine_preservation.controller.node_pods import NodePods
-from machine_preservation.controller.queue import WorkQueue
+from machine_preservation.controller.machinery.queue import WorkQueue
+from machine_preservation.controller.preservation.caches import Caches, new_caches
+from machine_preservation.controller.preservation.handlers import Queues, wire_handlers
+from machine_preservation.controller.preservation.node_pods import NodePods
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.preservation_record import start_record
 from machine_preservation.core.priority import unpreserved_priority_ceiling

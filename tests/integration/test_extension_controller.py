@@ -27,11 +27,11 @@ from kubernetes.aio import client
 
 from machine_preservation.certs.authority import generate_ca
 from machine_preservation.certs.rotation import CA_BUNDLE_KEY
-from machine_preservation.controller.extensions import ExtensionReconciler
-from machine_preservation.controller.seed import SeedController, SeedOptions
-from machine_preservation.controller.shoots import ApiServerProbe
-from machine_preservation.core import extension as contract
-from machine_preservation.core import shoot_resources
+from machine_preservation.controller.gardener.extensions import ExtensionReconciler
+from machine_preservation.controller.gardener.seed import SeedController, SeedOptions
+from machine_preservation.controller.gardener.shoots import ApiServerProbe
+from machine_preservation.core.gardener import extension as contract
+from machine_preservation.core.gardener import shoot_resources
 from machine_preservation.core.mcm_generation import NativePreservationMode
 from machine_preservation.kube.clients import MERGE_PATCH
 from machine_preservation.localcluster import gardener, hosts, seed_install

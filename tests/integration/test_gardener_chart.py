@@ -27,8 +27,8 @@ from machine_preservation.certs import commands as certs_commands
 from machine_preservation.certs.authority import service_dns_names
 from machine_preservation.certs.rotation import CA_BUNDLE_KEY
 from machine_preservation.cli.main import build_parser
-from machine_preservation.core import shoot_resources
 from machine_preservation.core.admission.settings import AdmissionSettings
+from machine_preservation.core.gardener import shoot_resources
 from machine_preservation.localcluster import seed_install
 from machine_preservation.localcluster.controlplane import ControlPlane, free_port
 from machine_preservation.localcluster.crds import apply_crd
@@ -1241,7 +1241,7 @@ def test_controller_registration_example_uses_only_gardeners_fields() -> None:
 def _exported_metric_names() -> set[str]:
     """Every series name the extension and webhook processes can export (the registries' families, with their
     samples' suffixes)."""
-    from machine_preservation.controller.metrics import Metrics
+    from machine_preservation.controller.machinery.metrics import Metrics
     from machine_preservation.webhook.metrics import WebhookMetrics
 
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}

@@ -24,7 +24,7 @@ from kubernetes import config as sync_config
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.shoot_access import in_seed_server
+from machine_preservation.controller.gardener.shoot_access import in_seed_server
 from machine_preservation.kube.clients import new_api_client
 from machine_preservation.localcluster import gardener
 from machine_preservation.localcluster.controlplane import ControlPlane

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kubernetes.aio import client
 
-from machine_preservation.controller.seed import EXIT_LOST_LEADERSHIP, LEASE_NAME, SeedController
+from machine_preservation.controller.gardener.seed import EXIT_LOST_LEADERSHIP, LEASE_NAME, SeedController
 from machine_preservation.core import vocabulary as v
 from machine_preservation.kube.clients import user_agent
 from machine_preservation.localcluster import gardener

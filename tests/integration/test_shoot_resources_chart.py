@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from machine_preservation.core import shoot_resources as sr
+from machine_preservation.core.gardener import shoot_resources as sr
 from machine_preservation.localcluster.toolchain import Toolchain
 from tests.integration.chart import find, template
 

@@ -29,10 +29,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from machine_preservation.certs.authority import generate_ca
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.settings import AdmissionSettings
+from machine_preservation.core.gardener.provider_config import API_VERSION as PRESERVATION_API_VERSION
+from machine_preservation.core.gardener.provider_config import EXTENSION_TYPE
+from machine_preservation.core.gardener.provider_config import KIND as PRESERVATION_KIND
 from machine_preservation.core.preservation_record import PreservationRecord, format_timestamp
-from machine_preservation.core.provider_config import API_VERSION as PRESERVATION_API_VERSION
-from machine_preservation.core.provider_config import EXTENSION_TYPE
-from machine_preservation.core.provider_config import KIND as PRESERVATION_KIND
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.toolchain import Toolchain
 from machine_preservation.webhook.machine_sets import KubernetesMachineSets

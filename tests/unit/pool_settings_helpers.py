@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from machine_preservation.core.gardener import ClusterView
+from machine_preservation.core.gardener.cluster import ClusterView
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
 from machine_preservation.core.pool_settings import (
     PoolDefaults,

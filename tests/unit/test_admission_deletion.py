@@ -25,7 +25,7 @@ from machine_preservation.core.admission.deletion import (
     machine_set_to_read,
 )
 from machine_preservation.core.admission.settings import AdmissionSettings
-from machine_preservation.core.gardener import ShootLifecycle, cluster_as_read, read_cluster, shoot_lifecycle
+from machine_preservation.core.gardener.cluster import ShootLifecycle, cluster_as_read, read_cluster, shoot_lifecycle
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
 from machine_preservation.core.preservation_record import PreservationRecord
 from machine_preservation.core.preserve_value import last_known_node

@@ -17,7 +17,7 @@ from machine_preservation.core.admission.field_errors import (
     root,
 )
 from machine_preservation.core.admission.verdict import describe, escape_pointer_token
-from machine_preservation.core.gardener import distribute_over_zones
+from machine_preservation.core.gardener.cluster import distribute_over_zones
 
 PATH = root("spec", "provider", "workers").index(1).child("machineControllerManager").child("x")
 

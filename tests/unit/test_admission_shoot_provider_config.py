@@ -15,7 +15,7 @@ from machine_preservation.core.admission.field_errors import root
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.shoot import provider_config_errors, validate_shoot
 from machine_preservation.core.admission.verdict import Verdict
-from machine_preservation.core.provider_config import (
+from machine_preservation.core.gardener.provider_config import (
     API_VERSION,
     EXTENSION_TYPE,
     KIND,

@@ -16,7 +16,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from machine_preservation.core import extension as contract
 from machine_preservation.core.admission.field_errors import (
     MAX_ERRORS,
     MAX_MESSAGE_BYTES,
@@ -31,7 +30,8 @@ from machine_preservation.core.admission.field_errors import (
 )
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.shoot import provider_config_errors, validate_shoot
-from machine_preservation.core.provider_config import (
+from machine_preservation.core.gardener import extension as contract
+from machine_preservation.core.gardener.provider_config import (
     API_VERSION,
     EXTENSION_TYPE,
     KIND,

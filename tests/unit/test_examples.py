@@ -10,7 +10,7 @@ import yaml
 
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.shoot import validate_shoot
-from machine_preservation.core.provider_config import PreservationConfig
+from machine_preservation.core.gardener.provider_config import PreservationConfig
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "example"
 

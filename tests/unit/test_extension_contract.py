@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from machine_preservation.core import extension as e
-from machine_preservation.core.extension import (
+from machine_preservation.core.gardener import extension as e
+from machine_preservation.core.gardener.extension import (
     FINALIZER,
     ConditionStatus,
     ErrorCode,

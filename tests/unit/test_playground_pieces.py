@@ -8,7 +8,7 @@ import pytest
 
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.shoot import validate_shoot
-from machine_preservation.core.gardener import WORKER_POOL_LABEL, ZONE_LABEL, read_cluster
+from machine_preservation.core.gardener.cluster import WORKER_POOL_LABEL, ZONE_LABEL, read_cluster
 from machine_preservation.core.models import MachineDeployment
 from machine_preservation.core.pool_settings import PoolDefaults, SettingOrigin
 from machine_preservation.playground import landscape

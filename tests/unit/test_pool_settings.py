@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from machine_preservation.core.gardener import (
+from machine_preservation.core.gardener.cluster import (
     WORKER_POOL_LABEL,
     ZONE_LABEL,
     ClusterView,
@@ -19,6 +19,7 @@ from machine_preservation.core.gardener import (
     read_cluster,
     zone_share,
 )
+from machine_preservation.core.gardener.provider_config import API_VERSION, EXTENSION_TYPE, KIND
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
 from machine_preservation.core.pool_settings import (
     PoolDefaults,
@@ -30,7 +31,6 @@ from machine_preservation.core.pool_settings import (
     resolve_preserve_timeout,
     zone_of,
 )
-from machine_preservation.core.provider_config import API_VERSION, EXTENSION_TYPE, KIND
 
 from .pool_settings_helpers import resolve_pool_settings
 

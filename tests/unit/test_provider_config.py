@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from machine_preservation.core.admission.field_errors import FieldError, root
-from machine_preservation.core.provider_config import (
+from machine_preservation.core.gardener.provider_config import (
     API_VERSION,
     KIND,
     InvalidPreservationConfig,

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from machine_preservation.core import shoot_resources as sr
 from machine_preservation.core import webhook_configurations as wc
+from machine_preservation.core.gardener import shoot_resources as sr
 
 NAMESPACE = "shoot--p--s"
 CA = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"

@@ -20,7 +20,7 @@ from typing import Any, Final
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core import webhook_configurations as wc
 from machine_preservation.core.admission.deletion import FORCE_DELETION_LABEL, FORCE_DELETION_VALUE
-from machine_preservation.core.provider_config import EXTENSION_TYPE
+from machine_preservation.core.gardener.provider_config import EXTENSION_TYPE
 from machine_preservation.core.webhook_configurations import (
     DOMAIN,
     NODE_CA_WEBHOOK,

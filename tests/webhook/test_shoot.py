@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from machine_preservation.core.admission.verdict import deny
-from machine_preservation.core.provider_config import API_VERSION, EXTENSION_TYPE, KIND
+from machine_preservation.core.gardener.provider_config import API_VERSION, EXTENSION_TYPE, KIND
 from tests.webhook.conftest import Webhook
 from tests.webhook.reviews import SHOOT_KIND, review, shoot
 

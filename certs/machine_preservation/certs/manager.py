@@ -47,8 +47,8 @@ from machine_preservation.certs.rotation import (
     decide,
     summary,
 )
-from machine_preservation.core import shoot_resources
 from machine_preservation.core.clock import Clock, system_clock
+from machine_preservation.core.gardener import shoot_resources
 from machine_preservation.kube import api_errors
 from machine_preservation.kube.api_errors import RETRYABLE, Failed, Invalid, NoAnswer, NotFound, api_call, call
 

@@ -14,15 +14,15 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from machine_preservation.controller.crd_check import CrdCheckFailed
-from machine_preservation.controller.heap import keep_heap
-from machine_preservation.controller.manager import (
+from machine_preservation.controller.gardener.seed import DEFAULT_NODE_BUDGET, SeedController, SeedOptions
+from machine_preservation.controller.machinery.heap import keep_heap
+from machine_preservation.controller.preservation.crd_check import CrdCheckFailed
+from machine_preservation.controller.standalone import (
     DEFAULT_DRAIN_ATTEMPT_TIMEOUT,
     Controller,
     ControllerOptions,
     default_identity,
 )
-from machine_preservation.controller.seed import DEFAULT_NODE_BUDGET, SeedController, SeedOptions
 from machine_preservation.core.config import (
     DEFAULT_DRAIN_RETRY_INTERVAL,
     DEFAULT_DRAIN_TIMEOUT,

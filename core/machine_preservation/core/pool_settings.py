@@ -53,7 +53,7 @@ from enum import StrEnum
 from typing import Any, Final, Generic, TypeVar
 
 from machine_preservation.core.durations import InvalidDuration, format_go_duration, parse_go_duration_nanoseconds
-from machine_preservation.core.gardener import (
+from machine_preservation.core.gardener.cluster import (
     DEPRECATED_ZONE_LABEL,
     WORKER_POOL_LABEL,
     ZONE_LABEL,
@@ -61,10 +61,10 @@ from machine_preservation.core.gardener import (
     ShootWorker,
     zone_share,
 )
-from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
-from machine_preservation.core.provider_config import (
+from machine_preservation.core.gardener.provider_config import (
     WorkerPreservation,
 )
+from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
 
 _INT32_MAX: Final = 2**31 - 1
 _MAX_KEY: Final = "autoPreserveFailedMachineMax"

@@ -34,9 +34,9 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.certs.rotation import CA_BUNDLE_KEY
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.extension import CONTROL_PLANE_HEALTHY
+from machine_preservation.core.gardener.extension import CONTROL_PLANE_HEALTHY
+from machine_preservation.core.gardener.shoot_resources import MANAGED_RESOURCE, WEBHOOK_CONFIGURATION
 from machine_preservation.core.mcm_evidence import MCM_DEPLOYMENT
-from machine_preservation.core.shoot_resources import MANAGED_RESOURCE, WEBHOOK_CONFIGURATION
 from machine_preservation.kube.clients import MERGE_PATCH, new_api_client
 from machine_preservation.localcluster import gardener, seed_install
 from machine_preservation.localcluster import product as processes

@@ -25,7 +25,12 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.core.clock import system_clock
 from machine_preservation.core.duration_arguments import go_duration_argument
 from machine_preservation.core.durations import format_go_duration
-from machine_preservation.core.gardener import CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL, WORKER_POOL_LABEL
+from machine_preservation.core.gardener.cluster import (
+    CLUSTER_API_GROUP,
+    CLUSTER_API_VERSION,
+    CLUSTER_PLURAL,
+    WORKER_POOL_LABEL,
+)
 from machine_preservation.core.models import Node
 from machine_preservation.core.preservation_record import format_timestamp
 from machine_preservation.localcluster import hosts

@@ -25,10 +25,14 @@ from typing import Any
 
 from kubernetes.aio import client
 
-from machine_preservation.core import extension as contract
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.durations import format_go_duration
-from machine_preservation.core.shoot_resources import MANAGED_RESOURCE, SHOOT_ACCESS_SECRET, WEBHOOK_CONFIGURATION
+from machine_preservation.core.gardener import extension as contract
+from machine_preservation.core.gardener.shoot_resources import (
+    MANAGED_RESOURCE,
+    SHOOT_ACCESS_SECRET,
+    WEBHOOK_CONFIGURATION,
+)
 from machine_preservation.localcluster import gardener
 from machine_preservation.localcluster import gardener_landscape as landscape
 from machine_preservation.localcluster.controlplane import ControlPlane

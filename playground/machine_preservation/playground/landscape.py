@@ -19,7 +19,7 @@ from typing import Any
 
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.durations import format_go_duration
-from machine_preservation.core.gardener import (
+from machine_preservation.core.gardener.cluster import (
     CLUSTER_API_GROUP,
     CLUSTER_API_VERSION,
     WORKER_POOL_LABEL,

@@ -25,10 +25,15 @@ from kubernetes.aio import client
 from kubernetes.aio.config.config_exception import ConfigException
 from pydantic import ValidationError
 
-from machine_preservation.core import extension as gardener_extension
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.deletion import EXTENSION_NAME, MachineSetView, ShootExtension
-from machine_preservation.core.gardener import CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL, cluster_as_read
+from machine_preservation.core.gardener import extension as gardener_extension
+from machine_preservation.core.gardener.cluster import (
+    CLUSTER_API_GROUP,
+    CLUSTER_API_VERSION,
+    CLUSTER_PLURAL,
+    cluster_as_read,
+)
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
 from machine_preservation.kube.api_errors import NO_ANSWER, RETRYABLE, NotFound, api_call, ensure_ok
 from machine_preservation.kube.backoff import Backoff

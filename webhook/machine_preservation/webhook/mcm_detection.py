@@ -30,8 +30,8 @@ from typing import Any, Final, Protocol
 from kubernetes.aio import client
 from kubernetes.aio.config.config_exception import ConfigException
 
-from machine_preservation.core import extension as gardener_extension
 from machine_preservation.core.admission.deletion import EXTENSION_NAME
+from machine_preservation.core.gardener import extension as gardener_extension
 from machine_preservation.core.mcm_evidence import MACHINE_CRD, MACHINE_SET_CRD, MCM_DEPLOYMENT, cluster_evidence
 from machine_preservation.core.mcm_generation import (
     ClusterEvidence,

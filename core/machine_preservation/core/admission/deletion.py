@@ -65,8 +65,8 @@ from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.verdict import Verdict, allow, deny
 from machine_preservation.core.auto_preservation import is_being_replaced, plan_auto_preservation
 from machine_preservation.core.durations import format_go_duration
-from machine_preservation.core.extension import EXTENSION_TYPE, Extension, is_migrated
-from machine_preservation.core.gardener import ClusterView, read_cluster, shoot_lifecycle
+from machine_preservation.core.gardener.cluster import ClusterView, read_cluster, shoot_lifecycle
+from machine_preservation.core.gardener.extension import EXTENSION_TYPE, Extension, is_migrated
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
 from machine_preservation.core.pool_settings import (
     PoolDefaults,

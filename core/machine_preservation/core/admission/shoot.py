@@ -47,8 +47,8 @@ from machine_preservation.core.durations import (
     parse_go_duration_nanoseconds,
     timedelta_nanoseconds,
 )
-from machine_preservation.core.gardener import auto_preserve_bound, distribute_over_zones
-from machine_preservation.core.provider_config import (
+from machine_preservation.core.gardener.cluster import auto_preserve_bound, distribute_over_zones
+from machine_preservation.core.gardener.provider_config import (
     InvalidPreservationConfig,
     PreservationExtension,
     WorkerPreservation,

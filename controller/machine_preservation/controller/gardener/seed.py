@@ -25,21 +25,21 @@ from typing import Any
 from kubernetes.aio import client
 
 from machine_preservation.certs.rotation import CA_BUNDLE_KEY
-from machine_preservation.controller.actuator import EXTENSION_VERSION, ExtensionActuator, decode_ca_bundle
-from machine_preservation.controller.extensions import ExtensionReconciler
-from machine_preservation.controller.leader import LeaderElector, WriteFence, run_elected
-from machine_preservation.controller.metrics import Metrics, Probes, metrics_app, start_metrics_server
-from machine_preservation.controller.queue import WorkQueue, run_worker, stop_workers
-from machine_preservation.controller.runtime import DEFAULT_DRAIN_ATTEMPT_TIMEOUT, RuntimeOptions, wait_any
-from machine_preservation.controller.shoots import ApiServerProbe, ShootSupervisor
-from machine_preservation.controller.slots import ReconcileSlots
-from machine_preservation.controller.views import new_seed_informers
-from machine_preservation.core import extension as contract
-from machine_preservation.core import shoot_resources
+from machine_preservation.controller.gardener.actuator import EXTENSION_VERSION, ExtensionActuator, decode_ca_bundle
+from machine_preservation.controller.gardener.extensions import ExtensionReconciler
+from machine_preservation.controller.gardener.shoots import ApiServerProbe, ShootSupervisor
+from machine_preservation.controller.machinery.leader import LeaderElector, WriteFence, run_elected
+from machine_preservation.controller.machinery.metrics import Metrics, Probes, metrics_app, start_metrics_server
+from machine_preservation.controller.machinery.queue import WorkQueue, run_worker, stop_workers
+from machine_preservation.controller.machinery.slots import ReconcileSlots
+from machine_preservation.controller.preservation.runtime import DEFAULT_DRAIN_ATTEMPT_TIMEOUT, RuntimeOptions, wait_any
+from machine_preservation.controller.preservation.views import new_seed_informers
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.clock import system_clock
 from machine_preservation.core.config import PreservationConfig
-from machine_preservation.core.gardener import (
+from machine_preservation.core.gardener import extension as contract
+from machine_preservation.core.gardener import shoot_resources
+from machine_preservation.core.gardener.cluster import (
     CLUSTER_API_GROUP,
     CLUSTER_API_VERSION,
     CLUSTER_PLURAL,

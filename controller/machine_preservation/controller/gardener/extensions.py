@@ -1,8 +1,8 @@
 """Gardener's `Extension` contract for our type: one reconcile per shoot namespace, as Gardener's extension library
 runs it (`extensions/pkg/controller/extension`), the work itself in `actuator.ExtensionActuator`.
 
-The core (`core.extension`) decides the operation and shapes the status; this module does the contract's writes in
-its order: the operation annotation off (reconcile: before the work), the finalizer on, `lastOperation`
+The core (`core.gardener.extension`) decides the operation and shapes the status; this module does the contract's
+writes in its order: the operation annotation off (reconcile: before the work), the finalizer on, `lastOperation`
 Processing, the actuator's operation, then Succeeded (and the finalizer or the annotation off where the operation
 says so) or Error. Every failure of an operation, whatever its type, ends in `lastOperation` Error with `lastError`
 (a `providerConfig` that does not decode with `ERR_CONFIGURATION_PROBLEM`), so no Extension is left in Processing;
@@ -22,9 +22,9 @@ from typing import Any
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.actuator import EXTENSION_VERSION, ExtensionActuator, patch_status
-from machine_preservation.core import extension as contract
-from machine_preservation.core.gardener import ShootFacts
+from machine_preservation.controller.gardener.actuator import EXTENSION_VERSION, ExtensionActuator, patch_status
+from machine_preservation.core.gardener import extension as contract
+from machine_preservation.core.gardener.cluster import ShootFacts
 from machine_preservation.kube.api_errors import Failed, NotFound, call, read_json
 from machine_preservation.kube.clients import MERGE_PATCH
 from machine_preservation.kube.informer import Informer

@@ -21,13 +21,19 @@ from dataclasses import dataclass, field
 
 from kubernetes.aio import client
 
-from machine_preservation.controller.crd_check import ControlFactsCache
-from machine_preservation.controller.leader import WriteFence
-from machine_preservation.controller.metrics import Metrics
-from machine_preservation.controller.runtime import Outcome, RuntimeOptions, ShootRuntime, inspect_mcm, wait_any
-from machine_preservation.controller.shoot_access import ShootAccessUnavailable, new_shoot_client
-from machine_preservation.controller.slots import ReconcileSlots
-from machine_preservation.controller.views import SeedInformers
+from machine_preservation.controller.gardener.shoot_access import ShootAccessUnavailable, new_shoot_client
+from machine_preservation.controller.machinery.leader import WriteFence
+from machine_preservation.controller.machinery.metrics import Metrics
+from machine_preservation.controller.machinery.slots import ReconcileSlots
+from machine_preservation.controller.preservation.crd_check import ControlFactsCache
+from machine_preservation.controller.preservation.runtime import (
+    Outcome,
+    RuntimeOptions,
+    ShootRuntime,
+    inspect_mcm,
+    wait_any,
+)
+from machine_preservation.controller.preservation.views import SeedInformers
 from machine_preservation.kube.api_errors import RETRYABLE
 from machine_preservation.kube.backoff import Backoff
 

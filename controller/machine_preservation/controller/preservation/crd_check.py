@@ -20,7 +20,7 @@ from typing import Any
 from kubernetes.aio import client
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.gardener import CLUSTER_API_GROUP, CLUSTER_PLURAL
+from machine_preservation.core.gardener.cluster import CLUSTER_API_GROUP, CLUSTER_PLURAL
 from machine_preservation.core.mcm_evidence import AUTO_MAX_PATH, EXPIRY_PATH, MACHINE_CRD, MACHINE_SET_CRD, keeps
 from machine_preservation.kube.api_errors import Failed, NotFound
 from machine_preservation.kube.crds import SharedRead, read_crd

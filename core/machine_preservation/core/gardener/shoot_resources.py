@@ -39,7 +39,7 @@ from typing import Any, Final
 
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core import webhook_configurations as wc
-from machine_preservation.core.extension import ConditionStatus, HealthReason
+from machine_preservation.core.gardener.extension import ConditionStatus, HealthReason
 
 SERVICE_ACCOUNT: Final = "machine-preservation"
 SERVICE_ACCOUNT_NAMESPACE: Final = "kube-system"

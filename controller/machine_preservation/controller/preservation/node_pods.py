@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from kubernetes.aio import client
 
-from machine_preservation.controller.reader import POD_NODE_INDEX, PodsNotListed
+from machine_preservation.controller.preservation.reader import POD_NODE_INDEX, PodsNotListed
 from machine_preservation.core.models import Pod
 from machine_preservation.kube.informer import Handler, Informer, Source
 

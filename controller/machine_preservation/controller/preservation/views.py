@@ -24,7 +24,7 @@ from typing import Any, Generic, TypeVar
 from kubernetes.aio import client
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.gardener import (
+from machine_preservation.core.gardener.cluster import (
     CLUSTER_API_GROUP,
     CLUSTER_API_VERSION,
     CLUSTER_PLURAL,

@@ -10,15 +10,15 @@ from typing import Any, Protocol, TypeVar
 
 from kubernetes.aio import client
 
-from machine_preservation.controller.reader import (
+from machine_preservation.controller.preservation.reader import (
     DEPLOYMENT_INDEX,
     MACHINE_NODE_INDEX,
     MACHINE_SET_INDEX,
     owner_name,
 )
-from machine_preservation.controller.views import ShootViews
+from machine_preservation.controller.preservation.views import ShootViews
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.gardener import (
+from machine_preservation.core.gardener.cluster import (
     CLUSTER_API_GROUP,
     CLUSTER_API_VERSION,
     CLUSTER_PLURAL,

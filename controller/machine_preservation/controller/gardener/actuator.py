@@ -2,7 +2,7 @@
 extension library splits a controller into a contract reconciler (`extensions.ExtensionReconciler`) and an actuator:
 
 - reconcile (Create, Reconcile) and restore: the shoot-access Secret and the ManagedResource with the shoot's RBAC
-  and node webhooks (`core.shoot_resources`), the shoot's lifecycle started (paused while hibernated);
+  and node webhooks (`core.gardener.shoot_resources`), the shoot's lifecycle started (paused while hibernated);
 - delete: the shoot's preservations ended (taints, conditions, our CA annotations, records; kept Failed machines
   back to MCM), then the ManagedResource (the shoot's objects go with it, once the shoot's gardener-resource-manager
   has removed them) and the Secrets;
@@ -28,15 +28,15 @@ from typing import Any
 
 from kubernetes.aio import client
 
-from machine_preservation.controller.events import EventRecorder, Regarding
-from machine_preservation.controller.shoots import ShootSupervisor
-from machine_preservation.core import extension as contract
-from machine_preservation.core import shoot_resources
+from machine_preservation.controller.gardener.shoots import ShootSupervisor
+from machine_preservation.controller.machinery.events import EventRecorder, Regarding
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.field_errors import aggregate
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.shoot import provider_config_errors
-from machine_preservation.core.gardener import ShootFacts
+from machine_preservation.core.gardener import extension as contract
+from machine_preservation.core.gardener import shoot_resources
+from machine_preservation.core.gardener.cluster import ShootFacts
 from machine_preservation.core.webhook_configurations import shoot_path
 from machine_preservation.kube.api_errors import ApiError, NotFound, call, classify, read_json
 from machine_preservation.kube.clients import MERGE_PATCH

@@ -8,7 +8,8 @@ import datetime as dt
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
-from machine_preservation.core.gardener import ClusterView
+from machine_preservation.controller.machinery.queue import RetryWithBackoff
+from machine_preservation.core.gardener.cluster import ClusterView
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, Pod
 
 T_co = TypeVar("T_co", covariant=True)
@@ -47,7 +48,7 @@ class NodePodReader(Store[Pod], Protocol):
         ...
 
 
-class PodsNotListed(Exception):
+class PodsNotListed(RetryWithBackoff):
     """A node's pods could not be listed in time (its cluster's API server is unreachable or slow)."""
 
     def __init__(self, node: str, cause: str | None) -> None:

@@ -24,8 +24,9 @@ from typing import Any
 
 from kubernetes.aio import client
 
-from machine_preservation.controller.events import EventRecorder, Regarding
-from machine_preservation.controller.slots import ReconcileSlots, detached
+from machine_preservation.controller.machinery.events import EventRecorder, Regarding
+from machine_preservation.controller.machinery.queue import ObjectGone, RetryWithBackoff
+from machine_preservation.controller.machinery.slots import ReconcileSlots, detached
 from machine_preservation.core import plan as p
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node
@@ -38,17 +39,13 @@ logger = logging.getLogger(__name__)
 MACHINES = "machines"
 
 
-class StepFailed(Exception):
+class StepFailed(RetryWithBackoff):
     """A step could not be written; the reconcile is retried with backoff."""
 
     def __init__(self, step: object, cause: Failed, *, conflict: bool) -> None:
         super().__init__(f"{type(step).__name__} failed: {cause.status} {cause.reason}")
         self.step = step
         self.conflict = conflict
-
-
-class ObjectGone(Exception):
-    """The Machine (or the Node a step needs) no longer exists; nothing more to do for this plan."""
 
 
 def _version_of(custom_object: object) -> str:

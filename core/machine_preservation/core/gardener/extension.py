@@ -37,8 +37,8 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
-from machine_preservation.core import provider_config
 from machine_preservation.core.admission.field_errors import shorten
+from machine_preservation.core.gardener import provider_config
 from machine_preservation.core.preservation_record import format_timestamp
 
 EXTENSION_TYPE: Final = provider_config.EXTENSION_TYPE

@@ -15,23 +15,23 @@ from dataclasses import dataclass, field
 
 from kubernetes.aio import client
 
-from machine_preservation.controller.apply import (
+from machine_preservation.controller.machinery.metrics import Metrics
+from machine_preservation.controller.machinery.slots import ReconcileSlots, detached
+from machine_preservation.controller.preservation.apply import (
     Snapshot,
     Writer,
     execute,
     execute_machine_plan,
     execute_machine_set_plan,
 )
-from machine_preservation.controller.drain import Drainer, DrainResult
-from machine_preservation.controller.metrics import Metrics
-from machine_preservation.controller.reader import (
+from machine_preservation.controller.preservation.drain import Drainer, DrainResult
+from machine_preservation.controller.preservation.reader import (
     DEPLOYMENT_INDEX,
     MACHINE_SET_INDEX,
     CacheReader,
     NodePodReader,
     owner_name,
 )
-from machine_preservation.controller.slots import ReconcileSlots, detached
 from machine_preservation.core import plan as p
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.auto_preservation import is_being_replaced, plan_machine_deployment, plan_machine_set

@@ -22,24 +22,24 @@ from dataclasses import dataclass, field
 
 from kubernetes.aio import client
 
-from machine_preservation.controller.apply import Writer
-from machine_preservation.controller.caches import Caches, new_caches, shoot_caches
-from machine_preservation.controller.crd_check import ControlFacts, CrdFacts
-from machine_preservation.controller.drain import Drainer
-from machine_preservation.controller.events import EventRecorder
-from machine_preservation.controller.handlers import Queues, wire_handlers
-from machine_preservation.controller.metrics import Metrics, Unwatch, preserved_counts, preserved_nodes_gone
-from machine_preservation.controller.node_pods import NodePods
-from machine_preservation.controller.pools import PoolSettingsReader
-from machine_preservation.controller.queue import WorkQueue, run_worker, stop_workers
-from machine_preservation.controller.reconcile import (
+from machine_preservation.controller.machinery.events import EventRecorder
+from machine_preservation.controller.machinery.metrics import Metrics, Unwatch, preserved_counts, preserved_nodes_gone
+from machine_preservation.controller.machinery.queue import WorkQueue, run_worker, stop_workers
+from machine_preservation.controller.machinery.slots import ReconcileSlots
+from machine_preservation.controller.preservation.apply import Writer
+from machine_preservation.controller.preservation.caches import Caches, new_caches, shoot_caches
+from machine_preservation.controller.preservation.crd_check import ControlFacts, CrdFacts
+from machine_preservation.controller.preservation.drain import Drainer
+from machine_preservation.controller.preservation.handlers import Queues, wire_handlers
+from machine_preservation.controller.preservation.node_pods import NodePods
+from machine_preservation.controller.preservation.pools import PoolSettingsReader
+from machine_preservation.controller.preservation.reconcile import (
     LiveNodes,
     MachineDeploymentReconciler,
     MachineReconciler,
     MachineSetReconciler,
 )
-from machine_preservation.controller.slots import ReconcileSlots
-from machine_preservation.controller.views import ShootViews
+from machine_preservation.controller.preservation.views import ShootViews
 from machine_preservation.core import conditions
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.clock import system_clock

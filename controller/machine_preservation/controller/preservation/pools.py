@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from machine_preservation.controller.reader import CacheReader, key_of, owner_name
+from machine_preservation.controller.preservation.reader import CacheReader, key_of, owner_name
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet
 from machine_preservation.core.pool_settings import (
     PoolDefaults,

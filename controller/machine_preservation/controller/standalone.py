@@ -23,12 +23,12 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from machine_preservation.controller.caches import Caches
-from machine_preservation.controller.clients import Clients
-from machine_preservation.controller.crd_check import inspect_control
-from machine_preservation.controller.leader import LeaderElector, WriteFence, run_elected
-from machine_preservation.controller.metrics import Metrics, Probes, metrics_app, start_metrics_server
-from machine_preservation.controller.runtime import (
+from machine_preservation.controller.machinery.leader import LeaderElector, WriteFence, run_elected
+from machine_preservation.controller.machinery.metrics import Metrics, Probes, metrics_app, start_metrics_server
+from machine_preservation.controller.preservation.caches import Caches
+from machine_preservation.controller.preservation.clients import Clients
+from machine_preservation.controller.preservation.crd_check import inspect_control
+from machine_preservation.controller.preservation.runtime import (
     DEFAULT_DRAIN_ATTEMPT_TIMEOUT,
     Outcome,
     RuntimeOptions,

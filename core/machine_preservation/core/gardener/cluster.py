@@ -23,14 +23,14 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from machine_preservation.core import extension as contract
-from machine_preservation.core.models import KubeModel, ObjectMeta, mapping_of
-from machine_preservation.core.provider_config import (
+from machine_preservation.core.gardener import extension as contract
+from machine_preservation.core.gardener.provider_config import (
     InvalidPreservationConfig,
     PreservationConfig,
     parse_preservation_config,
     preservation_extension,
 )
+from machine_preservation.core.models import KubeModel, ObjectMeta, mapping_of
 
 CLUSTER_API_GROUP: Final = "extensions.gardener.cloud"
 CLUSTER_API_VERSION: Final = "v1alpha1"

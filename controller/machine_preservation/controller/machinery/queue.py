@@ -32,10 +32,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, Protocol, TypeVar
 
-from machine_preservation.controller.apply import ObjectGone, StepFailed
-from machine_preservation.controller.metrics import Metrics
-from machine_preservation.controller.reader import PodsNotListed
-from machine_preservation.controller.slots import ReconcileSlots
+from machine_preservation.controller.machinery.metrics import Metrics
+from machine_preservation.controller.machinery.slots import ReconcileSlots
 from machine_preservation.kube.api_errors import Conflict, Failed, call
 from machine_preservation.kube.backoff import Backoff
 
@@ -206,6 +204,17 @@ class WorkQueue(Generic[K]):
                 task.cancel()
 
 
+class ObjectGone(Exception):
+    """What a key's reconcile acts on no longer exists: the key is done with (a deletion is an event of its own)."""
+
+
+class RetryWithBackoff(Exception):
+    """A key's reconcile could not finish, in a way its code foresaw; the key comes back after its backoff."""
+
+    # Whether it lost a race with another writer (counted apart in the metrics).
+    conflict: bool = False
+
+
 # Reconciles one key; returns when to look at it again (None: only on a change).
 Reconcile = Callable[[str], Awaitable[dt.timedelta | None]]
 
@@ -241,14 +250,10 @@ async def _reconcile_one(
     except ObjectGone as gone:
         queue.forget(key)  # what the plan writes is gone: its deletion is an event of its own
         logger.info("%s %s: %s; nothing more to do", queue.name, key, gone)
-    except StepFailed as failed:
+    except RetryWithBackoff as failed:
         result = "conflict" if failed.conflict else "error"
         delay = queue.add_rate_limited(key)
         logger.info("%s %s: %s; retry in %.1fs", queue.name, key, failed, delay)
-    except PodsNotListed as waiting:
-        result = "error"
-        delay = queue.add_rate_limited(key)
-        logger.info("%s %s: %s; retry in %.1fs", queue.name, key, waiting, delay)
     except Failed as error:
         result = "conflict" if isinstance(error, Conflict) else "error"
         delay = queue.add_rate_limited(key)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from kubernetes.aio import client
 
-from machine_preservation.controller.reader import POD_NODE_INDEX, NodePodReader
+from machine_preservation.controller.preservation.reader import POD_NODE_INDEX, NodePodReader
 from machine_preservation.core.clock import Clock, system_clock
 from machine_preservation.core.models import Node, Pod
 from machine_preservation.kube.api_errors import Failed, NotFound, TooManyRequests, call

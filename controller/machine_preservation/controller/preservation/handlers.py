@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-from machine_preservation.controller.caches import Caches
-from machine_preservation.controller.node_pods import NodePods
-from machine_preservation.controller.queue import WorkQueue
-from machine_preservation.controller.reader import DEPLOYMENT_INDEX, MACHINE_NODE_INDEX, key_of, owner_name
+from machine_preservation.controller.machinery.queue import WorkQueue
+from machine_preservation.controller.preservation.caches import Caches
+from machine_preservation.controller.preservation.node_pods import NodePods
+from machine_preservation.controller.preservation.reader import DEPLOYMENT_INDEX, MACHINE_NODE_INDEX, key_of, owner_name
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.gardener import ClusterView
+from machine_preservation.core.gardener.cluster import ClusterView
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node, NodeMeta, ObjectMeta, Pod
 from machine_preservation.kube.informer import Handler
 
