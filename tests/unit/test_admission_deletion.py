@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -15,14 +17,18 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.deletion import (
     DENIALS,
     FORCE_DELETION_LABEL,
+    NEEDS,
     Assessment,
+    DeletionRequest,
     MachineSetView,
+    Need,
     Outcome,
+    ReadCluster,
+    ReadExtension,
+    ReadMachineSet,
+    Reads,
     ShootExtension,
     assess_machine_deletion,
-    cluster_to_read,
-    extension_to_read,
-    machine_set_to_read,
 )
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.gardener.cluster import ShootLifecycle, cluster_as_read, read_cluster, shoot_lifecycle
@@ -37,6 +43,7 @@ MAX = dt.timedelta(days=30)
 SETTINGS = AdmissionSettings(controller_username=CONTROLLER, mcm_usernames=frozenset({MCM}), max_preserve_timeout=MAX)
 NATIVE = SETTINGS.model_copy(update={"mcm_native_preservation": True})
 P = v.PRESERVE_ANNOTATION
+NAMESPACE = "shoot--p--s"
 ACTIVE = (NOW - dt.timedelta(hours=1), NOW + dt.timedelta(hours=2))  # a record's (since, until)
 
 
@@ -65,7 +72,7 @@ def machine(
         written[v.MACHINE_PRIORITY_ANNOTATION] = str(priority)
     metadata: dict[str, Any] = {
         "name": name,
-        "namespace": "shoot--p--s",
+        "namespace": NAMESPACE,
         "annotations": written,
         "labels": {**({"node": node} if node else {}), **(labels or {})},
         "creationTimestamp": created.isoformat(),
@@ -159,6 +166,10 @@ def healthy(name: str, owner: str = "ms") -> Machine:
     return machine(name, phase="Running", owner=owner, node=f"node-{name}")
 
 
+def request(m: Machine, *, username: str = MCM, settings_: AdmissionSettings = SETTINGS) -> DeletionRequest:
+    return DeletionRequest(machine=m, username=username, settings=settings_, now=NOW)
+
+
 def assess(
     m: Machine,
     *,
@@ -166,10 +177,19 @@ def assess(
     machine_set: MachineSetView | None = None,
     cluster: dict[str, Any] | None = None,
     settings_: AdmissionSettings = SETTINGS,
+    extension: ShootExtension | None = None,
 ) -> Assessment:
-    return assess_machine_deletion(
-        machine=m, username=username, settings=settings_, now=NOW, machine_set=machine_set, cluster=cluster
-    )
+    """The verdict with everything read (None: there is none, or not read)."""
+    reads = Reads(machine_set=machine_set, cluster=cluster, extension=extension)
+    step = assess_machine_deletion(request(m, username=username, settings_=settings_), reads)
+    assert isinstance(step, Assessment), step
+    return step
+
+
+def next_need(m: Machine, *, username: str = MCM, settings_: AdmissionSettings = SETTINGS, **read: Any) -> Need | None:
+    """What the guard asks for with `read` read (the kinds not named there unread); None: it has its verdict."""
+    step = assess_machine_deletion(request(m, username=username, settings_=settings_), Reads(**read))
+    return None if isinstance(step, Assessment) else step
 
 
 PRESERVED = machine(preserved=ACTIVE)
@@ -572,8 +592,8 @@ def test_the_cluster_is_read_only_when_it_can_change_the_answer(
     candidate: Machine, context: dict[str, Any], read: bool
 ) -> None:
     username = context.pop("username", MCM)
-    found = cluster_to_read(machine=candidate, username=username, settings=SETTINGS, now=NOW, **context)
-    assert found is read
+    found = next_need(candidate, username=username, machine_set=context.get("machine_set"))
+    assert (found == ReadCluster(NAMESPACE)) is read
 
 
 def test_releases_of_kept_machines_say_why() -> None:
@@ -585,7 +605,8 @@ def test_releases_of_kept_machines_say_why() -> None:
 
 def test_reads_are_only_made_when_the_machine_alone_does_not_decide() -> None:
     def read(m: Machine, username: str = MCM, settings_: AdmissionSettings = SETTINGS) -> str:
-        return machine_set_to_read(machine=m, username=username, settings=settings_, now=NOW)
+        need = next_need(m, username=username, settings_=settings_)
+        return need.name if isinstance(need, ReadMachineSet) else ""
 
     assert read(machine()) == "ms"  # the budget
     assert read(PRESERVED) == "ms"  # the replica counts
@@ -757,7 +778,7 @@ def test_the_replica_target_decides_how_many_kept_machines_may_go(
 def test_without_our_record_native_mcm_is_never_stopped(namespace: MachineSetView) -> None:
     for candidate in namespace.machines:
         if v.PRESERVED_SINCE_ANNOTATION not in candidate.metadata.annotations:
-            assert machine_set_to_read(machine=candidate, username=MCM, settings=NATIVE, now=NOW) == ""
+            assert not isinstance(next_need(candidate, settings_=NATIVE), ReadMachineSet)
             assert assess(candidate, machine_set=namespace, settings_=NATIVE).allowed
 
 
@@ -779,7 +800,7 @@ def test_the_cluster_is_left_unread_only_where_it_changes_nothing(
 ) -> None:
     chosen = NATIVE if native else SETTINGS
     for candidate in namespace.machines:
-        if not cluster_to_read(machine=candidate, username=MCM, settings=chosen, now=NOW, machine_set=namespace):
+        if next_need(candidate, settings_=chosen, machine_set=namespace) != ReadCluster(NAMESPACE):
             without = assess(candidate, machine_set=namespace, settings_=chosen)
             assert (
                 assess(candidate, machine_set=namespace, cluster=cluster, settings_=chosen).allowed == without.allowed
@@ -921,9 +942,7 @@ def test_a_disabled_or_migrated_extension_lets_every_delete_pass(
     candidate: Machine, context: dict[str, Any], shoot_extension: ShootExtension | None, expected: Outcome
 ) -> None:
     username = context.pop("username", MCM)
-    assessment = assess_machine_deletion(
-        machine=candidate, username=username, settings=SETTINGS, now=NOW, extension=shoot_extension, **context
-    )
+    assessment = assess(candidate, username=username, extension=shoot_extension, **context)
     assert assessment.outcome == expected
     assert assessment.allowed == (expected not in DENIALS)
     verdict = assessment.verdict()
@@ -932,9 +951,7 @@ def test_a_disabled_or_migrated_extension_lets_every_delete_pass(
 
 def test_the_release_by_the_extension_says_why() -> None:
     def why(shoot_extension: ShootExtension) -> str:
-        return assess_machine_deletion(
-            machine=WHEN_FAILED, username=MCM, settings=SETTINGS, now=NOW, extension=shoot_extension
-        ).message
+        return assess(WHEN_FAILED, extension=shoot_extension).message
 
     assert why(ABSENT) == (
         'machine "m1": the extension is disabled for the Shoot (its Extension "machine-preservation" is gone)'
@@ -975,7 +992,8 @@ def test_the_extension_is_read_as_gardener_writes_it() -> None:
 )
 def test_the_extension_is_read_only_for_a_denial(candidate: Machine, context: dict[str, Any], read: bool) -> None:
     username = context.pop("username", MCM)
-    assert extension_to_read(machine=candidate, username=username, settings=SETTINGS, now=NOW, **context) is read
+    reads = {"machine_set": None, "cluster": None, **context}
+    assert (next_need(candidate, username=username, **reads) == ReadExtension(NAMESPACE)) is read
 
 
 _EXTENSIONS = st.none() | st.builds(
@@ -991,19 +1009,243 @@ def test_the_extension_only_ever_lifts_a_denial(
     lift), it would change nothing."""
     chosen = NATIVE if native else SETTINGS
     for candidate in namespace.machines:
-        common: dict[str, Any] = {
-            "machine": candidate,
-            "username": MCM,
-            "settings": chosen,
-            "now": NOW,
-            "machine_set": namespace,
-            "cluster": cluster,
-        }
-        without = assess_machine_deletion(**common)
-        withit = assess_machine_deletion(**common, extension=shoot_extension)
+        common: dict[str, Any] = {"settings_": chosen, "machine_set": namespace, "cluster": cluster}
+        without = assess(candidate, **common)
+        withit = assess(candidate, **common, extension=shoot_extension)
         if shoot_extension is not None and shoot_extension.released():
             assert withit.allowed
         else:
             assert withit == without
-        if not extension_to_read(**common):
+        if next_need(candidate, **common) != ReadExtension(NAMESPACE):
             assert withit == without
+
+
+# --- What the guard asks to read: one loop in the shell ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class World:
+    """What a read of each kind finds (None: there is none)."""
+
+    machine_set: MachineSetView | None = None
+    cluster: dict[str, Any] | None = None
+    extension: ShootExtension | None = None
+
+
+def run_loop(m: Machine, world: World, *, username: str = MCM, settings_: AdmissionSettings = SETTINGS) -> Any:
+    """The shell's loop, over `world`: ask, read what is needed, ask again. Returns the verdict and the needs in
+    the order they were asked for; fails if a kind is asked for twice or the verdict takes more reads than kinds."""
+    deletion = request(m, username=username, settings_=settings_)
+    reads, needs = Reads(), []
+    step = assess_machine_deletion(deletion, reads)
+    while not isinstance(step, Assessment):
+        assert type(step) not in {type(n) for n in needs}, f"{step} asked for again after {needs}"
+        assert len(needs) < len(NEEDS)
+        needs.append(step)
+        if isinstance(step, ReadMachineSet):
+            assert step == ReadMachineSet(NAMESPACE, "ms")
+            reads = replace(reads, machine_set=world.machine_set)
+        elif isinstance(step, ReadCluster):
+            assert step == ReadCluster(NAMESPACE)
+            reads = replace(reads, cluster=world.cluster)
+        else:
+            assert step == ReadExtension(NAMESPACE, "machine-preservation")
+            reads = replace(reads, extension=world.extension)
+        step = assess_machine_deletion(deletion, reads)
+    return step, needs
+
+
+MS, CLUSTER, EXTENSION = ReadMachineSet(NAMESPACE, "ms"), ReadCluster(NAMESPACE), ReadExtension(NAMESPACE)
+
+
+@pytest.mark.parametrize(
+    ("candidate", "world", "username", "needs", "expected"),
+    [
+        pytest.param(PRESERVED, World(PRESERVED_SET), "alice", [], Outcome.NOT_GUARDED, id="a-user-reads-nothing"),
+        pytest.param(
+            machine(preserved=ACTIVE, labels={FORCE_DELETION_LABEL: "True"}),
+            World(PRESERVED_SET),
+            MCM,
+            [],
+            Outcome.FORCE_DELETION,
+            id="forced-deletion-reads-nothing",
+        ),
+        pytest.param(
+            PRESERVED,
+            World(PRESERVED_SET, gardener(), ENABLED),
+            MCM,
+            [MS, CLUSTER, EXTENSION],
+            Outcome.PRESERVED,
+            id="a-denial-reads-all-three",
+        ),
+        pytest.param(
+            PRESERVED,
+            World(view(machine_set(replicas=0), [PRESERVED]), gardener(), ENABLED),
+            MCM,
+            [MS],
+            Outcome.MACHINE_SET_SURPLUS,
+            id="the-counts-release-after-one-read",
+        ),
+        pytest.param(
+            PRESERVED,
+            World(PRESERVED_SET, gardener(hibernated=True), ENABLED),
+            MCM,
+            [MS, CLUSTER],
+            Outcome.SHOOT_GOING_AWAY,
+            id="the-shoot-releases-after-two-reads",
+        ),
+        pytest.param(
+            PRESERVED,
+            World(PRESERVED_SET, gardener(), ABSENT),
+            MCM,
+            [MS, CLUSTER, EXTENSION],
+            Outcome.EXTENSION_RELEASED,
+            id="the-extension-releases-after-three-reads",
+        ),
+        pytest.param(
+            machine(),
+            World(v061([machine()]), gardener(workers=POOL), ENABLED),
+            MCM,
+            [MS, CLUSTER, EXTENSION],
+            Outcome.PENDING_BY_BUDGET,
+            id="a-budget-only-the-shoot-knows",
+        ),
+        pytest.param(
+            machine(),
+            World(view(machine_set(max_=0), [machine()]), gardener(workers=POOL), ENABLED),
+            MCM,
+            [MS],
+            Outcome.NOT_KEPT,
+            id="a-budget-the-set-carries",
+        ),
+        pytest.param(
+            machine(owner=""),
+            World(None, gardener(), ENABLED),
+            MCM,
+            [],
+            Outcome.NOT_KEPT,
+            id="no-machine-set-no-budget",
+        ),
+        pytest.param(
+            machine(owner="", annotations={P: "now"}),
+            World(None, gardener(), ENABLED),
+            MCM,
+            [CLUSTER, EXTENSION],
+            Outcome.PENDING_BY_VALUE,
+            id="no-machine-set-still-denied",
+        ),
+        pytest.param(
+            WHEN_FAILED,
+            World(None, None, None),
+            MCM,
+            [MS, CLUSTER, EXTENSION],
+            Outcome.PENDING_BY_VALUE,
+            id="the-machine-set-is-gone",
+        ),
+    ],
+)
+def test_the_guard_asks_for_each_object_in_order_and_once(
+    candidate: Machine, world: World, username: str, needs: list[Need], expected: Outcome
+) -> None:
+    verdict, asked = run_loop(candidate, world, username=username)
+    assert asked == needs
+    assert verdict.outcome == expected
+
+
+_CANDIDATES = [
+    PRESERVED,
+    WHEN_FAILED,
+    machine(),
+    machine(annotations={P: "false"}),
+    machine(annotations={P: "auto-preserve"}),
+    machine(phase="Running", preserved=ACTIVE),
+    machine(phase="Running", annotations={P: "now"}),
+    machine(preserved=(NOW - dt.timedelta(hours=3), NOW)),
+    machine(preserved=ACTIVE, labels={FORCE_DELETION_LABEL: "True"}),
+    machine(preserved=ACTIVE, deleting=True),
+    machine(owner=""),
+    machine(owner="", preserved=ACTIVE),
+]
+# Each lists the judged machine ("m1") as the request shows it, beside these.
+_MACHINE_SETS = [
+    None,
+    view(machine_set(replicas=3), [healthy("h1"), healthy("h2")]),
+    view(machine_set(replicas=0), [machine("m2", preserved=ACTIVE, node="n2")]),
+    view(machine_set(replicas=2, max_=1), [machine("m2", node="n2"), healthy("h1")]),
+    v061([machine("m2", preserved=ACTIVE, node="n2"), healthy("h1")]),
+]
+_WORLD_CLUSTERS = [None, gardener(), gardener(hibernated=True), gardener(workers=POOL)]
+_WORLD_EXTENSIONS = [None, ENABLED, ABSENT, ShootExtension(deleting=True)]
+
+
+def _listing(namespace: MachineSetView | None, candidate: Machine) -> MachineSetView | None:
+    """`namespace` as a read finds it when judging `candidate`: listing the candidate as the request shows it;
+    None when the candidate has no MachineSet to read."""
+    if namespace is None or not candidate.metadata.controller_name("MachineSet"):
+        return None
+    others = [m for m in namespace.machines if m.metadata.name != candidate.metadata.name]
+    return replace(namespace, machines=[candidate, *others])
+
+
+def _check_loop(candidate: Machine, world: World, username: str, settings_: AdmissionSettings) -> None:
+    world = replace(world, machine_set=_listing(world.machine_set, candidate))
+    verdict, needs = run_loop(candidate, world, username=username, settings_=settings_)
+    # In the order of NEEDS, each kind once at most (run_loop fails on a repeat).
+    assert [type(n) for n in needs] == [kind for kind in NEEDS if kind in {type(n) for n in needs}]
+    everything = assess(
+        candidate,
+        username=username,
+        settings_=settings_,
+        machine_set=world.machine_set,
+        cluster=world.cluster,
+        extension=world.extension,
+    )
+    # What is left unread would not change whether the delete passes.
+    assert verdict.allowed == everything.allowed
+    if not verdict.allowed:
+        assert needs[-1] == EXTENSION  # a denial has asked for everything that might lift it
+        assert verdict == everything
+
+
+def test_the_loop_never_reads_a_kind_twice_exhaustively() -> None:
+    for candidate in _CANDIDATES:
+        for username in (MCM, "alice", CONTROLLER):
+            for settings_ in (SETTINGS, NATIVE):
+                for machine_set_ in _MACHINE_SETS:
+                    for cluster in _WORLD_CLUSTERS:
+                        for shoot_extension in _WORLD_EXTENSIONS:
+                            world = World(machine_set_, cluster, shoot_extension)
+                            _check_loop(candidate, world, username, settings_)
+
+
+@given(
+    namespace=namespaces(),
+    gone=st.booleans(),
+    cluster=_CLUSTERS,
+    shoot_extension=_EXTENSIONS,
+    native=st.booleans(),
+    username=st.sampled_from([MCM, "alice"]),
+)
+def test_the_loop_never_reads_a_kind_twice(
+    namespace: MachineSetView,
+    gone: bool,
+    cluster: dict[str, Any] | None,
+    shoot_extension: ShootExtension | None,
+    native: bool,
+    username: str,
+) -> None:
+    world = World(None if gone else namespace, cluster, shoot_extension)
+    for candidate in namespace.machines:
+        _check_loop(candidate, world, username, NATIVE if native else SETTINGS)
+
+
+def test_a_need_is_never_for_a_kind_already_read() -> None:
+    """Whatever has been read, in whichever combination, the guard asks only for a kind still unread."""
+    found = {"machine_set": PRESERVED_SET, "cluster": gardener(), "extension": ENABLED}
+    kinds = {"machine_set": ReadMachineSet, "cluster": ReadCluster, "extension": ReadExtension}
+    for candidate in _CANDIDATES:
+        for read in itertools.product([False, True], repeat=3):
+            given_ = {name: found[name] for name, done in zip(found, read, strict=True) if done}
+            need = next_need(candidate, **given_)
+            if need is not None:
+                assert type(need) not in {kinds[name] for name in given_}

@@ -13,10 +13,14 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.annotations import annotation_errors, judge_annotations
 from machine_preservation.core.admission.ca_guard import guard_mcm_marker
 from machine_preservation.core.admission.deletion import (
+    Assessment,
+    DeletionRequest,
+    Need,
     Outcome,
+    ReadCluster,
+    ReadMachineSet,
+    Reads,
     assess_machine_deletion,
-    cluster_to_read,
-    machine_set_to_read,
 )
 from machine_preservation.core.admission.settings import AdmissionSettings, service_account_username
 from machine_preservation.core.models import Machine, Node
@@ -56,41 +60,54 @@ def preserved_failed_machine(namespace: str, name: str = "m1") -> Machine:
     )
 
 
+NOTHING_READ = Reads()
+
+
+def step(
+    machine: Machine, username: str, *, namespace: str | None = None, reads: Reads = NOTHING_READ
+) -> Assessment | Need:
+    """The guard's answer with `reads` read."""
+    request = DeletionRequest(machine=machine, username=username, settings=SETTINGS, now=NOW, namespace=namespace)
+    return assess_machine_deletion(request, reads)
+
+
+def judge(machine: Machine, username: str, *, namespace: str | None = None) -> Assessment:
+    """The verdict with everything read (there is nothing)."""
+    found = step(machine, username, namespace=namespace, reads=Reads(machine_set=None, cluster=None, extension=None))
+    assert isinstance(found, Assessment), found
+    return found
+
+
 def test_mcm_of_a_namespace_is_guarded_on_its_own_machine_only() -> None:
     in_a = preserved_failed_machine(A)
-    guarded = assess_machine_deletion(machine=in_a, username=mcm_of(A), settings=SETTINGS, now=NOW)
+    guarded = judge(in_a, mcm_of(A))
     assert guarded.outcome == Outcome.PRESERVED
     assert not guarded.allowed
     assert "preserved until" in guarded.message
     # The same username on namespace B's machine is not MCM's: a plain delete, not guarded.
     in_b = preserved_failed_machine(B)
-    assert assess_machine_deletion(machine=in_b, username=mcm_of(A), settings=SETTINGS, now=NOW).outcome == (
-        Outcome.NOT_GUARDED
-    )
-    assert not assess_machine_deletion(machine=in_b, username=mcm_of(B), settings=SETTINGS, now=NOW).allowed
+    assert judge(in_b, mcm_of(A)).outcome == Outcome.NOT_GUARDED
+    assert not judge(in_b, mcm_of(B)).allowed
 
 
 def test_the_requests_namespace_wins_over_the_machines_metadata() -> None:
     """The shell passes the request's namespace; the machine's metadata is only the fallback."""
     in_a = preserved_failed_machine(A)
-    assessment = assess_machine_deletion(machine=in_a, username=mcm_of(A), settings=SETTINGS, now=NOW, namespace=B)
-    assert assessment.outcome == Outcome.NOT_GUARDED
-    assert not assess_machine_deletion(
-        machine=in_a, username=mcm_of(B), settings=SETTINGS, now=NOW, namespace=B
-    ).allowed
-    # The read planners agree with the assessment: nothing to read for somebody else's machine.
-    assert machine_set_to_read(machine=in_a, username=mcm_of(A), settings=SETTINGS, now=NOW) == "ms"
-    assert machine_set_to_read(machine=in_a, username=mcm_of(A), settings=SETTINGS, now=NOW, namespace=B) == ""
-    assert cluster_to_read(machine=in_a, username=mcm_of(A), settings=SETTINGS, now=NOW)
-    assert not cluster_to_read(machine=in_a, username=mcm_of(A), settings=SETTINGS, now=NOW, namespace=B)
+    assert judge(in_a, mcm_of(A), namespace=B).outcome == Outcome.NOT_GUARDED
+    assert not judge(in_a, mcm_of(B), namespace=B).allowed
+    # What the guard asks to read agrees with the verdict: nothing for somebody else's machine.
+    assert step(in_a, mcm_of(A)) == ReadMachineSet(namespace=A, name="ms")
+    assert isinstance(step(in_a, mcm_of(A), namespace=B), Assessment)
+    assert step(in_a, mcm_of(A), reads=Reads(machine_set=None)) == ReadCluster(A)
+    assert isinstance(step(in_a, mcm_of(A), namespace=B, reads=Reads(machine_set=None)), Assessment)
+    # The request's namespace is also where the objects are read.
+    assert step(in_a, mcm_of(B), namespace=B) == ReadMachineSet(namespace=B, name="ms")
 
 
 def test_exact_mcm_usernames_count_in_every_namespace() -> None:
     for namespace in (A, B, None):
         assert SETTINGS.is_mcm(SHOOT_MCM, namespace=namespace)
-    assert not assess_machine_deletion(
-        machine=preserved_failed_machine(B), username=SHOOT_MCM, settings=SETTINGS, now=NOW
-    ).allowed
+    assert not judge(preserved_failed_machine(B), SHOOT_MCM).allowed
 
 
 @pytest.mark.parametrize(

@@ -27,8 +27,8 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Final, Literal, TypeVar
+from dataclasses import dataclass, replace
+from typing import Any, Final, Literal, TypeVar, assert_never
 
 from aiohttp import web
 from pydantic import ValidationError
@@ -37,12 +37,16 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.annotations import judge_annotations
 from machine_preservation.core.admission.ca_guard import guard_ca_annotation, guard_mcm_marker
 from machine_preservation.core.admission.deletion import (
+    NEEDS,
     RELEASES,
-    MachineSetView,
+    Assessment,
+    DeletionRequest,
+    Need,
+    ReadCluster,
+    ReadExtension,
+    ReadMachineSet,
+    Reads,
     assess_machine_deletion,
-    cluster_to_read,
-    extension_to_read,
-    machine_set_to_read,
 )
 from machine_preservation.core.admission.field_errors import shorten
 from machine_preservation.core.admission.settings import AdmissionSettings
@@ -259,46 +263,15 @@ class Endpoints:
             return allow()
         machine = _parse(Machine, request.old_object, field="oldObject", uid=request.uid)
         namespace = request.namespace or machine.metadata.namespace
-        settings, now = await self._settings(namespace), self._config.clock()
-        username = request.user_info.username
-        source = self._config.machine_sets
-        view: MachineSetView | None = None
-        scope = namespace or None  # whose MCM ServiceAccount counts (None: the machine's metadata says)
+        deletion = DeletionRequest(
+            machine=machine,
+            username=request.user_info.username,
+            settings=await self._settings(namespace),
+            now=self._config.clock(),
+            namespace=namespace or None,  # whose MCM ServiceAccount counts (None: the machine's metadata says)
+        )
         try:
-            # Reads only what the rule needs: the MachineSet (with its namespace's machines and
-            # MachineDeployments) when the machine alone does not decide; Gardener's Cluster when a denial may be
-            # lifted by the Shoot going away, or the budget's max can only come from the Shoot; the namespace's
-            # Extension (Gardener's extension mode) when it is still a denial, which a disabled extension lifts.
-            if owner := machine_set_to_read(
-                machine=machine, username=username, settings=settings, now=now, namespace=scope
-            ):
-                view = await source.read(namespace=namespace, name=owner)
-            cluster = None
-            if cluster_to_read(
-                machine=machine, username=username, settings=settings, now=now, machine_set=view, namespace=scope
-            ):
-                cluster = await source.read_cluster(namespace=namespace)
-            extension = None
-            if extension_to_read(
-                machine=machine,
-                username=username,
-                settings=settings,
-                now=now,
-                machine_set=view,
-                cluster=cluster,
-                namespace=scope,
-            ):
-                extension = await source.read_extension(namespace=namespace)
-            assessment = assess_machine_deletion(
-                machine=machine,
-                username=username,
-                settings=settings,
-                now=now,
-                machine_set=view,
-                cluster=cluster,
-                namespace=scope,
-                extension=extension,
-            )
+            assessment = await self._assess(deletion)
         except SourceUnavailable as error:
             # Fail closed for MCM only (it retries): letting it delete could lose a machine that is
             # preserved or about to be.
@@ -311,6 +284,32 @@ class Endpoints:
         if assessment.outcome in RELEASES:
             logger.info("MCM may delete a machine that is kept: %s", assessment.message)
         return assessment.verdict()
+
+    async def _assess(self, deletion: DeletionRequest) -> Assessment:
+        """Ask the core, read what it still needs from the caches, ask again: each kind is asked for once at
+        most, so there are at most `len(NEEDS)` reads."""
+        reads = Reads()
+        step = assess_machine_deletion(deletion, reads)
+        for _ in NEEDS:
+            if isinstance(step, Assessment):
+                return step
+            reads = await self._read(step, reads)
+            step = assess_machine_deletion(deletion, reads)
+        if isinstance(step, Assessment):
+            return step
+        raise RuntimeError(f"the deletion guard still needs {step} after one read of each kind")
+
+    async def _read(self, need: Need, reads: Reads) -> Reads:
+        source = self._config.machine_sets
+        match need:
+            case ReadMachineSet(namespace=namespace, name=name):
+                return replace(reads, machine_set=await source.read(namespace=namespace, name=name))
+            case ReadCluster(name=name):
+                return replace(reads, cluster=await source.read_cluster(namespace=name))
+            case ReadExtension(namespace=namespace):
+                return replace(reads, extension=await source.read_extension(namespace=namespace))
+            case _:
+                assert_never(need)
 
     async def shoot(self, request: AdmissionRequest, _: str | None = None) -> Verdict:
         _require_kind(request, SHOOT)

@@ -45,11 +45,12 @@ With an MCM that preserves machines itself (settings.mcm_native_preservation) MC
 guard is off, except for machines that still carry our record (a preservation handed over while it was
 running): those stay guarded until the record is gone.
 
-What it costs: the shell reads the machine's MachineSet, the namespace's machines and MachineDeployments
-only when a guarded delete is not decided by the machine alone (`machine_set_to_read`), and the Gardener
-`Cluster` only when the answer would otherwise be a denial, or when the budget's max can only come from the
-Shoot (`cluster_to_read`), and the `Extension` only when the answer with all that is still a denial
-(`extension_to_read`).
+What it costs: `assess_machine_deletion` answers with a verdict, or with the one object it still needs (a
+`Need`), and the shell reads that and asks again. It needs the machine's MachineSet (with the namespace's
+machines, MachineSets and MachineDeployments) only when a guarded delete is not decided by the machine alone, the
+Gardener `Cluster` only when the answer would otherwise be a denial, or when the budget's max can only come from
+the Shoot, and the `Extension` only when the answer with all that is still a denial; each at most once, in that
+order, so a review reads at most three objects.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import Enum, StrEnum
 from typing import Any, Final
 
 from machine_preservation.core import vocabulary as v
@@ -147,6 +148,72 @@ class ShootExtension:
         return ""
 
 
+@dataclass(frozen=True)
+class DeletionRequest:
+    """A DELETE of `machine` (the request's oldObject) by `username`. `namespace`: the request's, which decides
+    whether a ServiceAccount is MCM's (None: the one in the machine's metadata)."""
+
+    machine: Machine
+    username: str
+    settings: AdmissionSettings
+    now: dt.datetime
+    namespace: str | None = None
+
+    @property
+    def scope(self) -> str:
+        """The namespace whose objects the guard reads."""
+        return self.namespace or self.machine.metadata.namespace
+
+
+@dataclass(frozen=True)
+class ReadMachineSet:
+    """The MachineSet `name`, with every machine, MachineSet and MachineDeployment of `namespace`."""
+
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ReadCluster:
+    """Gardener's `Cluster` named after the control namespace `name` (cluster-scoped)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class ReadExtension:
+    """The `Extension` of type machine-preservation in `namespace` (Gardener's extension mode)."""
+
+    namespace: str
+    name: str = EXTENSION_NAME
+
+
+# What the guard may still need to read: one of each kind, at most, per request.
+Need = ReadMachineSet | ReadCluster | ReadExtension
+NEEDS: Final = (ReadMachineSet, ReadCluster, ReadExtension)
+
+
+class Unread(Enum):
+    """Not read yet, as distinct from read and found to be absent (None)."""
+
+    UNREAD = "unread"
+
+
+UNREAD: Final = Unread.UNREAD
+
+
+@dataclass(frozen=True)
+class Reads:
+    """What the shell has read for one request so far: UNREAD, not read yet; None, read and there is none.
+
+    `machine_set`: None also when the machine has no MachineSet. `extension`: None also when not serving as
+    Gardener's extension, or when the API server has no Extension kind (not Gardener): no release then."""
+
+    machine_set: MachineSetView | Unread | None = UNREAD
+    cluster: Mapping[str, Any] | Unread | None = UNREAD
+    extension: ShootExtension | Unread | None = UNREAD
+
+
 class Outcome(StrEnum):
     """Why a delete passes or is denied."""
 
@@ -196,13 +263,10 @@ class Assessment:
         return allow() if self.allowed else deny(self.message)
 
 
-def _first_look(
-    *, machine: Machine, username: str, settings: AdmissionSettings, now: dt.datetime, namespace: str | None
-) -> Assessment | PreservationRecord | None:
+def _first_look(request: DeletionRequest) -> Assessment | PreservationRecord | None:
     """A pass decided by the machine alone, else its record (None: none yet)."""
-    if namespace is None:
-        namespace = machine.metadata.namespace
-    if not settings.is_mcm(username, namespace=namespace):
+    machine, settings = request.machine, request.settings
+    if not settings.is_mcm(request.username, namespace=request.scope):
         return Assessment(Outcome.NOT_GUARDED)
     record = read_record(machine.metadata.annotations)
     if record is None and machine.phase != v.MachinePhase.FAILED:
@@ -214,25 +278,13 @@ def _first_look(
     subject = f'machine "{machine.metadata.name}"'
     if machine.metadata.labels.get(FORCE_DELETION_LABEL) == FORCE_DELETION_VALUE:
         return Assessment(Outcome.FORCE_DELETION, f"{subject} is marked for forced deletion")
-    if record is not None and record.expired(now=now, max_timeout=settings.max_preserve_timeout):
+    if record is not None and record.expired(now=request.now, max_timeout=settings.max_preserve_timeout):
         return Assessment(Outcome.EXPIRED)
     return record
 
 
 def _owner_set_name(machine: Machine) -> str:
     return machine.metadata.controller_name("MachineSet") or ""
-
-
-def machine_set_to_read(
-    *, machine: Machine, username: str, settings: AdmissionSettings, now: dt.datetime, namespace: str | None = None
-) -> str:
-    """The name of the MachineSet to read (with the namespace's machines and MachineDeployments) before
-    judging this DELETE; "" when the machine alone decides, or it has no MachineSet. `namespace`: the request's
-    (None: the one in the machine's metadata)."""
-    first = _first_look(machine=machine, username=username, settings=settings, now=now, namespace=namespace)
-    if isinstance(first, Assessment):
-        return ""
-    return _owner_set_name(machine)
 
 
 def _asks_for_preservation(machine: Machine) -> tuple[str, str] | None:
@@ -447,37 +499,23 @@ def _denial(
     return None
 
 
-def assess_machine_deletion(
-    *,
-    machine: Machine,
-    username: str,
-    settings: AdmissionSettings,
-    now: dt.datetime,
-    machine_set: MachineSetView | None = None,
-    cluster: Mapping[str, Any] | None = None,
-    namespace: str | None = None,
-    extension: ShootExtension | None = None,
+def _judge(
+    request: DeletionRequest,
+    record: PreservationRecord | None,
+    view: MachineSetView | None,
+    cluster: Mapping[str, Any] | None,
+    extension: ShootExtension | None,
 ) -> Assessment:
-    """Judge a DELETE of `machine` (the request's oldObject) by `username`.
-
-    `machine_set`: the view read for `machine_set_to_read(...)`; None when none was needed, the machine has
-    no MachineSet, or it is gone. `cluster`: the Gardener `Cluster` named after the namespace, as the API
-    serves it, read for `cluster_to_read(...)`; None when not read or there is none. `namespace`: the
-    request's, which decides whether a ServiceAccount is MCM's (None: the one in the machine's metadata).
-    `extension`: the namespace's Extension of our type, read for `extension_to_read(...)` in Gardener's
-    extension mode; None when not read, not in that mode, or unknown (no Extension kind): no release then.
-    """
-    first = _first_look(machine=machine, username=username, settings=settings, now=now, namespace=namespace)
-    if isinstance(first, Assessment):
-        return first
+    """The verdict on a guarded delete with what has been read (None: not read, or there is none)."""
+    machine, settings = request.machine, request.settings
     pools = read_cluster(cluster) if cluster is not None else None
-    keeping = _Keeping(view=machine_set, cluster=pools, settings=settings, now=now) if machine_set is not None else None
-    denial = _denial(machine=machine, record=first, view=machine_set, cluster=pools, keeping=keeping, settings=settings)
+    keeping = _Keeping(view=view, cluster=pools, settings=settings, now=request.now) if view is not None else None
+    denial = _denial(machine=machine, record=record, view=view, cluster=pools, keeping=keeping, settings=settings)
     if denial is None:
         return Assessment(Outcome.NOT_KEPT)
     subject = f'machine "{machine.metadata.name}"'
-    if machine_set is not None and keeping is not None:
-        release = _replica_release(machine=machine, view=machine_set, keeping=keeping, subject=subject)
+    if view is not None and keeping is not None:
+        release = _replica_release(machine=machine, view=view, keeping=keeping, subject=subject)
         if release is not None:
             return release
     if cluster is not None and (why := shoot_lifecycle(cluster).going_away()):
@@ -487,52 +525,46 @@ def assess_machine_deletion(
     return denial
 
 
-def cluster_to_read(
-    *,
-    machine: Machine,
-    username: str,
-    settings: AdmissionSettings,
-    now: dt.datetime,
-    machine_set: MachineSetView | None = None,
-    namespace: str | None = None,
-) -> bool:
-    """Whether the Gardener `Cluster` may change the answer: the answer without it is a denial (the Shoot may be
+def _cluster_may_change(machine: Machine, view: MachineSetView | None, assessment: Assessment) -> bool:
+    """Whether the Gardener `Cluster` may change `assessment` (made without it): it is a denial (the Shoot may be
     going away), or the machine's budget has no max but what the Shoot may say (MCM's CRDs drop the field)."""
-    assessment = assess_machine_deletion(
-        machine=machine, username=username, settings=settings, now=now, machine_set=machine_set, namespace=namespace
-    )
     if not assessment.allowed:
         return True
-    if assessment.outcome != Outcome.NOT_KEPT or machine_set is None:
+    if assessment.outcome != Outcome.NOT_KEPT or view is None:
         return False
     if read_record(machine.metadata.annotations) is not None:
         return False
     if effective_preserve_value(machine=machine, node=last_known_node(machine)).value != v.PreserveValue.NONE:
         return False  # asks for preservation (then denied above) or opted out: no budget involved
-    own = machine_set.machine_set
-    deployment = _deployment_of(machine_set, own)
+    own = view.machine_set
+    deployment = _deployment_of(view, own)
     if carries_max(own) or carries_max(deployment):
         return False
     return pool_name(machine_set=own, machine_deployment=deployment) is not None
 
 
-def extension_to_read(
-    *,
-    machine: Machine,
-    username: str,
-    settings: AdmissionSettings,
-    now: dt.datetime,
-    machine_set: MachineSetView | None = None,
-    cluster: Mapping[str, Any] | None = None,
-    namespace: str | None = None,
-) -> bool:
-    """Whether the namespace's Extension may change the answer: with everything else read, it is a denial."""
-    return not assess_machine_deletion(
-        machine=machine,
-        username=username,
-        settings=settings,
-        now=now,
-        machine_set=machine_set,
-        cluster=cluster,
-        namespace=namespace,
-    ).allowed
+def assess_machine_deletion(request: DeletionRequest, reads: Reads) -> Assessment | Need:
+    """The verdict on `request` with what has been read so far, or the next object to read before there is one.
+
+    Each Need is asked for only while its kind is unread in `reads`, in the order MachineSet, Cluster,
+    Extension: a shell that reads what is asked and asks again reads each object at most once and gets a verdict
+    after at most `len(NEEDS)` reads.
+    """
+    first = _first_look(request)
+    if isinstance(first, Assessment):
+        return first
+    machine, scope = request.machine, request.scope
+    view = reads.machine_set
+    if view is UNREAD:
+        owner = _owner_set_name(machine)
+        if owner:
+            return ReadMachineSet(namespace=scope, name=owner)
+        view = None
+    cluster = None if reads.cluster is UNREAD else reads.cluster
+    extension = None if reads.extension is UNREAD else reads.extension
+    assessment = _judge(request, first, view, cluster, extension)
+    if reads.cluster is UNREAD and _cluster_may_change(machine, view, assessment):
+        return ReadCluster(name=scope)
+    if reads.extension is UNREAD and not assessment.allowed:
+        return ReadExtension(namespace=scope)
+    return assessment
