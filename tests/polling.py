@@ -2,8 +2,9 @@
 
 `eventually` polls a synchronous check (the blocking kubernetes client; from async code run it with
 `asyncio.to_thread`); `eventually_async` polls a check that returns a value or an awaitable, from async
-code. Both retry while the check returns something falsy or raises AssertionError or the kubernetes
-client's ApiException, and fail with the last outcome once the limit has passed.
+code. Both retry while the check returns something falsy or raises AssertionError or an ApiException of either
+kubernetes client (the blocking one's and kubernetes.aio's are two classes), and fail with the last outcome once
+the limit has passed.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from kubernetes.aio.client.exceptions import ApiException as AioApiException
 from kubernetes.client.exceptions import ApiException
 
 T = TypeVar("T")
 
-RETRIED = (AssertionError, ApiException)
+RETRIED = (AssertionError, ApiException, AioApiException)
 
 
 class _Wait:

@@ -442,7 +442,7 @@ async def test_the_loop_publishes_injects_and_rotates_in_the_virtual_garden(
     virtual_admin = await new_api_client(kubeconfig=garden.virtual.kubeconfig)
     registration = client.AdmissionregistrationV1Api(virtual_admin)
     try:
-        # GRM's first sync of the ManagedResource: a minute or more on a busy machine (it failed at 30 s in CI).
+        # GRM's first sync of the ManagedResource (a 404 until then; a minute or more on a busy machine).
         await eventually_async(lambda: registration.read_validating_webhook_configuration(NAME), limit=120)
         assert await _bundle(registration) == []  # created by GRM as rendered: no bundle yet
 
