@@ -114,6 +114,14 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
         "run",
         help="keep the CA and serving certificate in a Secret, the cert dir current and the caBundle injected",
     )
+    _add_state_arguments(loop)
+    _add_injection_arguments(loop)
+    _add_policy_arguments(loop)
+    loop.set_defaults(handler=run)
+
+
+def _add_state_arguments(loop: argparse.ArgumentParser) -> None:
+    """Where the certificates are kept and served from, and the names the serving certificate carries."""
     loop.add_argument("--kubeconfig", type=Path, help="cluster holding the Secret (default: in-cluster)")
     loop.add_argument(
         "--secret", type=_secret, required=True, metavar="NAMESPACE/NAME", help="the state: CA (with its key) and more"
@@ -134,6 +142,10 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
         default=["127.0.0.1"],
         help="another DNS name or IP address for the certificate (repeatable; 127.0.0.1 is always included)",
     )
+
+
+def _add_injection_arguments(loop: argparse.ArgumentParser) -> None:
+    """Where the trust bundle goes: the webhook configurations, and the shoots in a Gardener seed."""
     loop.add_argument(
         "--webhook-configuration",
         type=_configuration,
@@ -159,6 +171,10 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
         help="in a Gardener seed: the ManagedResource (in every shoot namespace) that carries the CA to the "
         "shoot; a new CA signs the serving certificate only once each shoot has applied it",
     )
+
+
+def _add_policy_arguments(loop: argparse.ArgumentParser) -> None:
+    """The CA's name, the rotation's timing, and how often a pass runs."""
     loop.add_argument("--ca-common-name", default="", help="default: <service>.<namespace>-ca")
     # RotationPolicy checks these durations against each other, with messages that name both.
     duration = go_duration_argument(accept="any")
@@ -173,4 +189,3 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
     loop.add_argument("--serving-renew-fraction", type=float, default=DEFAULTS.serving_renew_fraction)
     loop.add_argument("--resync", type=float, default=60.0, help="seconds between passes at most")
     loop.add_argument("--once", action="store_true", help="exit after the first successful pass")
-    loop.set_defaults(handler=run)

@@ -368,26 +368,8 @@ class CertificateManager:
             logger.info("certificates rotated (%s): %s", "; ".join(decision.reasons), summary(state))
         if settings.cert_dir is not None and write_cert_dir(settings.cert_dir, stored_data):
             logger.info("cert dir %s updated", settings.cert_dir)
-        published = False
-        if serving is not None and settings.serving_secret is not None:
-            pair = {key: stored_data[key] for key in SERVING_SECRET_KEYS}
-            served, served_version = serving
-            if served != pair:
-                await self._write_secret(*settings.serving_secret, pair, resource_version=served_version)
-                published = True
-                logger.info("serving certificate published to Secret %s", "/".join(settings.serving_secret))
-        patched = []
-        for ref, configuration in configurations.items():
-            if configuration is None:  # unreadable, or not created yet (by the chart): left alone this pass
-                continue
-            if ref.template is not None:
-                if await self._reconcile_owned(ref, configuration, bundle_pem=state.bundle_pem):
-                    patched.append(str(ref))
-                continue
-            patch = bundle.ca_bundle_patch(configuration, bundle_pem=state.bundle_pem)
-            if patch:
-                await self._patch_configuration(ref, patch)
-                patched.append(str(ref))
+        published = serving is not None and await self._publish_serving(serving, stored_data)
+        patched = await self._inject(configurations, bundle_pem=state.bundle_pem)
         if patched:
             logger.info("caBundle injected into %s", ", ".join(patched))
         # What we just wrote may make the next step due at once (e.g. the injection gate opened).
@@ -399,6 +381,39 @@ class CertificateManager:
             injected=tuple(patched),
             published=published,
         )
+
+    async def _publish_serving(
+        self, serving: tuple[dict[str, bytes], str | None], stored_data: dict[str, bytes]
+    ) -> bool:
+        """Write the serving pair to the serving Secret (`serving`: its data and resourceVersion as read) where it
+        differs; whether it was written."""
+        target = self.settings.serving_secret
+        pair = {key: stored_data[key] for key in SERVING_SECRET_KEYS}
+        served, served_version = serving
+        if target is None or served == pair:
+            return False
+        await self._write_secret(*target, pair, resource_version=served_version)
+        logger.info("serving certificate published to Secret %s", "/".join(target))
+        return True
+
+    async def _inject(
+        self, configurations: Mapping[WebhookConfigurationRef, dict[str, Any] | None], *, bundle_pem: bytes
+    ) -> list[str]:
+        """Bring each webhook configuration read this pass to the trust bundle (and an owned one to its manifest);
+        the ones written."""
+        patched = []
+        for ref, configuration in configurations.items():
+            if configuration is None:  # unreadable, or not created yet (by the chart): left alone this pass
+                continue
+            if ref.template is not None:
+                if await self._reconcile_owned(ref, configuration, bundle_pem=bundle_pem):
+                    patched.append(str(ref))
+                continue
+            patch = bundle.ca_bundle_patch(configuration, bundle_pem=bundle_pem)
+            if patch:
+                await self._patch_configuration(ref, patch)
+                patched.append(str(ref))
+        return patched
 
     async def run(self, *, stop: asyncio.Event, once: bool = False) -> None:
         """Pass after pass until `stop` is set (or, with `once`, until one pass succeeded): at the next

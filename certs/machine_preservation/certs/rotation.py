@@ -198,79 +198,29 @@ def decide(
     """
     reasons: list[str] = []
     checks: list[dt.datetime] = []
-
     ca = _usable_ca(stored.ca, now=now)
-    if isinstance(ca, str):
-        reasons.append(ca)
-        current: x509.Certificate | None = None
-    elif now >= ca.not_valid_after_utc - policy.ca_rotate_before:
-        reasons.append(f"CA expires at {ca.not_valid_after_utc.isoformat()}: rotating with overlap")
-        current = None
-    else:
-        current = ca
-        checks.append(ca.not_valid_after_utc - policy.ca_rotate_before)
+    current = _ca_to_keep(ca, policy=policy, now=now, reasons=reasons, checks=checks)
     serving = _serving_cert(stored.serving)
-
-    # Which CAs stay trusted besides the signing CA.
-    if current is None:
-        # A new CA: only the CA being replaced is worth keeping, any older one is past its overlap.
-        retiring: tuple[x509.Certificate, ...] = () if isinstance(ca, str) else (ca,)
-    else:
-        others = [
-            c
-            for c in stored.bundle
-            if fingerprint(c) != fingerprint(current) and c.not_valid_before_utc <= now <= c.not_valid_after_utc
-        ]
-        retire_at = issued_at(current) + policy.ca_overlap
-        if now < retire_at:
-            retiring = tuple(others)
-            if others:
-                checks.append(retire_at)
-        else:
-            # Never drop the CA that signed the serving certificate still in use.
-            retiring = tuple(c for c in others if not isinstance(serving, str) and issued_by(serving[1], c))
-        checks.extend(c.not_valid_after_utc for c in retiring)
+    retiring = _cas_to_keep_trusting(
+        stored, ca=ca, current=current, serving=serving, policy=policy, now=now, checks=checks
+    )
     bundle_changed = current is not None and [fingerprint(c) for c in stored.bundle] != [
         fingerprint(c) for c in (current, *retiring)
     ]
     if bundle_changed:
         reasons.append("trust bundle out of date: composing it anew")
-
-    new_serving = False
-    if isinstance(serving, str):
-        new_serving = True
-        reasons.append(serving)
-    else:
-        pair, cert = serving
-        trusted = retiring if current is None else (current, *retiring)
-        try:
-            validate_serving_pair(pair=pair, trusted=trusted, names=identity.names, now=now)
-        except CertificateProblem as problem:
-            new_serving = True
-            reasons.append(f"serving certificate unusable ({problem})")
-        else:
-            if current is not None and issued_by(cert, current):
-                # Lifetime from issuance, not from the backdated notBefore, so short lifetimes work as set.
-                lifetime = cert.not_valid_after_utc - issued_at(cert)
-                renew_at = cert.not_valid_after_utc - lifetime * policy.serving_renew_fraction
-                if now >= renew_at:
-                    new_serving = True
-                    reasons.append(f"serving certificate expires at {cert.not_valid_after_utc.isoformat()}")
-                else:
-                    checks.append(renew_at)
-            elif current is not None:
-                # Step 2 of the rotation: only once clients have had time to learn the new CA.
-                propagated_at = issued_at(current) + policy.propagation_delay
-                waited_out = now >= issued_at(current) + policy.shoot_wait
-                if injected and now >= propagated_at and (not shoots_pending or waited_out):
-                    new_serving = True
-                    reasons.append("moving the serving certificate to the new CA")
-                    if shoots_pending:
-                        named = ", ".join(shoots_pending[:5]) + (", ..." if len(shoots_pending) > 5 else "")
-                        waited = policy.shoot_wait
-                        reasons.append(f"{len(shoots_pending)} shoot(s) have not applied it after {waited} ({named})")
-                else:
-                    checks.append(max(propagated_at, now + policy.propagation_delay / 10))
+    new_serving = _serving_due(
+        serving,
+        current=current,
+        retiring=retiring,
+        policy=policy,
+        identity=identity,
+        now=now,
+        injected=injected,
+        shoots_pending=shoots_pending,
+        reasons=reasons,
+        checks=checks,
+    )
     return Decision(
         new_ca=current is None,
         new_serving=new_serving,
@@ -279,6 +229,131 @@ def decide(
         next_check=min(checks, default=now),
         bundle_changed=bundle_changed,
     )
+
+
+# The helpers of `decide` add why they decide as they do to `reasons`, and when to look again to `checks`.
+
+
+def _ca_to_keep(
+    ca: x509.Certificate | str,
+    *,
+    policy: RotationPolicy,
+    now: dt.datetime,
+    reasons: list[str],
+    checks: list[dt.datetime],
+) -> x509.Certificate | None:
+    """The signing CA to keep, or None when a new one is due (none usable, or it expires within `ca_rotate_before`)."""
+    if isinstance(ca, str):
+        reasons.append(ca)
+        return None
+    rotate_at = ca.not_valid_after_utc - policy.ca_rotate_before
+    if now >= rotate_at:
+        reasons.append(f"CA expires at {ca.not_valid_after_utc.isoformat()}: rotating with overlap")
+        return None
+    checks.append(rotate_at)
+    return ca
+
+
+def _cas_to_keep_trusting(
+    stored: StoredCertificates,
+    *,
+    ca: x509.Certificate | str,
+    current: x509.Certificate | None,
+    serving: tuple[KeyPair, x509.Certificate] | str,
+    policy: RotationPolicy,
+    now: dt.datetime,
+    checks: list[dt.datetime],
+) -> tuple[x509.Certificate, ...]:
+    """Which CAs stay trusted besides the signing CA (`current`, None when a new one is due; `ca` the stored one)."""
+    if current is None:
+        # A new CA: only the CA being replaced is worth keeping, any older one is past its overlap.
+        return () if isinstance(ca, str) else (ca,)
+    others = [
+        c
+        for c in stored.bundle
+        if fingerprint(c) != fingerprint(current) and c.not_valid_before_utc <= now <= c.not_valid_after_utc
+    ]
+    retire_at = issued_at(current) + policy.ca_overlap
+    if now < retire_at:
+        retiring = tuple(others)
+        if others:
+            checks.append(retire_at)
+    else:
+        # Never drop the CA that signed the serving certificate still in use.
+        retiring = tuple(c for c in others if not isinstance(serving, str) and issued_by(serving[1], c))
+    checks.extend(c.not_valid_after_utc for c in retiring)
+    return retiring
+
+
+def _serving_due(
+    serving: tuple[KeyPair, x509.Certificate] | str,
+    *,
+    current: x509.Certificate | None,
+    retiring: tuple[x509.Certificate, ...],
+    policy: RotationPolicy,
+    identity: ServingIdentity,
+    now: dt.datetime,
+    injected: bool,
+    shoots_pending: tuple[str, ...],
+    reasons: list[str],
+    checks: list[dt.datetime],
+) -> bool:
+    """Whether a new serving certificate is due: the stored one is unusable, due for renewal, or (step 2 of a
+    rotation) to move to the new CA."""
+    if isinstance(serving, str):
+        reasons.append(serving)
+        return True
+    pair, cert = serving
+    trusted = retiring if current is None else (current, *retiring)
+    try:
+        validate_serving_pair(pair=pair, trusted=trusted, names=identity.names, now=now)
+    except CertificateProblem as problem:
+        reasons.append(f"serving certificate unusable ({problem})")
+        return True
+    if current is None:
+        return False
+    if issued_by(cert, current):
+        # Lifetime from issuance, not from the backdated notBefore, so short lifetimes work as set.
+        lifetime = cert.not_valid_after_utc - issued_at(cert)
+        renew_at = cert.not_valid_after_utc - lifetime * policy.serving_renew_fraction
+        if now >= renew_at:
+            reasons.append(f"serving certificate expires at {cert.not_valid_after_utc.isoformat()}")
+            return True
+        checks.append(renew_at)
+        return False
+    return _serving_moves_to_new_ca(
+        current,
+        policy=policy,
+        now=now,
+        injected=injected,
+        shoots_pending=shoots_pending,
+        reasons=reasons,
+        checks=checks,
+    )
+
+
+def _serving_moves_to_new_ca(
+    current: x509.Certificate,
+    *,
+    policy: RotationPolicy,
+    now: dt.datetime,
+    injected: bool,
+    shoots_pending: tuple[str, ...],
+    reasons: list[str],
+    checks: list[dt.datetime],
+) -> bool:
+    """Step 2 of the rotation: only once clients have had time to learn the new CA (`current`)."""
+    propagated_at = issued_at(current) + policy.propagation_delay
+    waited_out = now >= issued_at(current) + policy.shoot_wait
+    if not (injected and now >= propagated_at and (not shoots_pending or waited_out)):
+        checks.append(max(propagated_at, now + policy.propagation_delay / 10))
+        return False
+    reasons.append("moving the serving certificate to the new CA")
+    if shoots_pending:
+        named = ", ".join(shoots_pending[:5]) + (", ..." if len(shoots_pending) > 5 else "")
+        waited = policy.shoot_wait
+        reasons.append(f"{len(shoots_pending)} shoot(s) have not applied it after {waited} ({named})")
+    return True
 
 
 def apply(

@@ -63,7 +63,7 @@ from machine_preservation.core.plan import (
     SetPreservedTaint,
     SetPreserveExpiry,
 )
-from machine_preservation.core.preservation_record import DrainRecord, record_patch
+from machine_preservation.core.preservation_record import DrainRecord, PreservationRecord, record_patch
 from machine_preservation.core.preserve_value import (
     EffectivePreserveValue,
     ValueOrigin,
@@ -144,56 +144,89 @@ def labelled_node(*, machine: Machine, found: Node | None) -> Node | NoNode:
 
 def plan_machine(context: MachineContext) -> MachinePlan:
     """Decide one machine."""
-    machine, config, now = context.machine, context.config, context.now
+    machine, now = context.machine, context.now
     if machine.metadata.deletion_timestamp is not None or machine.phase == v.MachinePhase.TERMINATING:
         return MachinePlan()  # MCM's deletion flow owns it now
-    if not context.released and (settled_at := _restored_until_settled(machine, config, now)) is not None:
+    if not context.released and (settled_at := _restored_until_settled(machine, context.config, now)) is not None:
         return MachinePlan(requeue_after=settled_at - now)
 
-    steps: list[MachineStep] = []
+    context, steps = _with_own_node_only(context)
+    verdict, recovery = _verdict(context)
+    steps += recovery
+    decision = verdict.decision
+    if decision.preserve:
+        preserve_steps, drain, retry_at = _preserve(context, verdict)
+        steps += preserve_steps
+        assert decision.expiry is not None  # a preserve decision always carries its expiry
+        wake_at = decision.expiry if retry_at is None else min(decision.expiry, retry_at)
+        return MachinePlan(steps=tuple(steps), drain=drain, requeue_after=max(wake_at - now, dt.timedelta(0)))
+    steps += _stop_or_idle(context, verdict)
+    return MachinePlan(steps=tuple(steps))
+
+
+def _with_own_node_only(context: MachineContext) -> tuple[MachineContext, list[MachineStep]]:
+    """The context, without the node where the label names another machine's node (a mistake, or an attempt to have
+    us taint and drain it): that node is left alone, the machine is planned as one without a node, and an Event
+    says so."""
     node = context.existing_node
-    if node is not None and not is_machines_node(machine=machine, node=node):
-        # The label names another machine's node (a mistake, or an attempt to have us taint and drain it):
-        # that node is left alone, and the machine is planned as one without a node.
-        steps += events.node_of_another_machine(machine=machine, node=node)
-        context = dataclasses.replace(context, node=NoNode.NO_LABEL)
-        node = None
+    if node is None or is_machines_node(machine=context.machine, node=node):
+        return context, []
+    steps: list[MachineStep] = [*events.node_of_another_machine(machine=context.machine, node=node)]
+    return dataclasses.replace(context, node=NoNode.NO_LABEL), steps
+
+
+def _effective_value(context: MachineContext) -> EffectivePreserveValue:
+    """The preserve value in force, from the Node whose annotation counts (`_value_node`) and the machine."""
+    node = context.existing_node
     value_node = _value_node(context, node)
-    effective = effective_preserve_value(machine=machine, node=value_node)
+    effective = effective_preserve_value(machine=context.machine, node=value_node)
     if value_node is not node:  # a recorded value that no Node carries now: nothing on a Node to report
         effective = dataclasses.replace(effective, invalid=tuple(i for i in effective.invalid if i.kind != "Node"))
-    phase = machine.phase
+    return effective
 
-    def decide() -> PreservationDecision:
+
+def _decide(
+    context: MachineContext, effective: EffectivePreserveValue
+) -> tuple[str, PreservationDecision, list[MachineStep]]:
+    """The phase the plan is for, the decision, and the writes of a recovery the decision rests on."""
+    machine, node, config = context.machine, context.existing_node, context.config
+    if context.released:
+        return machine.phase, RELEASED, []
+
+    def decide(phase: str) -> PreservationDecision:
         return decide_preservation(
             machine=machine,
             value=effective.value,
             phase=phase,
             config=config,
-            now=now,
+            now=context.now,
             pool_timeout=context.pool_timeout,
         )
 
-    decision = RELEASED if context.released else decide()
+    phase = machine.phase
+    decision = decide(phase)
+    recovery: list[MachineStep] = []
     # In our custody (preserved, or about to be) and Failed, but the node is healthy again: MCM has not moved
     # the phase back, so we do, and decide on Running. Not while releasing: the phase is MCM's business then.
     in_custody = machine.preservation is not None or decision.preserve
-    if (
-        not context.released
-        and phase == v.MachinePhase.FAILED
-        and in_custody
-        and node is not None
-        and node_is_healthy(node=node, config=config)
-    ):
-        steps += [SetMachinePhase(phase=v.MachinePhase.RUNNING), *events.recovered(machine=machine, node=node)]
+    if phase == v.MachinePhase.FAILED and in_custody and node is not None and node_is_healthy(node=node, config=config):
+        recovery = [SetMachinePhase(phase=v.MachinePhase.RUNNING), *events.recovered(machine=machine, node=node)]
         phase = v.MachinePhase.RUNNING
-        decision = decide()
+        decision = decide(phase)
     record = machine.preservation
     node_gone = context.node is NoNode.NOT_FOUND and record is not None and record.node_gone_since is not None
-    if node_gone and not decision.preserve and not context.released:
+    if node_gone and not decision.preserve:
         # MCM asked to delete the machine when its Node went, and was denied while we kept it: the end of the
         # preservation completes that delete, whatever the phase (MCM's next try may be minutes away).
         decision = dataclasses.replace(decision, delete_machine=True)
+    return phase, decision, recovery
+
+
+def _verdict(context: MachineContext) -> tuple[_Verdict, list[MachineStep]]:
+    """What the plan decided for the machine, and the writes of a recovery it rests on (they come first)."""
+    machine = context.machine
+    effective = _effective_value(context)
+    phase, decision, recovery = _decide(context, effective)
     machine_patch, invalid_events = (
         (PatchMachineAnnotations(), ())  # the Machine goes: nothing to write on it
         if decision.delete_machine
@@ -213,14 +246,7 @@ def plan_machine(context: MachineContext) -> MachinePlan:
         machine_patch=machine_patch,
         invalid_events=invalid_events,
     )
-    if decision.preserve:
-        preserve_steps, drain, retry_at = _preserve(context, verdict)
-        steps += preserve_steps
-        assert decision.expiry is not None  # a preserve decision always carries its expiry
-        wake_at = decision.expiry if retry_at is None else min(decision.expiry, retry_at)
-        return MachinePlan(steps=tuple(steps), drain=drain, requeue_after=max(wake_at - now, dt.timedelta(0)))
-    steps += _stop_or_idle(context, verdict)
-    return MachinePlan(steps=tuple(steps))
+    return verdict, recovery
 
 
 def plan_after_drain(
@@ -443,26 +469,62 @@ def _preserve(
 ) -> tuple[list[MachineStep], DrainNode | None, dt.datetime | None]:
     """The writes that make the machine preserved, the drain that follows them (if any), and when a waiting drain
     retry is due (else None)."""
-    machine, node, config, now = context.machine, context.existing_node, context.config, context.now
-    effective, decision = verdict.effective, verdict.decision
-    expiry, record = decision.expiry, decision.record
-    assert expiry is not None  # a preserve decision always carries its record and expiry
-    assert record is not None
+    node, expiry = context.existing_node, verdict.decision.expiry
+    assert expiry is not None  # a preserve decision always carries its expiry
+    ca_patch = _ca_annotation_on_preserve(node) if node is not None else PatchNodeAnnotations()
+    record, gone_events = _record_on_preserve(context, verdict, expiry=expiry, adds_ca=not _is_empty(ca_patch))
+    steps, record, announced = _machine_steps_on_preserve(context, verdict, record, expiry=expiry)
+    steps += gone_events
+    if node is None:
+        return _acknowledged(steps, announced), None, None
+    node_steps, record = _node_steps_on_preserve(context, verdict, node, record, ca_patch=ca_patch, expiry=expiry)
+    steps += node_steps
     failed = verdict.phase == v.MachinePhase.FAILED
-    if not failed and record.drain is not None:
+    if failed and (record.drain is None or record.drain.outcome != v.DrainOutcome.DRAINED):
+        return _drain_on_preserve(context, verdict, node, record, steps=steps, announced=announced, expiry=expiry)
+    # Not Failed: also rewrites a "drained" message, so the next failure is drained again.
+    message = conditions.drained_message(expiry) if failed else conditions.preserved_until_message(expiry)
+    condition = conditions.condition_step(
+        current=node.preserved_condition,
+        status=conditions.TRUE,
+        reason=conditions.reason_for(verdict.effective.value),
+        message=message,
+        now=context.now,
+    )
+    if condition is not None:
+        steps.append(condition)
+    return _acknowledged(steps, announced), None, None
+
+
+def _record_on_preserve(
+    context: MachineContext, verdict: _Verdict, *, expiry: dt.datetime, adds_ca: bool
+) -> tuple[PreservationRecord, tuple[RecordEvent, ...]]:
+    """The record the preservation is to carry (its start pending announcement, the CA annotation it adds, the drain
+    of the current failure, since when the Node is gone), and the Events of a Node noticed gone."""
+    record = verdict.decision.record
+    assert record is not None  # a preserve decision always carries its record
+    if verdict.phase != v.MachinePhase.FAILED and record.drain is not None:
         record = dataclasses.replace(record, drain=None)  # the drain belongs to one failure
     # A Node that is gone is noticed in the record (where operators and the deletion guard look) and announced once.
     # A machine being created (Pending, CrashLoopBackOff, no phase yet) has no Node yet: nothing is gone.
     gone_events: tuple[RecordEvent, ...] = ()
     if context.node is NoNode.NOT_FOUND and verdict.phase in _HAD_A_NODE and record.node_gone_since is None:
-        gone_since = now.astimezone(dt.UTC).replace(microsecond=0)
+        gone_since = context.now.astimezone(dt.UTC).replace(microsecond=0)
         record = dataclasses.replace(record, node_gone_since=gone_since)
-        gone_events = events.node_gone(machine=machine, since=gone_since, expiry=expiry)
-    if decision.starts:
+        gone_events = events.node_gone(machine=context.machine, since=gone_since, expiry=expiry)
+    if verdict.decision.starts:
         record = dataclasses.replace(record, announcement_pending=True)
-    ca_patch = _ca_annotation_on_preserve(node) if node is not None else PatchNodeAnnotations()
-    if not _is_empty(ca_patch):
+    if adds_ca:
         record = dataclasses.replace(record, added_ca_annotation=True)  # recorded before the node write
+    return record, gone_events
+
+
+def _machine_steps_on_preserve(
+    context: MachineContext, verdict: _Verdict, record: PreservationRecord, *, expiry: dt.datetime
+) -> tuple[list[MachineStep], PreservationRecord, bool]:
+    """The Machine's writes of a preservation: its annotations with the record, the start's announcement, the mirror
+    and the invalid values' Events; the record as the announcement leaves it, and whether it is announced now."""
+    machine = context.machine
     to_set, to_remove = record_patch(current=machine.metadata.annotations, record=record)
     steps: list[MachineStep] = []
     machine_patch = _merge([PatchMachineAnnotations(set=to_set, remove=to_remove), verdict.machine_patch])
@@ -475,81 +537,97 @@ def _preserve(
     announced = record.announcement_pending
     if announced:
         steps += events.started(
-            machine=machine, node=context.node, effective=effective, since=record.since, expiry=expiry
+            machine=machine, node=context.node, effective=verdict.effective, since=record.since, expiry=expiry
         )
         record = dataclasses.replace(record, announcement_pending=False)
-    if config.mirror_status and machine.mirrored_expiry != expiry:
+    if context.config.mirror_status and machine.mirrored_expiry != expiry:
         steps.append(SetPreserveExpiry(expiry=expiry))
     steps += verdict.invalid_events
-    steps += gone_events
-    if node is None:
-        return _acknowledged(steps, announced), None, None
+    return steps, record, announced
 
-    back_since = record.node_gone_since
-    ca_patch = PatchNodeAnnotations(
+
+def _node_steps_on_preserve(
+    context: MachineContext,
+    verdict: _Verdict,
+    node: Node,
+    record: PreservationRecord,
+    *,
+    ca_patch: PatchNodeAnnotations,
+    expiry: dt.datetime,
+) -> tuple[list[MachineStep], PreservationRecord]:
+    """The Node's annotations (the CA annotation, the value written back onto a Node that returned) and taint, and the
+    record's note of a gone Node removed once it is back; the record as they leave it."""
+    failed = verdict.phase == v.MachinePhase.FAILED
+    steps: list[MachineStep] = []
+    node_patch = PatchNodeAnnotations(
         set={**ca_patch.set, **_value_back_on_node(context, verdict)}, remove=ca_patch.remove
     )
-    if not _is_empty(ca_patch):
-        steps.append(ca_patch)
+    if not _is_empty(node_patch):
+        steps.append(node_patch)
     if failed != node.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT):
         steps.append(SetPreservedTaint(present=failed))
+    back_since = record.node_gone_since
     if back_since is not None:
         record = dataclasses.replace(record, node_gone_since=None)
         steps.append(PatchMachineAnnotations(remove=(v.PRESERVED_NODE_GONE_SINCE_ANNOTATION,)))
-        steps += events.node_returned(machine=machine, node=node, since=back_since, expiry=expiry)
+        steps += events.node_returned(machine=context.machine, node=node, since=back_since, expiry=expiry)
+    return steps, record
 
-    reason = conditions.reason_for(effective.value)
+
+def _drain_on_preserve(
+    context: MachineContext,
+    verdict: _Verdict,
+    node: Node,
+    record: PreservationRecord,
+    *,
+    steps: list[MachineStep],
+    announced: bool,
+    expiry: dt.datetime,
+) -> tuple[list[MachineStep], DrainNode | None, dt.datetime | None]:
+    """For a Failed machine not drained yet: `steps` and the drain that follows them, or, while a failed attempt
+    waits for its retry, `steps` with the condition kept and when the retry is due."""
+    config, now, drain = context.config, context.now, record.drain
+    reason = conditions.reason_for(verdict.effective.value)
     current = node.preserved_condition
-    drain = record.drain
-    if not failed:
-        # Also rewrites a "drained" message: the next failure is drained again.
-        message, status = conditions.preserved_until_message(expiry), conditions.TRUE
-    elif drain is not None and drain.outcome == v.DrainOutcome.DRAINED:
-        message, status = conditions.drained_message(expiry), conditions.TRUE
-    else:
-        retry_at = drain.last_attempt + config.drain_retry_interval if drain and drain.last_attempt else None
-        if retry_at is not None and retry_at > now:
-            # Waiting for the next attempt after a failed one: the condition keeps the blockers it names, only
-            # the reason follows the value meanwhile.
-            waiting = conditions.condition_step(
-                current=current,
-                status=conditions.FALSE,
-                reason=reason,
-                message=current.message if current is not None else conditions.drain_failed_message(expiry, ()),
-                now=now,
-            )
-            return _acknowledged([*steps, *([waiting] if waiting is not None else [])], announced), None, retry_at
-        timeout = drain_timeout(machine=machine, config=config)
-        gave_up = drain is not None and drain.failing_since is not None and now >= drain.failing_since + timeout
-        alongside: list[MachineStep] = []
-        if drain is None:
-            # The first attempt: say what it waits for while it runs (an attempt may take minutes).
-            draining = conditions.condition_step(
-                current=current,
-                status=conditions.FALSE,
-                reason=reason,
-                message=conditions.draining_message(expiry, context.pods_to_evict),
-                now=now,
-            )
-            alongside += [draining] if draining is not None else []
-        # The record, the CA annotation and the taint come first (new pods stay away); what only tells about the
-        # drain is written while the evictions run.
-        return (
-            steps,
-            DrainNode(
-                record=record,
-                reason=reason,
-                expiry=expiry,
-                timeout=timeout,
-                evict=not gave_up,
-                alongside=tuple(_acknowledged(alongside, announced)),
-            ),
-            None,
+    retry_at = drain.last_attempt + config.drain_retry_interval if drain and drain.last_attempt else None
+    if retry_at is not None and retry_at > now:
+        # Waiting for the next attempt after a failed one: the condition keeps the blockers it names, only
+        # the reason follows the value meanwhile.
+        waiting = conditions.condition_step(
+            current=current,
+            status=conditions.FALSE,
+            reason=reason,
+            message=current.message if current is not None else conditions.drain_failed_message(expiry, ()),
+            now=now,
         )
-    condition = conditions.condition_step(current=current, status=status, reason=reason, message=message, now=now)
-    if condition is not None:
-        steps.append(condition)
-    return _acknowledged(steps, announced), None, None
+        return _acknowledged([*steps, *([waiting] if waiting is not None else [])], announced), None, retry_at
+    timeout = drain_timeout(machine=context.machine, config=config)
+    gave_up = drain is not None and drain.failing_since is not None and now >= drain.failing_since + timeout
+    alongside: list[MachineStep] = []
+    if drain is None:
+        # The first attempt: say what it waits for while it runs (an attempt may take minutes).
+        draining = conditions.condition_step(
+            current=current,
+            status=conditions.FALSE,
+            reason=reason,
+            message=conditions.draining_message(expiry, context.pods_to_evict),
+            now=now,
+        )
+        alongside += [draining] if draining is not None else []
+    # The record, the CA annotation and the taint come first (new pods stay away); what only tells about the
+    # drain is written while the evictions run.
+    return (
+        steps,
+        DrainNode(
+            record=record,
+            reason=reason,
+            expiry=expiry,
+            timeout=timeout,
+            evict=not gave_up,
+            alongside=tuple(_acknowledged(alongside, announced)),
+        ),
+        None,
+    )
 
 
 def _value_back_on_node(context: MachineContext, verdict: _Verdict) -> dict[str, str]:
