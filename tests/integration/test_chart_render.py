@@ -329,6 +329,27 @@ def test_chart_registers_exactly_what_the_webhook_builder_builds(
         assert chart[webhook_name] == webhook, webhook_name
 
 
+# What the value sets choose over the registry's defaults (webhooks.nodes.timeoutSeconds, .machines.failurePolicy).
+CHOSEN: dict[str, builder.Chosen] = {
+    "customised": {
+        **{
+            name: {"timeoutSeconds": 3}
+            for name in (builder.NODE_PRESERVE_WEBHOOK, builder.NODE_CA_WEBHOOK, builder.NODE_MCM_MARKER_WEBHOOK)
+        },
+        **{
+            name: {"failurePolicy": "Ignore"}
+            for name in (builder.MACHINE_PRESERVE_WEBHOOK, builder.MACHINE_DELETION_WEBHOOK)
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_every_rendered_webhook_is_as_registered(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
+    """Path, rules, failurePolicy and the rest of each webhook as the registry the server serves by says."""
+    assert builder.registration_problems(rendered[name], chosen=CHOSEN.get(name)) == []
+
+
 def test_node_webhooks_can_never_block_nodes(rendered: dict[str, list[dict[str, Any]]]) -> None:
     for name, documents in rendered.items():
         for webhook in webhooks_by_name(documents).values():

@@ -368,6 +368,7 @@ def test_the_webhook_is_the_cores_shoot_webhook_by_url_for_enabled_shoots(
         "objectSelector": {"matchLabels": {ENABLED_LABEL: "true"}},
     }
     assert the_webhook(documents) == expected
+    assert wc.registration_problems(documents) == []  # as the registry the server serves by says
     assert expected["clientConfig"]["url"] == f"{url}/validate-shoot"
     assert expected["timeoutSeconds"] <= 10
     assert expected["rules"] == [
@@ -390,6 +391,7 @@ def test_the_webhook_is_the_cores_shoot_webhook_by_url_for_enabled_shoots(
     )
     assert the_webhook(other)["clientConfig"]["url"] == "https://admission.example.com:8443/validate-shoot"
     assert the_webhook(other)["timeoutSeconds"] == 3
+    assert wc.registration_problems(other, chosen={wc.SHOOT_WEBHOOK: {"timeoutSeconds": 3}}) == []
 
 
 def test_the_default_url_names_the_runtime_service(toolchain: Toolchain, tmp_path: Path, pki: Pki) -> None:

@@ -41,6 +41,7 @@ from machine_preservation.webhook.server import WebhookServer
 from tests.integration import chart as standalone
 from tests.integration.seed_identity import seed_chart_identity
 from tests.polling import eventually
+from tests.webhook.configurations import registration_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "gardener-extension-machine-preservation"
@@ -786,6 +787,7 @@ def test_rbac_is_exactly_what_each_component_does(rendered: list[dict[str, Any]]
 def test_seed_webhooks(rendered: list[dict[str, Any]], toolchain: Toolchain) -> None:
     configuration = seed_webhook_configuration(rendered)
     assert configuration["metadata"]["name"] == RELEASE
+    assert registration_problems([configuration]) == []  # as the registry the server serves by says
     assert all("caBundle" not in w["clientConfig"] for w in configuration["webhooks"]), "the certs manager's"
     webhooks = {w["name"]: w for w in configuration["webhooks"]}
     assert set(webhooks) == {

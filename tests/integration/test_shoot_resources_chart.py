@@ -12,6 +12,7 @@ import pytest
 from machine_preservation.core.gardener import shoot_resources as sr
 from machine_preservation.localcluster.toolchain import Toolchain
 from tests.integration.chart import find, template
+from tests.webhook.configurations import registration_problems
 
 CA = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 URL = "https://mp-webhook.extension-mp.svc:443"
@@ -56,6 +57,10 @@ def test_controller_rbac_matches_the_charts_remote_access(chart: list[dict[str, 
 
 def test_node_webhooks_match_the_chart(chart: list[dict[str, Any]]) -> None:
     validating, mutating = sr.node_webhook_configurations(ca_bundle=CA, url=URL)
+    assert registration_problems([validating, mutating]) == []
+    # As every shoot's kube-apiserver calls them when one server serves the seed's shoots.
+    per_shoot = sr.node_webhook_configurations(ca_bundle=CA, url=f"{URL}/shoots/shoot--p--s")
+    assert registration_problems(per_shoot) == []
     ours = {hook["name"]: hook for config in (validating, mutating) for hook in config["webhooks"]}
     rendered = {
         hook["name"]: hook

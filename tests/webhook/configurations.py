@@ -1,6 +1,8 @@
 """The webhook configurations the charts register for Machines and Shoots, built from the production blocks in
 machine_preservation.core.webhook_configurations (which builds the node ones every shoot gets), for the tests
-that register the webhook and compare the charts with them (tests/integration/test_chart_render.py).
+that register the webhook and compare the charts with them (tests/integration/test_chart_render.py); and
+`registration_problems`, the oracle every chart's rendered configurations are held to: the registry
+(`REGISTRY`), which the server routes and answers by too.
 
 The narrowing they encode:
 - Machine and Shoot rules may fail closed; the deletion guard is only called for MCM's own deletes of
@@ -14,19 +16,23 @@ The narrowing they encode:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
+from urllib.parse import urlparse
 
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core import webhook_configurations as wc
 from machine_preservation.core.admission.deletion import FORCE_DELETION_LABEL, FORCE_DELETION_VALUE
 from machine_preservation.core.gardener.provider_config import EXTENSION_TYPE
 from machine_preservation.core.webhook_configurations import (
-    DOMAIN,
+    MACHINE_DELETION_WEBHOOK,
+    MACHINE_PRESERVE_WEBHOOK,
     NODE_CA_WEBHOOK,
     NODE_MCM_MARKER_WEBHOOK,
     NODE_PRESERVE_WEBHOOK,
     PRESERVE_RELATED_ANNOTATIONS,
+    SHOOT_WEBHOOK,
     ClientConfig,
     FailurePolicy,
     annotation_changed,
@@ -46,6 +52,7 @@ __all__ = [
     "NODE_PRESERVE_WEBHOOK",
     "PRESERVE_RELATED_ANNOTATIONS",
     "SHOOT_WEBHOOK",
+    "Chosen",
     "ClientConfig",
     "FailurePolicy",
     "annotation_changed",
@@ -57,13 +64,11 @@ __all__ = [
     "node_ca_annotation_webhook",
     "node_mcm_marker_webhook",
     "node_preserve_annotation_webhook",
+    "registration_problems",
     "shoot_webhook",
     "validating_configuration",
 ]
 
-MACHINE_PRESERVE_WEBHOOK: Final = f"preserve-annotation.machines.{DOMAIN}"
-MACHINE_DELETION_WEBHOOK: Final = f"deletion.machines.{DOMAIN}"
-SHOOT_WEBHOOK: Final = f"workers.shoots.{DOMAIN}"
 # Set by the API server on every namespace.
 NAMESPACE_NAME_LABEL: Final = "kubernetes.io/metadata.name"
 
@@ -103,23 +108,14 @@ def machine_preserve_annotation_webhook(
     *,
     client: wc.ClientConfig,
     controller_username: str,
-    failure_policy: wc.FailurePolicy = "Fail",
-    timeout_seconds: int = 10,
+    failure_policy: wc.FailurePolicy | None = None,
+    timeout_seconds: int | None = None,
     namespace_selector: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Validating, Machines CREATE/UPDATE: preserve annotation values and the controller's markers."""
     return wc.webhook_entry(
-        name=MACHINE_PRESERVE_WEBHOOK,
+        wc.MACHINE_PRESERVE,
         client=client,
-        path=wc.PRESERVE_ANNOTATION_PATH,
-        rules=[
-            wc.rule(
-                group=v.MACHINE_API_GROUP,
-                version=v.MACHINE_API_VERSION,
-                resources=["machines"],
-                operations=["CREATE", "UPDATE"],
-            )
-        ],
         match_conditions=[
             wc.match_condition(
                 "preserve-annotations-change", wc.any_annotation_changed(wc.PRESERVE_RELATED_ANNOTATIONS)
@@ -128,7 +124,6 @@ def machine_preserve_annotation_webhook(
         ],
         failure_policy=failure_policy,
         timeout_seconds=timeout_seconds,
-        object_selector=None,
         namespace_selector=namespace_selector,
     )
 
@@ -137,21 +132,15 @@ def machine_deletion_webhook(
     *,
     client: wc.ClientConfig,
     mcm_usernames: Iterable[str],
-    failure_policy: wc.FailurePolicy = "Fail",
-    timeout_seconds: int = 10,
+    failure_policy: wc.FailurePolicy | None = None,
+    timeout_seconds: int | None = None,
     namespace_selector: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Validating, Machines DELETE, called for MCM's deletes of Failed machines and of machines carrying our
     preservation record only (only those are kept), unless Gardener marked the machine for forced deletion."""
     return wc.webhook_entry(
-        name=MACHINE_DELETION_WEBHOOK,
+        wc.MACHINE_DELETION,
         client=client,
-        path=wc.MACHINE_DELETION_PATH,
-        rules=[
-            wc.rule(
-                group=v.MACHINE_API_GROUP, version=v.MACHINE_API_VERSION, resources=["machines"], operations=["DELETE"]
-            )
-        ],
         match_conditions=[
             wc.match_condition("deleted-by-mcm", f"request.userInfo.username in {wc.username_list(mcm_usernames)}"),
             wc.match_condition("machine-failed-or-preserved", _failed_or_preserved("oldObject")),
@@ -159,7 +148,6 @@ def machine_deletion_webhook(
         ],
         failure_policy=failure_policy,
         timeout_seconds=timeout_seconds,
-        object_selector=None,
         namespace_selector=namespace_selector,
     )
 
@@ -197,8 +185,8 @@ def _preservation_extension(obj: str) -> str:
 def shoot_webhook(
     *,
     client: wc.ClientConfig,
-    failure_policy: wc.FailurePolicy = "Fail",
-    timeout_seconds: int = 10,
+    failure_policy: wc.FailurePolicy | None = None,
+    timeout_seconds: int | None = None,
     namespace_selector: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Validating, Shoots CREATE/UPDATE, called on UPDATE only when what the admission judges changes (a pool's
@@ -210,20 +198,79 @@ def shoot_webhook(
         f"{_preservation_extension('object')} != {_preservation_extension('oldObject')}"
     )
     return wc.webhook_entry(
-        name=SHOOT_WEBHOOK,
+        wc.SHOOT,
         client=client,
-        path=wc.SHOOT_PATH,
-        rules=[
-            wc.rule(
-                group=v.SHOOT_API_GROUP,
-                version=v.SHOOT_API_VERSION,
-                resources=["shoots"],
-                operations=["CREATE", "UPDATE"],
-            )
-        ],
         match_conditions=[wc.match_condition("preservation-settings-change", settings_changed)],
         failure_policy=failure_policy,
         timeout_seconds=timeout_seconds,
-        object_selector=None,
         namespace_selector=namespace_selector,
     )
+
+
+# --- the oracle: rendered configurations against the registry ----------------------------------------------------
+
+# By webhook name, what an operator chose over the registry's defaults: "failurePolicy" (Machines and Shoots
+# only), "timeoutSeconds".
+Chosen = Mapping[str, Mapping[str, Any]]
+_SHOOT_PATH = re.compile(re.escape(wc.SHOOT_PREFIX) + r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)")
+_REGISTERED: Final = {registration.name: registration for registration in wc.REGISTRY}
+# A rule's scope is the installation's to narrow (the seed chart's Machine rules are Namespaced).
+_RULE_KEYS: Final = ("apiGroups", "apiVersions", "operations", "resources")
+
+
+def _path(client_config: Mapping[str, Any]) -> str:
+    if "service" in client_config:
+        return str(client_config["service"].get("path", ""))
+    return urlparse(client_config["url"]).path
+
+
+def _path_problem(registration: wc.Registration, path: str) -> str:
+    if path == registration.path:
+        return ""
+    per_shoot = _SHOOT_PATH.fullmatch(path)
+    if registration.per_shoot and per_shoot is not None and per_shoot.group(2) == registration.path:
+        return ""
+    return f"path {path!r}, registered {registration.path!r}"
+
+
+def _webhook_problems(kind: str, webhook: Mapping[str, Any], chosen: Mapping[str, Any]) -> list[str]:
+    registration = _REGISTERED.get(webhook["name"])
+    if registration is None:
+        return ["not in the registry"]
+    if "failurePolicy" in chosen and registration.failure_policy == "Ignore":
+        return ["a node webhook's failurePolicy is never the operator's to choose"]
+    expected = {
+        "kind": registration.configuration,
+        "rules": [{key: r[key] for key in _RULE_KEYS} for r in registration.rules()],
+        "failurePolicy": chosen.get("failurePolicy", registration.failure_policy),
+        "timeoutSeconds": chosen.get("timeoutSeconds", registration.timeout_seconds),
+        "sideEffects": registration.side_effects,
+        "matchPolicy": registration.match_policy,
+        "admissionReviewVersions": list(registration.admission_review_versions),
+        "reinvocationPolicy": registration.reinvocation_policy,
+    }
+    found = {
+        **{key: webhook.get(key) for key in expected},
+        "kind": kind,
+        "rules": [{key: r.get(key) for key in _RULE_KEYS} for r in webhook.get("rules", [])],
+    }
+    problems = [
+        f"{key} {found[key]!r}, registered {expected[key]!r}" for key in expected if found[key] != expected[key]
+    ]
+    path = _path_problem(registration, _path(webhook["clientConfig"]))
+    return [*problems, path] if path else problems
+
+
+def registration_problems(documents: Iterable[Mapping[str, Any]], *, chosen: Chosen | None = None) -> list[str]:
+    """Where the webhooks of the Validating/MutatingWebhookConfigurations among `documents` differ from the
+    registry: a name it does not know, another configuration kind, path, rules, failurePolicy, timeoutSeconds
+    (but as `chosen`), sideEffects, matchPolicy, admissionReviewVersions or reinvocationPolicy. [] when none."""
+    problems = []
+    for document in documents:
+        kind = document.get("kind")
+        if kind not in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+            continue
+        for webhook in document.get("webhooks", []):
+            for problem in _webhook_problems(kind, webhook, (chosen or {}).get(webhook["name"], {})):
+                problems.append(f"{webhook['name']}: {problem}")
+    return problems

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from machine_preservation.core import vocabulary as v
+from machine_preservation.core.webhook_configurations import REGISTRY, shoot_path
 from tests.webhook import configurations as c
 
 CLIENT = c.ClientConfig(ca_bundle=b"CA", url="https://127.0.0.1:9443/")
@@ -92,3 +93,105 @@ def test_configurations_wrap_the_webhooks() -> None:
     assert config["metadata"] == {"name": "mp", "labels": {"app": "mp"}}
     assert config["webhooks"][0]["namespaceSelector"] == {"matchLabels": {"a": "b"}}
     assert c.mutating_configuration(name="mp", webhooks=[])["kind"] == "MutatingWebhookConfiguration"
+
+
+def _every_webhook(client: c.ClientConfig = SERVICE) -> list[dict[str, Any]]:
+    """The six webhooks as the builders build them, in their configurations."""
+    validating = c.validating_configuration(
+        name="mp",
+        webhooks=[
+            c.node_preserve_annotation_webhook(client=client, controller_username=CONTROLLER, mcm_usernames=MCM),
+            c.machine_preserve_annotation_webhook(client=client, controller_username=CONTROLLER),
+            c.machine_deletion_webhook(client=client, mcm_usernames=MCM),
+            c.shoot_webhook(client=client),
+        ],
+    )
+    mutating = c.mutating_configuration(
+        name="mp",
+        webhooks=[
+            c.node_ca_annotation_webhook(client=client, controller_username=CONTROLLER, mcm_usernames=MCM),
+            c.node_mcm_marker_webhook(client=client, mcm_usernames=MCM),
+        ],
+    )
+    return [validating, mutating]
+
+
+def test_the_builders_build_every_registered_webhook_as_registered() -> None:
+    documents = _every_webhook()
+    assert c.registration_problems(documents) == []
+    assert sorted(w["name"] for d in documents for w in d["webhooks"]) == sorted(r.name for r in REGISTRY)
+    # A shoot's node webhooks call its own path prefix.
+    shoot_client = c.ClientConfig(ca_bundle=b"CA", url=f"https://seed:443{shoot_path('shoot--p--s')}")
+    node = c.node_preserve_annotation_webhook(client=shoot_client, controller_username=CONTROLLER, mcm_usernames=MCM)
+    assert c.registration_problems([c.validating_configuration(name="mp", webhooks=[node])]) == []
+
+
+def _changed(name: str, change: Callable[[dict[str, Any]], object], kind: str = "") -> list[dict[str, Any]]:
+    documents = _every_webhook()
+    for document in documents:
+        for webhook in document["webhooks"]:
+            if webhook["name"] == name:
+                change(webhook)
+                if kind:
+                    document["kind"] = kind
+    return documents
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "problem"),
+    [
+        pytest.param(
+            c.MACHINE_DELETION_WEBHOOK,
+            lambda w: w["clientConfig"]["service"].update(path="/validate-machine"),
+            "path '/validate-machine', registered '/validate-machine-deletion'",
+            id="path",
+        ),
+        pytest.param(
+            c.MACHINE_DELETION_WEBHOOK,
+            lambda w: w["clientConfig"]["service"].update(path=shoot_path("ns", "/validate-machine-deletion")),
+            "path '/shoots/ns/validate-machine-deletion'",
+            id="a-machine-webhook-is-not-served-per-shoot",
+        ),
+        pytest.param(
+            c.NODE_CA_WEBHOOK,
+            lambda w: w.update(failurePolicy="Fail"),
+            "failurePolicy 'Fail', registered 'Ignore'",
+            id="policy",
+        ),
+        pytest.param(
+            c.MACHINE_PRESERVE_WEBHOOK,
+            lambda w: w["rules"][0].update(operations=["CREATE", "UPDATE", "DELETE"]),
+            "rules",
+            id="operations",
+        ),
+        pytest.param(
+            c.NODE_PRESERVE_WEBHOOK,
+            lambda w: w["rules"][0].update(resources=["nodes"]),
+            "rules",
+            id="resources",
+        ),
+        pytest.param(c.SHOOT_WEBHOOK, lambda w: w.update(timeoutSeconds=30), "timeoutSeconds 30", id="timeout"),
+        pytest.param(c.SHOOT_WEBHOOK, lambda w: w.update(sideEffects="Some"), "sideEffects 'Some'", id="side-effects"),
+        pytest.param(c.NODE_CA_WEBHOOK, lambda w: w.pop("reinvocationPolicy"), "reinvocationPolicy", id="reinvocation"),
+        pytest.param(c.SHOOT_WEBHOOK, lambda w: w.update(name="other.example.com"), "not in the registry", id="name"),
+    ],
+)
+def test_the_oracle_finds_every_difference_from_the_registry(
+    name: str, change: Callable[[dict[str, Any]], object], problem: str
+) -> None:
+    problems = c.registration_problems(_changed(name, change))
+    assert len(problems) == 1
+    assert problem in problems[0]
+
+
+def test_the_oracle_knows_validating_from_mutating_and_what_an_operator_may_choose() -> None:
+    documents = _every_webhook()
+    documents[0]["kind"] = "MutatingWebhookConfiguration"
+    assert len(c.registration_problems(documents)) == 4
+    ignored = _changed(c.MACHINE_DELETION_WEBHOOK, lambda w: w.update(failurePolicy="Ignore", timeoutSeconds=3))
+    chosen = {c.MACHINE_DELETION_WEBHOOK: {"failurePolicy": "Ignore", "timeoutSeconds": 3}}
+    assert c.registration_problems(ignored, chosen=chosen) == []
+    never = {c.NODE_PRESERVE_WEBHOOK: {"failurePolicy": "Ignore"}}
+    assert c.registration_problems(_every_webhook(), chosen=never) == [
+        f"{c.NODE_PRESERVE_WEBHOOK}: a node webhook's failurePolicy is never the operator's to choose"
+    ]

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from machine_preservation.core import vocabulary as v
+from machine_preservation.core import webhook_configurations as registry
 from machine_preservation.core.webhook_configurations import (
     CA_ANNOTATION_PATH,
     MACHINE_DELETION_PATH,
@@ -19,9 +20,7 @@ from machine_preservation.webhook.app import (
     FAILURE_POLICIES,
     INTERNAL_ERROR_MESSAGE,
     INTERNAL_ERROR_WARNING,
-    MACHINE,
     NODE,
-    SHOOT,
     Endpoints,
     WebhookConfig,
     build_app,
@@ -34,6 +33,7 @@ from tests.webhook.conftest import NOW, SETTINGS, AiohttpClient, StaticMachineSe
 from tests.webhook.reviews import MACHINE_KIND, MCM, NODE_KIND, SHOOT_KIND, machine, node, review, shoot
 
 P = v.PRESERVE_ANNOTATION
+MACHINE, SHOOT = registry.MACHINE_DELETION.group_kind, registry.SHOOT.group_kind
 CA_KEY = v.CA_SCALE_DOWN_DISABLED_ANNOTATION
 
 

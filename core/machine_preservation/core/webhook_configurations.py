@@ -1,4 +1,10 @@
-"""Validating/MutatingWebhookConfiguration builders: how the API server is told to call the webhook.
+"""The webhooks' registry, and the Validating/MutatingWebhookConfiguration builders: how the API server is told
+to call the webhook.
+
+`REGISTRY` names each webhook once: its path, the kind its reviews carry, its rules, failurePolicy, timeout and
+the fields every registration shares. The server routes and answers by it (webhook/app.py: which paths, which
+kinds on each, and how an internal error is answered), the builders here build from it, and the tests compare
+every chart's rendered configurations with it (tests/webhook/configurations.py).
 
 Production code: the Gardener extension puts the node configurations into every shoot (shoot_resources.py).
 The narrowing they encode: node rules (Nodes and nodes/status, which can carry metadata changes too) are called
@@ -12,7 +18,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from machine_preservation.core import vocabulary as v
@@ -37,12 +43,133 @@ DOMAIN: Final = "machine-preservation.sapcloud.io"
 NODE_PRESERVE_WEBHOOK: Final = f"preserve-annotation.nodes.{DOMAIN}"
 NODE_CA_WEBHOOK: Final = f"ca-annotation.nodes.{DOMAIN}"
 NODE_MCM_MARKER_WEBHOOK: Final = f"mcm-marker.nodes.{DOMAIN}"
+MACHINE_PRESERVE_WEBHOOK: Final = f"preserve-annotation.machines.{DOMAIN}"
+MACHINE_DELETION_WEBHOOK: Final = f"deletion.machines.{DOMAIN}"
+SHOOT_WEBHOOK: Final = f"workers.shoots.{DOMAIN}"
 
 MAX_NODE_TIMEOUT_SECONDS: Final = 5
 KUBELET_GROUP: Final = "system:nodes"
 PRESERVE_RELATED_ANNOTATIONS: Final = (v.PRESERVE_ANNOTATION, *v.CONTROLLER_OWNED_ANNOTATIONS)
 
 FailurePolicy = Literal["Fail", "Ignore"]
+ConfigurationKind = Literal["ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"]
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One webhook: how the API server is told to call it, and what the server answers there.
+
+    `group`, `kind`: what its reviews carry (the server refuses another kind on the path); `failure_policy`,
+    `timeout_seconds`: the defaults (an operator may choose Ignore and another timeout for Machines and Shoots;
+    node webhooks are always Ignore, ≤ 5 s); `per_shoot`: also served under `shoot_path(namespace, path)`,
+    the URL each shoot's kube-apiserver calls when one server serves every shoot of a seed."""
+
+    name: str
+    configuration: ConfigurationKind
+    path: str
+    group: str
+    version: str
+    kind: str
+    resources: tuple[str, ...]
+    operations: tuple[str, ...]
+    failure_policy: FailurePolicy
+    timeout_seconds: int
+    per_shoot: bool = False
+    reinvocation_policy: str | None = None  # mutating only
+    side_effects: str = "None"  # no decision has side effects: dryRun requests take the same path
+    match_policy: str = "Equivalent"
+    admission_review_versions: tuple[str, ...] = field(default=("v1",))
+
+    @property
+    def group_kind(self) -> tuple[str, str]:
+        return (self.group, self.kind)
+
+    def rules(self) -> list[dict[str, Any]]:
+        return [rule(group=self.group, version=self.version, resources=self.resources, operations=self.operations)]
+
+
+_NODE_RESOURCES: Final = ("nodes", "nodes/status")  # nodes/status can carry metadata changes too
+_UPDATE: Final = ("UPDATE",)
+_CREATE_UPDATE: Final = ("CREATE", "UPDATE")
+NODE_PRESERVE: Final = Registration(
+    name=NODE_PRESERVE_WEBHOOK,
+    configuration="ValidatingWebhookConfiguration",
+    path=PRESERVE_ANNOTATION_PATH,
+    group="",
+    version="v1",
+    kind="Node",
+    resources=_NODE_RESOURCES,
+    operations=_CREATE_UPDATE,
+    failure_policy="Ignore",
+    timeout_seconds=MAX_NODE_TIMEOUT_SECONDS,
+    per_shoot=True,
+)
+NODE_CA: Final = Registration(
+    name=NODE_CA_WEBHOOK,
+    configuration="MutatingWebhookConfiguration",
+    path=CA_ANNOTATION_PATH,
+    group="",
+    version="v1",
+    kind="Node",
+    resources=_NODE_RESOURCES,
+    operations=_UPDATE,
+    failure_policy="Ignore",
+    timeout_seconds=MAX_NODE_TIMEOUT_SECONDS,
+    per_shoot=True,
+    # Another mutating webhook could change the annotation after us; look again if so.
+    reinvocation_policy="IfNeeded",
+)
+NODE_MCM_MARKER: Final = Registration(
+    name=NODE_MCM_MARKER_WEBHOOK,
+    configuration="MutatingWebhookConfiguration",
+    path=MCM_MARKER_PATH,
+    group="",
+    version="v1",
+    kind="Node",
+    resources=_NODE_RESOURCES,
+    operations=_UPDATE,
+    failure_policy="Ignore",
+    timeout_seconds=MAX_NODE_TIMEOUT_SECONDS,
+    per_shoot=True,
+)
+MACHINE_PRESERVE: Final = Registration(
+    name=MACHINE_PRESERVE_WEBHOOK,
+    configuration="ValidatingWebhookConfiguration",
+    path=PRESERVE_ANNOTATION_PATH,
+    group=v.MACHINE_API_GROUP,
+    version=v.MACHINE_API_VERSION,
+    kind="Machine",
+    resources=("machines",),
+    operations=_CREATE_UPDATE,
+    failure_policy="Fail",
+    timeout_seconds=10,
+)
+MACHINE_DELETION: Final = Registration(
+    name=MACHINE_DELETION_WEBHOOK,
+    configuration="ValidatingWebhookConfiguration",
+    path=MACHINE_DELETION_PATH,
+    group=v.MACHINE_API_GROUP,
+    version=v.MACHINE_API_VERSION,
+    kind="Machine",
+    resources=("machines",),
+    operations=("DELETE",),
+    failure_policy="Fail",
+    timeout_seconds=10,
+)
+SHOOT: Final = Registration(
+    name=SHOOT_WEBHOOK,
+    configuration="ValidatingWebhookConfiguration",
+    path=SHOOT_PATH,
+    group=v.SHOOT_API_GROUP,
+    version=v.SHOOT_API_VERSION,
+    kind="Shoot",
+    resources=("shoots",),
+    operations=_CREATE_UPDATE,
+    failure_policy="Fail",
+    timeout_seconds=10,
+)
+# Every webhook, in the order the server lists the kinds it accepts on a path (Node before Machine).
+REGISTRY: Final = (NODE_PRESERVE, NODE_CA, NODE_MCM_MARKER, MACHINE_PRESERVE, MACHINE_DELETION, SHOOT)
 
 
 @dataclass(frozen=True)
@@ -129,6 +256,7 @@ def _node_exclusions(*, controller_username: str, mcm_usernames: Iterable[str]) 
 
 
 def rule(*, group: str, version: str, resources: Sequence[str], operations: Sequence[str]) -> dict[str, Any]:
+    # scope "*": an installation narrows Machines to its namespaces by namespaceSelector.
     return {
         "apiGroups": [group],
         "apiVersions": [version],
@@ -139,32 +267,34 @@ def rule(*, group: str, version: str, resources: Sequence[str], operations: Sequ
 
 
 def webhook_entry(
+    registration: Registration,
     *,
-    name: str,
     client: ClientConfig,
-    path: str,
-    rules: list[dict[str, Any]],
     match_conditions: list[dict[str, str]],
-    failure_policy: FailurePolicy,
-    timeout_seconds: int,
-    object_selector: Mapping[str, Any] | None,
-    namespace_selector: Mapping[str, Any] | None,
+    failure_policy: FailurePolicy | None = None,
+    timeout_seconds: int | None = None,
+    object_selector: Mapping[str, Any] | None = None,
+    namespace_selector: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The webhook `registration` registers, reached through `client`; `failure_policy`, `timeout_seconds`: an
+    operator's choice over the registration's (None: its own)."""
     webhook: dict[str, Any] = {
-        "name": name,
-        "clientConfig": client.for_path(path),
-        "rules": rules,
+        "name": registration.name,
+        "clientConfig": client.for_path(registration.path),
+        "rules": registration.rules(),
         "matchConditions": match_conditions,
-        "failurePolicy": failure_policy,
-        "matchPolicy": "Equivalent",
-        "sideEffects": "None",
-        "timeoutSeconds": timeout_seconds,
-        "admissionReviewVersions": ["v1"],
+        "failurePolicy": registration.failure_policy if failure_policy is None else failure_policy,
+        "matchPolicy": registration.match_policy,
+        "sideEffects": registration.side_effects,
+        "timeoutSeconds": registration.timeout_seconds if timeout_seconds is None else timeout_seconds,
+        "admissionReviewVersions": list(registration.admission_review_versions),
     }
     if object_selector is not None:
         webhook["objectSelector"] = dict(object_selector)
     if namespace_selector is not None:
         webhook["namespaceSelector"] = dict(namespace_selector)
+    if registration.reinvocation_policy is not None:
+        webhook["reinvocationPolicy"] = registration.reinvocation_policy
     return webhook
 
 
@@ -187,18 +317,14 @@ def node_preserve_annotation_webhook(
 ) -> dict[str, Any]:
     """Validating, Nodes CREATE/UPDATE: preserve annotation values and the controller's markers."""
     return webhook_entry(
-        name=NODE_PRESERVE_WEBHOOK,
+        NODE_PRESERVE,
         client=client,
-        path=PRESERVE_ANNOTATION_PATH,
-        rules=[rule(group="", version="v1", resources=["nodes", "nodes/status"], operations=["CREATE", "UPDATE"])],
         match_conditions=[
             match_condition("preserve-annotations-change", any_annotation_changed(PRESERVE_RELATED_ANNOTATIONS)),
             *_node_exclusions(controller_username=controller_username, mcm_usernames=mcm_usernames),
         ],
-        failure_policy="Ignore",
         timeout_seconds=_node_timeout(timeout_seconds),
         object_selector=object_selector,
-        namespace_selector=None,
     )
 
 
@@ -214,25 +340,18 @@ def node_ca_annotation_webhook(
     key = cel_string(v.CA_SCALE_DOWN_DISABLED_ANNOTATION)
     present = has_annotation("object", v.CA_SCALE_DOWN_DISABLED_ANNOTATION)
     still_true = f"({present} && object.metadata.annotations[{key}] == 'true')"
-    webhook = webhook_entry(
-        name=NODE_CA_WEBHOOK,
+    return webhook_entry(
+        NODE_CA,
         client=client,
-        path=CA_ANNOTATION_PATH,
-        rules=[rule(group="", version="v1", resources=["nodes", "nodes/status"], operations=["UPDATE"])],
         match_conditions=[
             match_condition("ca-annotation-changes", annotation_changed(v.CA_SCALE_DOWN_DISABLED_ANNOTATION)),
             match_condition("ca-annotation-not-true", f"!{still_true}"),
             match_condition("node-preserved", f"{_preserved('oldObject')} || {_preserved('object')}"),
             *_node_exclusions(controller_username=controller_username, mcm_usernames=mcm_usernames),
         ],
-        failure_policy="Ignore",
         timeout_seconds=_node_timeout(timeout_seconds),
         object_selector=object_selector,
-        namespace_selector=None,
     )
-    # Another mutating webhook could change the annotation after us; look again if so.
-    webhook["reinvocationPolicy"] = "IfNeeded"
-    return webhook
 
 
 def node_mcm_marker_webhook(
@@ -245,10 +364,8 @@ def node_mcm_marker_webhook(
     """Mutating, Nodes UPDATE by MCM: keep its CA marker off the nodes the controller preserves."""
     mcm_marker, ours = v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION, v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION
     return webhook_entry(
-        name=NODE_MCM_MARKER_WEBHOOK,
+        NODE_MCM_MARKER,
         client=client,
-        path=MCM_MARKER_PATH,
-        rules=[rule(group="", version="v1", resources=["nodes", "nodes/status"], operations=["UPDATE"])],
         match_conditions=[
             match_condition(
                 "mcm-marker-added",
@@ -261,10 +378,8 @@ def node_mcm_marker_webhook(
             match_condition("by-mcm", f"request.userInfo.username in {username_list(mcm_usernames)}"),
             _node_exclusions(controller_username="", mcm_usernames=())[0],
         ],
-        failure_policy="Ignore",
         timeout_seconds=_node_timeout(timeout_seconds),
         object_selector=object_selector,
-        namespace_selector=None,
     )
 
 

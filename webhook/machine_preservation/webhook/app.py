@@ -13,11 +13,13 @@ policies are those of the plain path: no label per shoot. A seed serves the two 
 (`Routes`, `--routes`), so that the traffic of every shoot never takes the connections or the time of the seed's
 fail-closed Machine webhooks.
 
-An unexpected exception (a bug of ours, never something a client sent) is logged, counted and answered as the
-endpoint's failure policy says (`FAILURE_POLICIES`): a Node request is allowed with a warning, because the node
-rules must never block kubelets; a Machine or Shoot request gets HTTP 500, so that the API server treats the
-call as failed and applies the rule's `failurePolicy` (Fail unless an operator chose Ignore) instead of this
-webhook letting it through unchecked.
+The paths, the kinds each accepts and each webhook's failurePolicy are the registry's
+(`core.webhook_configurations.REGISTRY`), the same the charts' configurations are tested against; here each path
+only gets its decision. An unexpected exception (a bug of ours, never something a client sent) is logged,
+counted and answered as the endpoint's failure policy says (`FAILURE_POLICIES`): a Node request is allowed with
+a warning, because the node rules must never block kubelets; a Machine or Shoot request gets HTTP 500, so that
+the API server treats the call as failed and applies the rule's `failurePolicy` (Fail unless an operator chose
+Ignore) instead of this webhook letting it through unchecked.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ from typing import Any, Final, Literal, TypeVar, assert_never
 from aiohttp import web
 from pydantic import ValidationError
 
-from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.annotations import judge_annotations
 from machine_preservation.core.admission.ca_guard import guard_ca_annotation, guard_mcm_marker
 from machine_preservation.core.admission.deletion import (
@@ -58,8 +59,11 @@ from machine_preservation.core.webhook_configurations import (
     CA_ANNOTATION_PATH,
     MACHINE_DELETION_PATH,
     MCM_MARKER_PATH,
+    NODE_PRESERVE,
     PRESERVE_ANNOTATION_PATH,
+    REGISTRY,
     SHOOT_PATH,
+    FailurePolicy,
     shoot_path,
 )
 from machine_preservation.webhook.machine_sets import MachineSetSource, SourceUnavailable
@@ -83,11 +87,8 @@ DEFAULT_BODY_TIMEOUT_SECONDS: Final = 10.0
 INTERNAL_ERROR_WARNING: Final = "machine-preservation webhook: internal error, request not checked"
 INTERNAL_ERROR_MESSAGE: Final = "machine-preservation webhook: internal error, request not judged; retry later"
 
-NODE: Final = ("", "Node")
-MACHINE: Final = (v.MACHINE_API_GROUP, "Machine")
-SHOOT: Final = (v.SHOOT_API_GROUP, "Shoot")
+NODE: Final = NODE_PRESERVE.group_kind
 
-FailurePolicy = Literal["Fail", "Ignore"]
 # The admission routes of one listener: "seed", the plain paths (the seed's Machine webhooks, and a standalone
 # installation's node webhooks); "shoots", only `/shoots/{namespace}/…` (every shoot's node webhooks); "all", both.
 # Health and metrics are served everywhere.
@@ -97,15 +98,10 @@ Routes = Literal["all", "seed", "shoots"]
 # rules are always Ignore; Machine and Shoot rules default to Fail (an operator may register them with
 # Ignore: the API server applies whichever they have, as it receives a 500).
 FAILURE_POLICIES: Final[Mapping[tuple[str, tuple[str, str]], FailurePolicy]] = {
-    (PRESERVE_ANNOTATION_PATH, NODE): "Ignore",
-    (CA_ANNOTATION_PATH, NODE): "Ignore",
-    (MCM_MARKER_PATH, NODE): "Ignore",
-    (PRESERVE_ANNOTATION_PATH, MACHINE): "Fail",
-    (MACHINE_DELETION_PATH, MACHINE): "Fail",
-    (SHOOT_PATH, SHOOT): "Fail",
+    (r.path, r.group_kind): r.failure_policy for r in REGISTRY
 }
-
-NODE_PATHS: Final = (PRESERVE_ANNOTATION_PATH, CA_ANNOTATION_PATH, MCM_MARKER_PATH)
+# The paths each shoot's kube-apiserver also calls under `/shoots/{namespace}` (the node webhooks).
+NODE_PATHS: Final = tuple(dict.fromkeys(r.path for r in REGISTRY if r.per_shoot))
 # A namespace name is a DNS-1123 label.
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
@@ -162,13 +158,17 @@ def _internal_error_response(path: str, kind: tuple[str, str] | None, uid: str) 
     return web.json_response(status, status=500)
 
 
-def _require_kind(request: AdmissionRequest, *kinds: tuple[str, str]) -> tuple[str, str]:
-    found = (request.kind.group, request.kind.kind)
-    if found not in kinds:
+def _accepted_kinds(path: str, *, per_shoot: bool = False) -> tuple[tuple[str, str], ...]:
+    """The kinds the webhooks registered at `path` send; `per_shoot`: on its `/shoots/{namespace}` route, where
+    only a shoot's kube-apiserver calls (the node webhooks)."""
+    return tuple(dict.fromkeys(r.group_kind for r in REGISTRY if r.path == path and (r.per_shoot or not per_shoot)))
+
+
+def _require_kind(request: AdmissionRequest, kinds: tuple[tuple[str, str], ...]) -> None:
+    if (request.kind.group, request.kind.kind) not in kinds:
         expected = ", ".join(f"{group or 'core'}/{kind}" for group, kind in kinds)
         shown = f"{request.kind.group or 'core'}/{request.kind.kind}"
         raise BadRequest(f"this endpoint handles {expected}, not {shown}", uid=request.uid)
-    return found
 
 
 def _parse(model: type[M], document: dict[str, Any] | None, *, field: str, uid: str) -> M:
@@ -182,7 +182,6 @@ def _parse(model: type[M], document: dict[str, Any] | None, *, field: str, uid: 
 
 def _node_update(request: AdmissionRequest) -> tuple[Node, Node] | None:
     """The Node before and after an UPDATE (what the mutating node endpoints judge); None for other operations."""
-    _require_kind(request, NODE)
     if request.operation != "UPDATE":
         return None
     return (
@@ -197,7 +196,8 @@ def _annotations_present(document: dict[str, Any] | None) -> bool:
 
 
 class Endpoints:
-    """The admission decisions, each from a parsed request (and the namespace its URL names) to a verdict."""
+    """The admission decisions, each from a parsed request of a kind its path accepts (and the namespace its URL
+    names) to a verdict."""
 
     def __init__(self, config: WebhookConfig) -> None:
         self._config = config
@@ -215,7 +215,7 @@ class Endpoints:
 
     async def preserve_annotation(self, request: AdmissionRequest, shoot_namespace: str | None = None) -> Verdict:
         # A shoot's kube-apiserver sends Nodes only; Machines come from the seed's, on the plain path.
-        group_kind = _require_kind(request, NODE) if shoot_namespace else _require_kind(request, NODE, MACHINE)
+        group_kind = (request.kind.group, request.kind.kind)
         if request.operation not in ("CREATE", "UPDATE"):
             return allow()
         model: type[Node] | type[Machine] = Node if group_kind == NODE else Machine
@@ -258,7 +258,6 @@ class Endpoints:
         )
 
     async def machine_deletion(self, request: AdmissionRequest, _: str | None = None) -> Verdict:
-        _require_kind(request, MACHINE)
         if request.operation != "DELETE":
             return allow()
         machine = _parse(Machine, request.old_object, field="oldObject", uid=request.uid)
@@ -312,7 +311,6 @@ class Endpoints:
                 assert_never(need)
 
     async def shoot(self, request: AdmissionRequest, _: str | None = None) -> Verdict:
-        _require_kind(request, SHOOT)
         if request.operation not in ("CREATE", "UPDATE"):
             return allow()
         if request.object is None:
@@ -356,6 +354,7 @@ def _serve(
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     """The handler of endpoint `path`; `for_shoot`: its `/shoots/{namespace}` route (same metrics, same policy)."""
     endpoint = path.lstrip("/")
+    kinds = _accepted_kinds(path, per_shoot=for_shoot)
     metrics = config.metrics
     # Label lookups cost a lock and a dict probe each; bind this endpoint's series once.
     requests, denials = metrics.requests.labels(endpoint), metrics.denials.labels(endpoint)
@@ -376,6 +375,7 @@ def _serve(
                 body = await _read_body(request, limit=config.max_body_bytes, seconds=config.body_timeout)
                 review = parse_review(body)
                 uid, kind = review.request.uid, (review.request.kind.group, review.request.kind.kind)
+                _require_kind(review.request, kinds)
                 verdict = await decide(review.request, shoot_namespace)
             except BadRequest as error:
                 metrics.errors.labels(endpoint, _ERROR_KINDS.get(error.status, "bad_request")).inc()
@@ -403,13 +403,16 @@ def build_app(config: WebhookConfig, *, routes: Routes = "all") -> web.Applicati
     # aiohttp's own cap (default 1 MiB) would answer 413 before we see the body; ours applies instead.
     app = web.Application(client_max_size=config.max_body_bytes)
     endpoints = Endpoints(config)
-    for path, decide in (
-        (PRESERVE_ANNOTATION_PATH, endpoints.preserve_annotation),
-        (CA_ANNOTATION_PATH, endpoints.ca_annotation),
-        (MCM_MARKER_PATH, endpoints.mcm_marker),
-        (MACHINE_DELETION_PATH, endpoints.machine_deletion),
-        (SHOOT_PATH, endpoints.shoot),
-    ):
+    decisions: dict[str, Decide] = {
+        PRESERVE_ANNOTATION_PATH: endpoints.preserve_annotation,
+        CA_ANNOTATION_PATH: endpoints.ca_annotation,
+        MCM_MARKER_PATH: endpoints.mcm_marker,
+        MACHINE_DELETION_PATH: endpoints.machine_deletion,
+        SHOOT_PATH: endpoints.shoot,
+    }
+    # Every registered path, and only those (a path without a decision fails here, at start).
+    for path in dict.fromkeys(r.path for r in REGISTRY):
+        decide = decisions[path]
         if routes != "shoots":
             app.router.add_post(path, _serve(config, path, decide))
         if path in NODE_PATHS and routes != "seed":
