@@ -115,6 +115,30 @@ def _reads(seed: Seed, *, after: int = 0) -> list[str]:
     return found
 
 
+def _marks(seed: Seed, namespace: str) -> int:
+    """How many of the test's marks (an administrator's get of the MachineSet) the audit log holds."""
+    found = 0
+    for line in seed.plane.audit_log.read_text().splitlines():
+        event = json.loads(line)
+        ref = event.get("objectRef") or {}
+        if (
+            event.get("stage") == "ResponseComplete"
+            and event.get("verb") == "get"
+            and (event.get("user") or {}).get("username") != seed.username
+            and (ref.get("resource"), ref.get("namespace"), ref.get("name")) == ("machinesets", namespace, "ms")
+        ):
+            found += 1
+    return found
+
+
+async def _audited_so_far(seed: Seed, admin: client.CustomObjectsApi, namespace: str) -> None:
+    """Returns once the audit log holds the requests answered before the call: the API server logs each request as
+    it completes, so once a read sent now (a mark) is in the log, the reads answered before it are too."""
+    before = _marks(seed, namespace)
+    await admin.get_namespaced_custom_object(GROUP, VERSION, namespace, "machinesets", "ms")
+    await eventually_async(lambda: _marks(seed, namespace) > before, limit=30, interval=0.1)
+
+
 def _audit_lines(seed: Seed) -> int:
     return len(seed.plane.audit_log.read_text().splitlines())
 
@@ -232,8 +256,7 @@ async def test_guarded_deletes_read_the_caches_and_see_a_machine_set_change(
             return (await _mcm_deletes(endpoints, admin, namespace, "kept")).allowed
 
         await eventually_async(allowed)
-        # The audit log is written as requests complete: whatever the webhook read up to now is in it.
-        await asyncio.sleep(1.0)
+        await _audited_so_far(seed, admin, namespace)
         assert _reads(seed, after=mark) == []
         # …while the caches' own lists are there (the identity's reads are in the log at all).
         assert any(read.startswith("list machinesets") for read in _reads(seed))
