@@ -95,6 +95,7 @@ def rfc3339(moment: dt.datetime) -> str:
 def run_controller_child(args: argparse.Namespace) -> int:
     """`--controller-child`: what `machine-preservation controller` runs, with a settable resync period."""
     from machine_preservation.controller.commands import serve
+    from machine_preservation.controller.preservation.runtime import RuntimeOptions
     from machine_preservation.controller.standalone import ControllerOptions
     from machine_preservation.core.mcm_generation import NativePreservationMode
 
@@ -105,11 +106,13 @@ def run_controller_child(args: argparse.Namespace) -> int:
         target_kubeconfig=args.kubeconfig,
         leader_elect=False,
         metrics_port=args.metrics_port,
-        resync_period=args.resync_seconds,
-        workers=args.workers,
-        # The CRDs installed here carry v0.62's preservation fields, which `auto` reads as an MCM that preserves
-        # machines itself; measured is the controller running the lifecycle.
-        native_preservation=NativePreservationMode.FALSE,
+        runtime=RuntimeOptions(
+            resync_period=args.resync_seconds,
+            workers=args.workers,
+            # The CRDs installed here carry v0.62's preservation fields, which `auto` reads as an MCM that preserves
+            # machines itself; measured is the controller running the lifecycle.
+            native_preservation=NativePreservationMode.FALSE,
+        ),
     )
     return asyncio.run(serve(options))
 

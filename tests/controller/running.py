@@ -14,6 +14,7 @@ from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ConflictException
 
 from machine_preservation.controller.machinery.metrics import Metrics
+from machine_preservation.controller.preservation.runtime import RuntimeOptions
 from machine_preservation.controller.standalone import Controller, ControllerOptions
 from machine_preservation.core.mcm_generation import NativePreservationMode
 from machine_preservation.kube.clients import new_api_client
@@ -73,6 +74,13 @@ async def chart_identity(
     return path
 
 
+def with_runtime_options(settings: dict[str, Any]) -> tuple[dict[str, Any], RuntimeOptions]:
+    """Tests name a process's options flat; those of every namespace's runtime go into one `RuntimeOptions`."""
+    names = {f.name for f in dataclasses.fields(RuntimeOptions)}
+    runtime = RuntimeOptions(**{key: value for key, value in settings.items() if key in names})
+    return {key: value for key, value in settings.items() if key not in names}, runtime
+
+
 @contextlib.asynccontextmanager
 async def running_controller(
     *, kubeconfig: Path, namespace: str, metrics: Metrics | None = None, **options: Any
@@ -89,9 +97,10 @@ async def running_controller(
     }
     settings.update(options)
     kubeconfig = await chart_identity(kubeconfig, namespace, leader_election=bool(settings["leader_elect"]))
+    process, runtime = with_runtime_options(settings)
     controller = Controller(
         options=ControllerOptions(
-            namespace=namespace, control_kubeconfig=kubeconfig, target_kubeconfig=kubeconfig, **settings
+            namespace=namespace, control_kubeconfig=kubeconfig, target_kubeconfig=kubeconfig, runtime=runtime, **process
         ),
         metrics=metrics or Metrics(),
     )

@@ -16,15 +16,15 @@ def test_defaults() -> None:
     assert options.namespace == "shoot--p--s"
     assert options.control_kubeconfig is None
     assert options.target_kubeconfig is None
-    assert options.preservation.default_preserve_timeout == dt.timedelta(hours=72)
-    assert options.preservation.drain_timeout == dt.timedelta(hours=2)
-    assert options.preservation.drain_retry_interval == dt.timedelta(minutes=1)
-    assert options.max_drain_attempt == dt.timedelta(minutes=2)
+    assert options.runtime.preservation.default_preserve_timeout == dt.timedelta(hours=72)
+    assert options.runtime.preservation.drain_timeout == dt.timedelta(hours=2)
+    assert options.runtime.preservation.drain_retry_interval == dt.timedelta(minutes=1)
+    assert options.runtime.max_drain_attempt == dt.timedelta(minutes=2)
     assert options.leader_elect is True
     assert options.leader_election_namespace is None
     assert (options.lease_duration, options.renew_deadline, options.retry_period) == (15, 10.0, 2.0)
     assert (options.metrics_host, options.metrics_port) == ("127.0.0.1", 8080)
-    assert options.workers == 4
+    assert options.runtime.workers == 4
 
 
 def test_overrides() -> None:
@@ -48,15 +48,15 @@ def test_overrides() -> None:
     options = options_from(args)
     assert options.control_kubeconfig == Path("/k/control")
     assert options.target_kubeconfig == Path("/k/target")
-    assert options.preservation.default_preserve_timeout == dt.timedelta(minutes=90)
-    assert options.preservation.drain_timeout == dt.timedelta(minutes=10)
-    assert (options.max_drain_attempt, options.preservation.drain_retry_interval) == (
+    assert options.runtime.preservation.default_preserve_timeout == dt.timedelta(minutes=90)
+    assert options.runtime.preservation.drain_timeout == dt.timedelta(minutes=10)
+    assert (options.runtime.max_drain_attempt, options.runtime.preservation.drain_retry_interval) == (
         dt.timedelta(seconds=30),
         dt.timedelta(minutes=5),
     )
     assert options.leader_elect is False
     assert options.leader_election_namespace == "garden"
-    assert (options.metrics_host, options.metrics_port, options.workers) == ("0.0.0.0", 9090, 8)
+    assert (options.metrics_host, options.metrics_port, options.runtime.workers) == ("0.0.0.0", 9090, 8)
 
 
 @pytest.mark.parametrize(

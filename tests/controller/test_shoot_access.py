@@ -8,7 +8,11 @@ from typing import Any
 import pytest
 
 from machine_preservation.controller.gardener.shoot_access import ShootAccessUnavailable, endpoint_from_kubeconfig
-from machine_preservation.core.gardener.cluster import GENERIC_KUBECONFIG_ANNOTATION, read_shoot_facts
+from machine_preservation.core.gardener.cluster import (
+    FORCE_DELETION_ANNOTATION,
+    GENERIC_KUBECONFIG_ANNOTATION,
+    read_cluster,
+)
 
 CA = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 NAMESPACE = "shoot--core--a"
@@ -77,12 +81,38 @@ def cluster(*, annotations: dict[str, str] | None = None, **shoot: Any) -> dict[
 def test_what_the_extension_reads_from_a_cluster(
     raw: dict[str, Any], hibernated: bool, deleted: bool, failed: bool
 ) -> None:
-    facts = read_shoot_facts(raw)
-    assert facts.namespace == NAMESPACE
+    facts = read_cluster(raw)
+    assert facts.name == NAMESPACE
     assert (facts.lifecycle.hibernated, facts.lifecycle.deleted, facts.failed) == (hibernated, deleted, failed)
 
 
 def test_the_kubeconfig_secret_is_named_on_the_cluster() -> None:
-    facts = read_shoot_facts(cluster(annotations={GENERIC_KUBECONFIG_ANNOTATION: "generic-token-kubeconfig-1a2b"}))
+    facts = read_cluster(cluster(annotations={GENERIC_KUBECONFIG_ANNOTATION: "generic-token-kubeconfig-1a2b"}))
     assert facts.kubeconfig_secret == "generic-token-kubeconfig-1a2b"
-    assert read_shoot_facts(cluster()).kubeconfig_secret == ""
+    assert read_cluster(cluster()).kubeconfig_secret == ""
+
+
+def test_one_read_of_a_cluster_carries_what_the_extension_contract_needs() -> None:
+    """The seed watches Clusters once: the same view gives the contract its force deletion, the Kubernetes version
+    and the Shoot's pools and extensions (cut to those), and the shoot's runtime its parsed Shoot."""
+    raw = cluster(
+        metadata={"name": "s", "annotations": {FORCE_DELETION_ANNOTATION: "T"}, "managedFields": [{"big": "x"}]},
+        spec={
+            "kubernetes": {"version": "1.33.2", "kubeAPIServer": {"big": "x"}},
+            "provider": {"type": "aws", "workers": [{"name": "w", "minimum": 1}]},
+            "extensions": [{"type": "machine-preservation"}],
+        },
+    )
+    view = read_cluster(raw)
+    assert (view.force_deletion, view.kubernetes_version) == (True, "1.33.2")
+    assert view.shoot is not None
+    assert view.shoot.worker("w") is not None
+    assert view.shoot_document == {
+        "metadata": {"name": "s", "annotations": {FORCE_DELETION_ANNOTATION: "T"}},
+        "spec": {
+            "extensions": [{"type": "machine-preservation"}],
+            "kubernetes": {"version": "1.33.2"},
+            "provider": {"workers": [{"name": "w", "minimum": 1}]},
+        },
+    }
+    assert read_cluster(cluster(metadata={"annotations": {FORCE_DELETION_ANNOTATION: "yes"}})).force_deletion is False

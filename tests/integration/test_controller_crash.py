@@ -17,6 +17,7 @@ import pytest
 from kubernetes.aio import client
 
 from machine_preservation.controller.machinery.metrics import WRITE_VERBS, Metrics, request_verb_and_resource
+from machine_preservation.controller.preservation.runtime import RuntimeOptions
 from machine_preservation.controller.standalone import Controller, ControllerOptions
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.mcm_generation import NativePreservationMode
@@ -126,7 +127,7 @@ async def run_controller(
             target_kubeconfig=identity,
             leader_elect=False,
             metrics_port=0,
-            native_preservation=NativePreservationMode.FALSE,
+            runtime=RuntimeOptions(native_preservation=NativePreservationMode.FALSE),
         ),
         metrics=metrics,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
@@ -222,6 +223,40 @@ async def test_is_served_again_as_soon_as_its_watch_is_answered_not_at_the_next_
         await proxy.cut()
         await proxied.close()
     assert informer.stats.lists == 1, "the watch resumed: no re-list cleared the outage"
+
+
+async def test_tells_its_state_listeners_each_change_of_its_health_and_only_those(
+    control_plane: ControlPlane, namespace: str, tmp_path: Path
+) -> None:
+    """Who reports a cache's health (a shoot's Extension condition) is told when it synced, when listing or
+    watching starts failing and when it works again, not polled and not told on every event or retry."""
+    proxy = TcpProxy(upstream_port=control_plane.apiserver_port)
+    await proxy.start()
+    proxied = await aio_client(proxy.kubeconfig(source=control_plane.kubeconfig, target=tmp_path / "proxied"))
+    informer = machine_informer(proxied, namespace, backoff=Backoff(base=0.1, cap=0.2))
+    told: list[tuple[bool, str | None]] = []
+    informer.add_state_listener(lambda: told.append((informer.synced, informer.failing)))
+    custom = client.CustomObjectsApi(api_client := await aio_client(control_plane.kubeconfig))
+    try:
+        async with running(informer):
+            await asyncio.wait_for(informer.wait_synced(), 30)
+            assert told == [(True, None)]
+            for name in ("a", "b", "c"):  # events are no news about its health
+                await create_machine(custom, namespace, name)
+            await eventually_async(lambda: len(informer) == 3)
+            assert told == [(True, None)]
+            await proxy.cut()
+            await eventually_async(lambda: informer.stats.errors >= 4, limit=30)  # retried, still failing
+            await proxy.start()
+            await eventually_async(lambda: informer.failing is None, limit=10)
+    finally:
+        await proxy.cut()
+        await proxied.close()
+        await api_client.close()
+    assert told[-1] == (True, None)
+    assert all(failing for _, failing in told[1:-1]), told
+    assert len(told) >= 3, told
+    assert all(before != after for before, after in itertools.pairwise(told)), f"a repeat: {told}"
 
 
 async def test_an_object_that_does_not_parse_is_skipped_not_fatal(api: client.ApiClient, namespace: str) -> None:

@@ -28,7 +28,7 @@ from kubernetes.aio import client
 from machine_preservation.certs.authority import generate_ca
 from machine_preservation.certs.rotation import CA_BUNDLE_KEY
 from machine_preservation.controller.gardener.extensions import ExtensionReconciler
-from machine_preservation.controller.gardener.seed import SeedController, SeedOptions
+from machine_preservation.controller.gardener.seed import DEFAULT_NODE_BUDGET, SeedController, SeedOptions
 from machine_preservation.controller.gardener.shoots import ApiServerProbe
 from machine_preservation.core.gardener import extension as contract
 from machine_preservation.core.gardener import shoot_resources
@@ -48,6 +48,7 @@ from machine_preservation.localcluster.gardener_landscape import (
     shoot_webhooks,
 )
 from machine_preservation.localcluster.toolchain import ensure_toolchain
+from tests.controller.running import with_runtime_options
 from tests.controller.support import aio_client
 from tests.controller.tcpproxy import TcpProxy
 from tests.polling import eventually_async
@@ -133,18 +134,24 @@ async def installed_extension(seed: ControlPlane, api: client.ApiClient, ca_pem:
             "data": {CA_BUNDLE_KEY: base64.b64encode(ca_pem).decode()},
         },
     )
-    seed_options = SeedOptions(
+    settings: dict[str, Any] = {
+        "identity": "test-extension",
+        "leader_elect": False,
+        "metrics_port": 0,
+        "heartbeat_period": 1.0,
+        "native_preservation": NativePreservationMode.FALSE,
+        "node_budget": DEFAULT_NODE_BUDGET,
+        **options,
+    }
+    process, runtime = with_runtime_options(settings)
+    return SeedOptions(
         namespace=namespace,
         webhook_url=WEBHOOK_URL,
         ca_secret=(namespace, ca_secret),
-        identity="test-extension",
         kubeconfig=identity,
-        leader_elect=False,
-        metrics_port=0,
-        heartbeat_period=1.0,
-        native_preservation=NativePreservationMode.FALSE,
+        runtime=runtime,
+        **process,
     )
-    return dataclasses.replace(seed_options, **options)
 
 
 @contextlib.asynccontextmanager
@@ -653,7 +660,8 @@ async def test_every_seed_wide_watch_that_ends_is_started_again(
         informer._apply = raising
 
     informers = {informer.name: informer for informer in controller.informers}
-    names = sorted(informer.name for informer in controller.informers)  # two named "clusters": the shoots' own
+    names = sorted(informer.name for informer in controller.informers)
+    assert names.count("clusters") == 1, "one watch of the Clusters, for the contract and every shoot's runtime"
     for informer in controller.informers:
         break_once(informer)
     unready: list[float] = []

@@ -130,7 +130,12 @@ async def test_the_old_leader_stops_writing_everywhere_before_the_new_one_leads(
         max_drain_attempt=dt.timedelta(seconds=40),  # still draining when the Lease goes, and beyond
         **LEASE,
     )
-    replicas = {name: SeedController(options=dataclasses.replace(options, identity=name)) for name in ("old", "new")}
+    replicas = {
+        name: SeedController(
+            options=dataclasses.replace(options, runtime=dataclasses.replace(options.runtime, identity=name))
+        )
+        for name in ("old", "new")
+    }
     stops = {name: asyncio.Event() for name in replicas}
     tasks: dict[str, asyncio.Task[int]] = {}
     admission = client.AdmissionregistrationV1Api(api)

@@ -17,12 +17,8 @@ from typing import Any
 from machine_preservation.controller.gardener.seed import DEFAULT_NODE_BUDGET, SeedController, SeedOptions
 from machine_preservation.controller.machinery.heap import keep_heap
 from machine_preservation.controller.preservation.crd_check import CrdCheckFailed
-from machine_preservation.controller.standalone import (
-    DEFAULT_DRAIN_ATTEMPT_TIMEOUT,
-    Controller,
-    ControllerOptions,
-    default_identity,
-)
+from machine_preservation.controller.preservation.runtime import DEFAULT_DRAIN_ATTEMPT_TIMEOUT, RuntimeOptions
+from machine_preservation.controller.standalone import Controller, ControllerOptions
 from machine_preservation.core.config import (
     DEFAULT_DRAIN_RETRY_INTERVAL,
     DEFAULT_DRAIN_TIMEOUT,
@@ -40,17 +36,24 @@ EXIT_BAD_SETUP = 2
 DEFAULT_MCM_RECHECK_PERIOD = dt.timedelta(seconds=SeedOptions.mcm_recheck_period)
 
 
-def _preservation_from(args: argparse.Namespace) -> PreservationConfig:
-    """The lifecycle settings both commands take (`_add_lifecycle_arguments`)."""
+def _runtime_from(args: argparse.Namespace, *, node_budget: int | None = None) -> RuntimeOptions:
+    """What every namespace's lifecycle runs with, from the arguments both commands take
+    (`_add_lifecycle_arguments`, `--workers`)."""
     if args.drain_attempt_timeout <= dt.timedelta(0):
         raise ValueError(
             f"--drain-attempt-timeout must be positive, got {format_go_duration(args.drain_attempt_timeout)}"
         )
-    return PreservationConfig(
-        default_preserve_timeout=args.machine_preserve_timeout,
-        drain_timeout=args.machine_drain_timeout,
-        drain_retry_interval=args.drain_retry_interval,
-        max_preserve_timeout=args.max_preserve_timeout,
+    return RuntimeOptions(
+        preservation=PreservationConfig(
+            default_preserve_timeout=args.machine_preserve_timeout,
+            drain_timeout=args.machine_drain_timeout,
+            drain_retry_interval=args.drain_retry_interval,
+            max_preserve_timeout=args.max_preserve_timeout,
+        ),
+        native_preservation=args.mcm_native_preservation,
+        max_drain_attempt=args.drain_attempt_timeout,
+        workers=args.workers,
+        node_budget=node_budget,
     )
 
 
@@ -59,10 +62,7 @@ def options_from(args: argparse.Namespace) -> ControllerOptions:
         namespace=args.namespace,
         control_kubeconfig=args.control_kubeconfig,
         target_kubeconfig=args.target_kubeconfig,
-        preservation=_preservation_from(args),
-        native_preservation=args.mcm_native_preservation,
-        max_drain_attempt=args.drain_attempt_timeout,
-        workers=args.workers,
+        runtime=_runtime_from(args),
         leader_elect=args.leader_elect,
         leader_election_namespace=args.leader_election_namespace,
         metrics_host=args.metrics_bind_address,
@@ -147,19 +147,14 @@ def seed_options_from(args: argparse.Namespace) -> SeedOptions:
         namespace=args.namespace,
         webhook_url=args.webhook_url,
         ca_secret=args.ca_secret,
-        identity=default_identity(),
         kubeconfig=args.kubeconfig,
-        preservation=_preservation_from(args),
-        native_preservation=args.mcm_native_preservation,
-        max_drain_attempt=args.drain_attempt_timeout,
-        workers=args.workers,
+        runtime=_runtime_from(args, node_budget=args.shoot_node_budget * 2**20 if args.shoot_node_budget > 0 else None),
         extension_workers=args.extension_workers,
         max_reconciles=args.max_concurrent_reconciles,
         leader_elect=args.leader_elect,
         metrics_host=args.metrics_bind_address,
         metrics_port=args.metrics_port,
         mcm_recheck_period=args.mcm_recheck_period.total_seconds(),
-        node_budget=args.shoot_node_budget * 2**20 if args.shoot_node_budget > 0 else None,
     )
 
 
@@ -188,6 +183,24 @@ def run_extension(args: argparse.Namespace) -> int:
 
 
 def register(subcommands: argparse._SubParsersAction[Any]) -> None:
+    _register_controller(subcommands)
+    _register_extension(subcommands)
+
+
+def _add_process_arguments(parser: argparse.ArgumentParser, *, lease: str, workers: str) -> None:
+    """Leader election, the metrics server and the workers: what both processes take, in their words."""
+    parser.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help=f"elect a leader on a {lease} before reconciling (default: on)",
+    )
+    parser.add_argument("--metrics-port", type=int, default=8080, help="port of /metrics, /healthz, /readyz")
+    parser.add_argument("--metrics-bind-address", default="127.0.0.1", help="address of the metrics server")
+    parser.add_argument("--workers", type=int, default=4, help=workers)
+
+
+def _register_controller(subcommands: argparse._SubParsersAction[Any]) -> None:
     parser = subcommands.add_parser(
         "controller",
         help="run the preservation controller (Machines in the control cluster, Nodes in the target cluster)",
@@ -206,20 +219,14 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
     )
     parser.add_argument("--namespace", required=True, help="namespace of the Machines in the control cluster")
     _add_lifecycle_arguments(parser)
-    parser.add_argument(
-        "--leader-elect",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="elect a leader on a coordination.k8s.io Lease before reconciling (default: on)",
-    )
+    _add_process_arguments(parser, lease="coordination.k8s.io Lease", workers="concurrent Machine reconciles")
     parser.add_argument(
         "--leader-election-namespace", default=None, help="namespace of the Lease (default: --namespace)"
     )
-    parser.add_argument("--metrics-port", type=int, default=8080, help="port of /metrics, /healthz, /readyz")
-    parser.add_argument("--metrics-bind-address", default="127.0.0.1", help="address of the metrics server")
-    parser.add_argument("--workers", type=int, default=4, help="concurrent Machine reconciles")
     parser.set_defaults(handler=run)
 
+
+def _register_extension(subcommands: argparse._SubParsersAction[Any]) -> None:
     extension = subcommands.add_parser(
         "extension",
         help="run the Gardener extension of a seed: the Extension resources of every shoot, and each enabled "
@@ -244,15 +251,13 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
         help="the certs manager's Secret: its CA goes into every shoot's webhook configurations",
     )
     _add_lifecycle_arguments(extension)
-    extension.add_argument(
-        "--leader-elect",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="elect a leader on a Lease in --namespace before reconciling (default: on)",
-    )
-    extension.add_argument("--metrics-port", type=int, default=8080, help="port of /metrics, /healthz, /readyz")
-    extension.add_argument("--metrics-bind-address", default="127.0.0.1", help="address of the metrics server")
-    extension.add_argument("--workers", type=int, default=4, help="concurrent Machine reconciles per shoot")
+    _add_process_arguments(extension, lease="Lease in --namespace", workers="concurrent Machine reconciles per shoot")
+    _add_seed_arguments(extension)
+    extension.set_defaults(handler=run_extension)
+
+
+def _add_seed_arguments(extension: argparse.ArgumentParser) -> None:
+    """How the extension shares one process among the shoots of a seed."""
     extension.add_argument(
         "--extension-workers", type=int, default=10, help="concurrent Extension reconciles over all shoots"
     )
@@ -280,4 +285,3 @@ def register(subcommands: argparse._SubParsersAction[Any]) -> None:
         "(ShootNotServed, machine_preservation_shoot_nodes_over_budget) and the other shoots go on; 0: no budget "
         f"(default {DEFAULT_NODE_BUDGET // 2**20})",
     )
-    extension.set_defaults(handler=run_extension)

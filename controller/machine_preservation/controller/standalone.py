@@ -15,35 +15,27 @@ Lifecycle (controller-runtime's manager, in one event loop):
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
-import os
-import socket
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from machine_preservation.controller.machinery.leader import LeaderElector, WriteFence, run_elected
-from machine_preservation.controller.machinery.metrics import Metrics, Probes, metrics_app, start_metrics_server
+from machine_preservation.controller.machinery.leader import (
+    EXIT_LOST_LEADERSHIP,
+    EXIT_OK,
+    WriteFence,
+    lead_when_elected,
+)
+from machine_preservation.controller.machinery.loop import Outcome
+from machine_preservation.controller.machinery.metrics import Metrics, start_metrics_server
 from machine_preservation.controller.preservation.caches import Caches
 from machine_preservation.controller.preservation.clients import Clients
 from machine_preservation.controller.preservation.crd_check import inspect_control
-from machine_preservation.controller.preservation.runtime import (
-    DEFAULT_DRAIN_ATTEMPT_TIMEOUT,
-    Outcome,
-    RuntimeOptions,
-    ShootRuntime,
-)
+from machine_preservation.controller.preservation.runtime import RuntimeOptions, ShootRuntime
 from machine_preservation.core.config import PreservationConfig
-from machine_preservation.core.mcm_generation import NativePreservationMode
 from machine_preservation.kube.clients import new_api_client
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_DRAIN_ATTEMPT_TIMEOUT", "Controller", "ControllerOptions"]
-
-EXIT_OK = 0
-EXIT_LOST_LEADERSHIP = 1
 EXIT_INFORMER_FAILED = 3  # 2 is the CLI's bad setup
 LEASE_NAME = "machine-preservation-controller"
 _EXIT_CODES = {
@@ -53,31 +45,20 @@ _EXIT_CODES = {
 }
 
 
-def default_identity() -> str:
-    """The pod's name when the chart passes it (POD_NAME), else host name; unique per process."""
-    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-
-
 @dataclass(frozen=True)
 class ControllerOptions:
     namespace: str
     control_kubeconfig: Path | None = None
     target_kubeconfig: Path | None = None
-    preservation: PreservationConfig = field(default_factory=PreservationConfig)
-    workers: int = 4
+    runtime: RuntimeOptions = field(default_factory=RuntimeOptions)
     leader_elect: bool = True
     leader_election_namespace: str | None = None
     lease_name: str = LEASE_NAME
     lease_duration: int = 15
     renew_deadline: float = 10.0
     retry_period: float = 2.0
-    identity: str = field(default_factory=default_identity)
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 8080
-    resync_period: float = 600.0
-    native_preservation: NativePreservationMode = NativePreservationMode.AUTO
-    max_drain_attempt: dt.timedelta = DEFAULT_DRAIN_ATTEMPT_TIMEOUT
-    shutdown_grace: float = 30.0
 
 
 @dataclass
@@ -103,7 +84,7 @@ class Controller:
     @property
     def preservation(self) -> PreservationConfig:
         """The options' settings plus what MCM's CRDs keep."""
-        return self.runtime.preservation if self.runtime is not None else self.options.preservation
+        return self.runtime.preservation if self.runtime is not None else self.options.runtime.preservation
 
     @property
     def informer_failed(self) -> asyncio.Event:
@@ -124,64 +105,40 @@ class Controller:
         control = await new_api_client(
             kubeconfig=options.control_kubeconfig,
             trace_configs=[self.fence.trace_config(), self.metrics.trace_config(cluster="control")],
-            identity=options.identity,
+            identity=options.runtime.identity,
         )
         target = await new_api_client(
             kubeconfig=options.target_kubeconfig,
             trace_configs=[self.fence.trace_config(), self.metrics.trace_config(cluster="target")],
-            identity=options.identity,
+            identity=options.runtime.identity,
         )
         self.clients = Clients(control=control, target=target)
         runner = None
         try:
             self.runtime = ShootRuntime(
-                options=RuntimeOptions(
-                    namespace=options.namespace,
-                    identity=options.identity,
-                    preservation=options.preservation,
-                    native_preservation=options.native_preservation,
-                    workers=options.workers,
-                    resync_period=options.resync_period,
-                    max_drain_attempt=options.max_drain_attempt,
-                    shutdown_grace=options.shutdown_grace,
-                ),
+                namespace=options.namespace,
+                options=options.runtime,
                 control=control,
                 target=target,
                 metrics=self.metrics,
             )
             await self.runtime.prepare(await inspect_control(control))
-            app = metrics_app(metrics=self.metrics, probes=Probes(ready=self.ready))
-            runner = await start_metrics_server(app=app, host=options.metrics_host, port=options.metrics_port)
-            self.metrics_port = runner.addresses[0][1] if runner.addresses else options.metrics_port
-            if not options.leader_elect:
-                return await self._lead(stop=stop, lost=asyncio.Event())
-            return await self._run_elected(stop=stop)
+            runner, self.metrics_port = await start_metrics_server(
+                self.metrics, ready=self.ready, host=options.metrics_host, port=options.metrics_port
+            )
+            return await lead_when_elected(
+                options,
+                lease=(control, options.leader_election_namespace or options.namespace, options.lease_name),
+                identity=options.runtime.identity,
+                fence=self.fence,
+                stop=stop,
+                lead=lambda lost: self._lead(stop=stop, lost=lost),
+                on_leading=lambda leading: self.metrics.leader.set(1 if leading else 0),
+            )
         finally:
             if runner is not None:
                 await runner.cleanup()
             await self.clients.close()
-
-    async def _run_elected(self, *, stop: asyncio.Event) -> int:
-        assert self.clients is not None
-        options = self.options
-        elector = LeaderElector(
-            api_client=self.clients.control,
-            namespace=options.leader_election_namespace or options.namespace,
-            name=options.lease_name,
-            identity=options.identity,
-            lease_duration=options.lease_duration,
-            renew_deadline=options.renew_deadline,
-            retry_period=options.retry_period,
-        )
-        self.fence.elector = elector
-        return await run_elected(
-            elector,
-            stop=stop,
-            lead=lambda lost: self._lead(stop=stop, lost=lost),
-            on_leading=lambda leading: self.metrics.leader.set(1 if leading else 0),
-            lost_code=EXIT_LOST_LEADERSHIP,
-            stopped_code=EXIT_OK,
-        )
 
     async def _lead(self, *, stop: asyncio.Event, lost: asyncio.Event) -> int:
         """Run the lifecycle while leading. An informer that ended for good ends the process (crash-only: its

@@ -151,6 +151,9 @@ class Informer(Generic[T]):
     _indices: dict[str, dict[str, set[str]]] = field(default_factory=dict)
     _index_values: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
     _handlers: list[Handler[T]] = field(default_factory=list)
+    # Told when `synced`, `failing` or `over_budget` changes (not on every event): whoever reports on the cache's
+    # health learns of it at once instead of asking.
+    _state_listeners: list[Callable[[], None]] = field(default_factory=list)
     # The size in bytes each object had as read (kept with a `byte_budget` only).
     _sizes: dict[str, int] = field(default_factory=dict)
     _bytes: int = 0  # their sum
@@ -170,6 +173,9 @@ class Informer(Generic[T]):
 
     def add_handler(self, handler: Handler[T]) -> None:
         self._handlers.append(handler)
+
+    def add_state_listener(self, listener: Callable[[], None]) -> None:
+        self._state_listeners.append(listener)
 
     # --- reading -----------------------------------------------------------------------------------
 
@@ -199,7 +205,9 @@ class Informer(Generic[T]):
         """Start over: the next run lists anew, and until it has, the cache counts as not synced (it may have missed
         changes while nothing watched)."""
         self.resource_version = ""
-        self._synced.clear()
+        if self._synced.is_set():
+            self._synced.clear()
+            self._state_changed()
 
     # --- running -----------------------------------------------------------------------------------
 
@@ -222,24 +230,37 @@ class Informer(Generic[T]):
                 except Failed as error:
                     failures += 1
                     self.stats.errors += 1
-                    self.failing = f"HTTP {error.status} {error.reason}"
+                    self._report(failing=f"HTTP {error.status} {error.reason}")
                     logger.warning("%s: list/watch failed (%s %s), retrying", self.name, error.status, error.reason)
                     await asyncio.sleep(self._jittered(failures))
                 except BudgetExceeded as error:
                     failures += 1
                     self.stats.errors += 1
-                    self.failing, self.over_budget = str(error), True
+                    self._report(failing=str(error), over_budget=True)
                     self.resource_version = ""  # what was dropped unread is known again only by a re-list
                     logger.warning("%s: %s, re-listing later", self.name, error)
                     await asyncio.sleep(self._jittered(failures, self.budget_backoff))
                 except (NoAnswer, ValueError) as error:  # ValueError: an unreadable answer
                     failures += 1
                     self.stats.errors += 1
-                    self.failing = str(error) or type(error).__name__
+                    self._report(failing=str(error) or type(error).__name__)
                     logger.warning("%s: list/watch failed (%r), retrying", self.name, error)
                     await asyncio.sleep(self._jittered(failures))
         finally:
             resync.cancel()
+
+    def _report(self, *, failing: str | None, over_budget: bool | None = None, changed: bool = False) -> None:
+        """Keep why listing or watching fails (None: it works) and whether the objects are over the budget; tell
+        the state listeners if that, or `changed` (the cache synced), is news."""
+        over_budget = self.over_budget if over_budget is None else over_budget
+        changed = changed or (failing, over_budget) != (self.failing, self.over_budget)
+        self.failing, self.over_budget = failing, over_budget
+        if changed:
+            self._state_changed()
+
+    def _state_changed(self) -> None:
+        for listener in self._state_listeners:
+            listener()
 
     def _jittered(self, failures: int, backoff: Backoff | None = None) -> float:
         return (backoff or self.backoff).delay(failures) * random.uniform(0.8, 1.2)
@@ -282,11 +303,12 @@ class Informer(Generic[T]):
             if not token:
                 break
         self.stats.lists += 1
-        self.failing, self.over_budget = None, False
         self._sizes, self._bytes = sizes, sum(sizes.values())
         self._replace(items)
         self.resource_version = resource_version
+        newly_synced = not self._synced.is_set()
         self._synced.set()
+        self._report(failing=None, over_budget=False, changed=newly_synced)
         logger.debug("%s: listed %d objects at resourceVersion %s", self.name, len(items), resource_version)
 
     async def _read_page(self, response: Any, *, listed: int, cap: int | None) -> bytearray | None:
@@ -323,14 +345,15 @@ class Informer(Generic[T]):
             await ensure_ok(response)
             # Served again from the moment the API server answers the watch: a quiet cluster may send its first
             # event or bookmark only a minute later, and a shoot would be reported unserved until then.
-            self.failing = None
+            self._report(failing=None)
             async for size, kind, raw in watch_events(response.content, max_bytes=self.byte_budget):
                 self._apply(kind, raw, size=size)
         finally:
             response.release()
 
     def _apply(self, kind: str, raw: Mapping[str, Any], *, size: int = 0) -> None:
-        self.failing = None
+        if self.failing is not None:
+            self._report(failing=None)
         version = (raw.get("metadata") or {}).get("resourceVersion", "")
         if kind == "BOOKMARK":
             self.stats.bookmarks += 1

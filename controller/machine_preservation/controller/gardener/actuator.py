@@ -36,7 +36,7 @@ from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.admission.shoot import provider_config_errors
 from machine_preservation.core.gardener import extension as contract
 from machine_preservation.core.gardener import shoot_resources
-from machine_preservation.core.gardener.cluster import ShootFacts
+from machine_preservation.core.gardener.cluster import ClusterView
 from machine_preservation.core.webhook_configurations import shoot_path
 from machine_preservation.kube.api_errors import ApiError, NotFound, call, classify, read_json
 from machine_preservation.kube.clients import MERGE_PATCH
@@ -60,7 +60,7 @@ class ReleaseIncomplete(Exception):
 @dataclass
 class ExtensionActuator:
     seed: client.ApiClient
-    clusters: Informer[ShootFacts]
+    clusters: Informer[ClusterView]
     managed_resources: Informer[shoot_resources.ObjectsApplied]  # ours, in every shoot namespace
     supervisor: ShootSupervisor
     webhook_url: str
@@ -76,7 +76,7 @@ class ExtensionActuator:
     # again on every reconcile (a restart reads each shoot's once).
     _provisioned: dict[str, str] = field(default_factory=dict)
 
-    async def reconcile(self, extension: contract.Extension, facts: ShootFacts | None) -> str | None:
+    async def reconcile(self, extension: contract.Extension, facts: ClusterView | None) -> str | None:
         """Everything the shoot needs from us; the problem for `lastError` if the object cannot be served fully
         (the rest is provisioned anyway: a bad providerConfig must not take the node webhooks away)."""
         namespace = extension.metadata.namespace
@@ -86,13 +86,13 @@ class ExtensionActuator:
         if extension.spec.provider_config is None:
             return None
         errors = provider_config_errors(
-            shoot=facts.shoot if facts is not None else None,
+            shoot=facts.shoot_document if facts is not None else None,
             provider_config=extension.spec.provider_config,
             settings=self.admission,
         )
         return aggregate(errors) if errors else None
 
-    async def delete(self, extension: contract.Extension, facts: ShootFacts | None) -> None:
+    async def delete(self, extension: contract.Extension, facts: ClusterView | None) -> None:
         """Disabled, or the shoot goes: end the shoot's preservations (taints, conditions, our CA annotations,
         records; kept Failed machines back to MCM), then remove what we provisioned. A shoot being deleted or
         hibernated loses every machine anyway and its API server may be gone: nothing to end there."""
@@ -121,7 +121,7 @@ class ExtensionActuator:
         await _absent(custom.delete_namespaced_custom_object(*_managed_resource(namespace)))
         await self._delete_secrets(namespace, data)
 
-    async def restore(self, extension: contract.Extension, facts: ShootFacts | None) -> str | None:
+    async def restore(self, extension: contract.Extension, facts: ClusterView | None) -> str | None:
         """The shoot moved to this seed: provisioned as on Create. The preservations continue from the records the
         Machines carry (the provider extension restores the Machines with their annotations), with their expiries."""
         return await self.reconcile(extension, facts)
@@ -138,7 +138,7 @@ class ExtensionActuator:
         await self._keep_shoot_objects(namespace)
         await self._delete_objects(namespace)
 
-    async def keep(self, extension: contract.Extension, facts: ShootFacts | None) -> None:
+    async def keep(self, extension: contract.Extension, facts: ClusterView | None) -> None:
         """A finished operation: keep what runs and what is provisioned in line with the object."""
         last = extension.status.last_operation
         if extension.metadata.deletion_timestamp is not None or last is None:
@@ -151,7 +151,7 @@ class ExtensionActuator:
         await self._run_or_pause(namespace, facts)
         await self.report_health(extension, facts)
 
-    async def report_health(self, extension: contract.Extension, facts: ShootFacts | None) -> None:
+    async def report_health(self, extension: contract.Extension, facts: ClusterView | None) -> None:
         """ControlPlaneHealthy: whether the shoot is served (core.shoot_resources.shoot_health)."""
         namespace = extension.metadata.namespace
         state = self.supervisor.state(namespace)
@@ -195,7 +195,7 @@ class ExtensionActuator:
     def events(self, namespace: str) -> EventRecorder:
         return EventRecorder(control=self.seed, target=self.seed, machine_namespace=namespace, instance=self.identity)
 
-    async def _run_or_pause(self, namespace: str, facts: ShootFacts | None) -> None:
+    async def _run_or_pause(self, namespace: str, facts: ClusterView | None) -> None:
         if facts is None or facts.lifecycle.hibernated or facts.lifecycle.deleted:
             # Hibernated or going: its API server is (about to be) down and MCM deletes every machine.
             await self.supervisor.stop(namespace)
@@ -204,7 +204,7 @@ class ExtensionActuator:
 
     # --- the per-shoot objects ----------------------------------------------------------------------------
 
-    async def _ensure_objects(self, namespace: str, facts: ShootFacts | None) -> None:
+    async def _ensure_objects(self, namespace: str, facts: ClusterView | None) -> None:
         ca_bundle = self.ca_bundle()
         if ca_bundle is None:
             raise CaBundleMissing("the webhook CA is not there yet (the certs manager writes it)")

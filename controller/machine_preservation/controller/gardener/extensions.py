@@ -24,7 +24,7 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from machine_preservation.controller.gardener.actuator import EXTENSION_VERSION, ExtensionActuator, patch_status
 from machine_preservation.core.gardener import extension as contract
-from machine_preservation.core.gardener.cluster import ShootFacts
+from machine_preservation.core.gardener.cluster import ClusterView
 from machine_preservation.kube.api_errors import Failed, NotFound, call, read_json
 from machine_preservation.kube.clients import MERGE_PATCH
 from machine_preservation.kube.informer import Informer
@@ -39,7 +39,7 @@ _SHORT_ERROR = 1024
 class ExtensionReconciler:
     seed: client.ApiClient
     extensions: Informer[contract.Extension]
-    clusters: Informer[ShootFacts]
+    clusters: Informer[ClusterView]
     clock: Callable[[], dt.datetime]
     actuator: ExtensionActuator
 
@@ -84,7 +84,7 @@ class ExtensionReconciler:
         return None
 
     async def _operate(
-        self, kind: contract.OperationType, extension: contract.Extension, facts: ShootFacts | None
+        self, kind: contract.OperationType, extension: contract.Extension, facts: ClusterView | None
     ) -> str | None:
         """The actuator's operation; what keeps the object from being served fully (for `lastError`), or None."""
         if kind is contract.OperationType.DELETE:

@@ -16,7 +16,6 @@ Lifecycle:
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,36 +27,35 @@ from machine_preservation.certs.rotation import CA_BUNDLE_KEY
 from machine_preservation.controller.gardener.actuator import EXTENSION_VERSION, ExtensionActuator, decode_ca_bundle
 from machine_preservation.controller.gardener.extensions import ExtensionReconciler
 from machine_preservation.controller.gardener.shoots import ApiServerProbe, ShootSupervisor
-from machine_preservation.controller.machinery.leader import LeaderElector, WriteFence, run_elected
-from machine_preservation.controller.machinery.metrics import Metrics, Probes, metrics_app, start_metrics_server
-from machine_preservation.controller.machinery.queue import WorkQueue, run_worker, stop_workers
+from machine_preservation.controller.machinery.leader import (
+    EXIT_LOST_LEADERSHIP,
+    EXIT_OK,
+    WriteFence,
+    lead_when_elected,
+)
+from machine_preservation.controller.machinery.loop import Loop, Outcome
+from machine_preservation.controller.machinery.metrics import Metrics, start_metrics_server
+from machine_preservation.controller.machinery.queue import WorkQueue, run_worker
 from machine_preservation.controller.machinery.slots import ReconcileSlots
-from machine_preservation.controller.preservation.runtime import DEFAULT_DRAIN_ATTEMPT_TIMEOUT, RuntimeOptions, wait_any
+from machine_preservation.controller.preservation.runtime import RuntimeOptions
 from machine_preservation.controller.preservation.views import new_seed_informers
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.clock import system_clock
-from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.gardener import extension as contract
 from machine_preservation.core.gardener import shoot_resources
 from machine_preservation.core.gardener.cluster import (
-    CLUSTER_API_GROUP,
-    CLUSTER_API_VERSION,
-    CLUSTER_PLURAL,
-    ShootFacts,
-    read_shoot_facts,
+    ClusterView,
 )
-from machine_preservation.core.mcm_generation import NativePreservationMode
 from machine_preservation.kube.api_errors import Failed, NoAnswer, NotFound, call
 from machine_preservation.kube.backoff import Backoff
 from machine_preservation.kube.clients import MERGE_PATCH, new_api_client
-from machine_preservation.kube.informer import Informer, Source, supervise
+from machine_preservation.kube.informer import Informer, Source
 
 logger = logging.getLogger(__name__)
 
 LEASE_NAME = "gardener-extension-machine-preservation"
-EXIT_OK = 0
-EXIT_LOST_LEADERSHIP = 1
-# A shoot's Nodes as JSON: ~4,000 Gardener Nodes of 32 KiB (images, conditions, labels); a cached Node keeps ~2 KiB.
+# How many bytes of JSON one shoot's Nodes may come to; past it the shoot is reported not served. ~4,000 Gardener
+# Nodes of 32 KiB (images, conditions, labels); a cached Node keeps ~2 KiB.
 DEFAULT_NODE_BUDGET = 128 * 2**20
 
 
@@ -66,11 +64,10 @@ class SeedOptions:
     namespace: str  # the extension namespace: Leases, the CA Secret
     webhook_url: str  # the base URL the shoots' API servers reach the webhook at
     ca_secret: tuple[str, str]  # namespace, name of the certs manager's state Secret
-    identity: str
     kubeconfig: Path | None = None  # the seed (default: in-cluster)
-    preservation: PreservationConfig = field(default_factory=PreservationConfig)
-    native_preservation: NativePreservationMode = NativePreservationMode.AUTO
-    workers: int = 4  # Machine reconciles per shoot
+    # Every shoot's lifecycle (its `workers`: Machine reconciles per shoot); the seed's own watches resync and stop
+    # by its `resync_period` and `shutdown_grace` too.
+    runtime: RuntimeOptions = field(default_factory=lambda: RuntimeOptions(node_budget=DEFAULT_NODE_BUDGET))
     extension_workers: int = 10  # Extension reconciles at once, over all shoots
     max_reconciles: int = 20  # Machine/MachineSet/MachineDeployment reconciles at once, over all shoots
     leader_elect: bool = True
@@ -79,11 +76,6 @@ class SeedOptions:
     retry_period: float = 2.0
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 8080
-    resync_period: float = 600.0
-    # How many bytes of JSON one shoot's Nodes may come to; past it the shoot is reported not served.
-    node_budget: int | None = DEFAULT_NODE_BUDGET
-    max_drain_attempt: dt.timedelta = DEFAULT_DRAIN_ATTEMPT_TIMEOUT
-    shutdown_grace: float = 30.0
     heartbeat_period: float = float(contract.HEARTBEAT_RENEW_SECONDS)
     shoot_probe: ApiServerProbe = field(default_factory=ApiServerProbe)  # tells a slow shoot API server
     mcm_recheck_period: float = 60.0
@@ -96,11 +88,10 @@ class SeedController:
     metrics_port: int = 0
     leading: bool = False
     supervisor: ShootSupervisor | None = None
-    # The seed-wide caches while leading, each run by `supervise` (restarted with backoff, until then not synced).
-    informers: tuple[Informer[Any], ...] = ()
+    # While leading: the seed-wide watches and the Extension workers (an informer that ends is restarted).
+    loop: Loop | None = None
     # Restarts of an informer that ended, 0.5 s doubling to 30 s.
     informer_backoff: Backoff = field(default_factory=lambda: Backoff(base=0.5, cap=30.0))
-    _synced: bool = False
     # In every client of the process, the shoots' too: no write is sent once leadership may be gone.
     fence: WriteFence = field(default_factory=WriteFence)
 
@@ -109,96 +100,48 @@ class SeedController:
         was restarted) has listed anew."""
         if not self.leading:
             return self.options.leader_elect
-        return self._synced and all(informer.synced for informer in self.informers)
+        return self.loop is not None and self.loop.synced and all(informer.synced for informer in self.informers)
+
+    @property
+    def informers(self) -> tuple[Informer[Any], ...]:
+        """The seed-wide caches while leading."""
+        return tuple(self.loop.informers) if self.loop is not None else ()
 
     async def run(self, stop: asyncio.Event) -> int:
         options = self.options
         seed = await new_api_client(
             kubeconfig=options.kubeconfig,
             trace_configs=[self.fence.trace_config(), self.metrics.trace_config(cluster="seed")],
-            identity=options.identity,
+            identity=options.runtime.identity,
         )
         runner = None
         try:
-            app = metrics_app(metrics=self.metrics, probes=Probes(ready=self.ready))
-            runner = await start_metrics_server(app=app, host=options.metrics_host, port=options.metrics_port)
-            self.metrics_port = runner.addresses[0][1] if runner.addresses else options.metrics_port
-            if not options.leader_elect:
-                return await self._lead(seed, stop=stop, lost=asyncio.Event())
-            elector = LeaderElector(
-                api_client=seed,
-                namespace=options.namespace,
-                name=LEASE_NAME,
-                identity=options.identity,
-                lease_duration=options.lease_duration,
-                renew_deadline=options.renew_deadline,
-                retry_period=options.retry_period,
+            runner, self.metrics_port = await start_metrics_server(
+                self.metrics, ready=self.ready, host=options.metrics_host, port=options.metrics_port
             )
-            self.fence.elector = elector
-            return await run_elected(
-                elector,
+            return await lead_when_elected(
+                options,
+                lease=(seed, options.namespace, LEASE_NAME),
+                identity=options.runtime.identity,
+                fence=self.fence,
                 stop=stop,
                 lead=lambda lost: self._lead(seed, stop=stop, lost=lost),
                 on_leading=lambda leading: self.metrics.leader.set(1 if leading else 0),
-                lost_code=EXIT_LOST_LEADERSHIP,
-                stopped_code=EXIT_OK,
             )
         finally:
             if runner is not None:
                 await runner.cleanup()
             await seed.close()  # type: ignore[no-untyped-call]
 
-    def _runtime_options(self, namespace: str) -> RuntimeOptions:
-        options = self.options
-        return RuntimeOptions(
-            namespace=namespace,
-            identity=options.identity,
-            preservation=options.preservation,
-            native_preservation=options.native_preservation,
-            workers=options.workers,
-            resync_period=options.resync_period,
-            node_budget=options.node_budget,
-            max_drain_attempt=options.max_drain_attempt,
-            shutdown_grace=options.shutdown_grace,
-        )
-
     async def _lead(self, seed: client.ApiClient, *, stop: asyncio.Event, lost: asyncio.Event) -> int:
         options = self.options
-        self.leading = True
-        custom, core = client.CustomObjectsApi(seed), client.CoreV1Api(seed)
-        extensions: Informer[contract.Extension] = Informer(
-            name="extensions",
-            source=Source(
-                custom.list_cluster_custom_object,
-                (contract.API_GROUP, EXTENSION_VERSION, contract.PLURAL),
-                {"field_selector": f"metadata.name={contract.EXTENSION_TYPE}"},
-            ),
-            parse=contract.Extension.model_validate,
-            resync_period=options.resync_period,
-        )
-        clusters: Informer[ShootFacts] = Informer(
-            name="clusters",
-            source=Source(custom.list_cluster_custom_object, (CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL)),
-            parse=read_shoot_facts,
-            resync_period=options.resync_period,
-        )
-        managed_resources: Informer[shoot_resources.ObjectsApplied] = Informer(
-            name="managedresources",
-            source=Source(
-                custom.list_cluster_custom_object,
-                ("resources.gardener.cloud", "v1alpha1", "managedresources"),
-                {"field_selector": f"metadata.name={shoot_resources.MANAGED_RESOURCE}"},
-            ),
-            parse=shoot_resources.objects_applied,
-            resync_period=options.resync_period,
-        )
-        ca_namespace, ca_name = options.ca_secret
-        # Only the trust bundle is kept from the certs manager's Secret (it also holds the CA's key).
-        ca_secrets: Informer[bytes | None] = Informer(
-            name="webhook-ca",
-            source=Source(core.list_namespaced_secret, (ca_namespace,), {"field_selector": f"metadata.name={ca_name}"}),
-            parse=lambda secret: decode_ca_bundle(secret, CA_BUNDLE_KEY),
-            resync_period=options.resync_period,
+        # MCM's objects and the Clusters of every shoot, watched once; each shoot's runtime reads its part.
+        seed_informers = new_seed_informers(seed, resync_period=options.runtime.resync_period)
+        watches = _SeedWatches.of(
+            seed,
+            clusters=seed_informers.clusters,
+            ca_secret=options.ca_secret,
+            resync_period=options.runtime.resync_period,
         )
         queue: WorkQueue[str] = WorkQueue(name="extensions")
         # A shoot's state changes (served, or why not) only update its condition: they never start an operation.
@@ -207,12 +150,10 @@ class SeedController:
             self.metrics.watch_queue(watched.name, watched.__len__)
         slots = ReconcileSlots(limit=options.max_reconciles)
         self.metrics.reconcile_slots.set_function(lambda: float(slots.in_use))
-        # MCM's objects and the Clusters of every shoot, watched once; each shoot's runtime reads its part.
-        seed_informers = new_seed_informers(seed, resync_period=options.resync_period)
         supervisor = self.supervisor = ShootSupervisor(
             seed=seed,
             informers=seed_informers,
-            runtime_options=self._runtime_options,
+            runtime_options=options.runtime,
             access_secret=shoot_resources.SHOOT_ACCESS_SECRET,
             metrics=self.metrics,
             recheck_period=options.mcm_recheck_period,
@@ -222,94 +163,68 @@ class SeedController:
             lost=lost,
             fence=self.fence,
         )
-
-        def ca_bundle() -> bytes | None:
-            return ca_secrets.get(f"{ca_namespace}/{ca_name}")
-
-        actuator = ExtensionActuator(
-            seed=seed,
-            clusters=clusters,
-            managed_resources=managed_resources,
-            supervisor=supervisor,
-            webhook_url=options.webhook_url,
-            ca_bundle=ca_bundle,
-            clock=system_clock,
-            admission=AdmissionSettings(max_preserve_timeout=options.preservation.max_preserve_timeout),
-        )
-        reconciler = ExtensionReconciler(
-            seed=seed, extensions=extensions, clusters=clusters, clock=system_clock, actuator=actuator
+        reconciler = self._reconciler(seed, watches, supervisor)
+        watches.wire(queue=queue, conditions=conditions)
+        self.loop = Loop(
+            name="seed",
+            informers=(*watches.own, *seed_informers.all),
+            wait_for=watches.all,  # each shoot's runtime waits for its views of MCM's objects
+            queues=(queue, conditions),
+            restart=self.informer_backoff,
+            grace=options.runtime.shutdown_grace,
         )
 
-        def enqueue_extension(old: contract.Extension | None, new: contract.Extension | None) -> None:
-            current = new or old
-            assert current is not None
-            if old is not None and new is not None and old is not new and not contract.asks_for_work(old, new):
-                return  # our own status writes, and metadata nobody asked us to act on
-            queue.add(current.metadata.namespace, background=old is not None and old is new)
+        def start() -> list[asyncio.Task[None]]:
+            logger.info("caches synced: %d Extensions, %d Clusters", len(watches.extensions), len(watches.clusters))
+            return self._start_workers(reconciler, queue=queue, conditions=conditions)
 
-        def enqueue_cluster(old: ShootFacts | None, new: ShootFacts | None) -> None:
-            if old != new and new is not None and extensions.get(f"{new.namespace}/{contract.EXTENSION_TYPE}"):
-                queue.add(new.namespace)
-
-        def enqueue_all(old: bytes | None, new: bytes | None) -> None:
-            if old != new:  # a new CA reaches every shoot
-                for extension in extensions.values():
-                    queue.add(extension.metadata.namespace)
-
-        extensions.add_handler(enqueue_extension)
-        clusters.add_handler(enqueue_cluster)
-        ca_secrets.add_handler(enqueue_all)
-
-        def report_objects(
-            old: shoot_resources.ObjectsApplied | None, new: shoot_resources.ObjectsApplied | None
-        ) -> None:
-            current = new or old
-            if current is not None and old != new:  # GRM applied (or failed to apply) the shoot's objects
-                conditions.add(current.namespace)
-
-        managed_resources.add_handler(report_objects)
-        running: tuple[Informer[Any], ...] = (extensions, clusters, ca_secrets, managed_resources, *seed_informers.all)
-        self.informers = running
-        informers = [
-            asyncio.create_task(supervise(i, self.informer_backoff), name=f"informer-{i.name}") for i in running
-        ]
-        heartbeat = asyncio.create_task(self._heartbeat(seed), name="heartbeat")
-        workers: list[asyncio.Task[None]] = []
-        synced = asyncio.Event()
-        waiting = asyncio.create_task(_set_when_synced((extensions, clusters, ca_secrets, managed_resources), synced))
+        self.leading = True
         try:
-            await wait_any(stop, lost, synced)
-            if synced.is_set() and not (stop.is_set() or lost.is_set()):
-                self._synced = True
-                logger.info("caches synced: %d Extensions, %d Clusters", len(extensions), len(clusters))
-                workers = [
-                    asyncio.create_task(
-                        run_worker(queue, reconciler.reconcile, metrics=self.metrics), name=f"extension-worker-{n}"
-                    )
-                    for n in range(max(options.extension_workers, 1))
-                ]
-                workers.append(
-                    asyncio.create_task(
-                        run_worker(conditions, reconciler.refresh_health, metrics=self.metrics),
-                        name="extension-conditions-worker",
-                    )
-                )
-                await wait_any(stop, lost)
-            return EXIT_LOST_LEADERSHIP if lost.is_set() else EXIT_OK
-        finally:
-            if lost.is_set():
-                heartbeat.cancel()  # no write after the Lease is gone, not even our heartbeat
-            queue.shutdown()
-            conditions.shutdown()
             # On a lost Lease the shoots' runtimes saw `lost` as we did and cancel their reconciles in parallel.
-            await asyncio.gather(
-                stop_workers(workers, grace=0.0 if lost.is_set() else options.shutdown_grace), supervisor.stop_all()
+            outcome = await self.loop.run(
+                stop=stop,
+                lost=lost,
+                start=start,
+                companions=[lambda: self._heartbeat(seed)],
+                stopping=supervisor.stop_all,
             )
-            self.leading = self._synced = False
-            self.informers = ()
-            for task in (waiting, heartbeat, *informers):
-                task.cancel()
-            await asyncio.gather(waiting, heartbeat, *informers, return_exceptions=True)
+            return EXIT_LOST_LEADERSHIP if outcome is Outcome.LOST else EXIT_OK
+        finally:
+            self.leading = False
+            self.loop = None
+
+    def _start_workers(
+        self, reconciler: ExtensionReconciler, *, queue: WorkQueue[str], conditions: WorkQueue[str]
+    ) -> list[asyncio.Task[None]]:
+        workers = [
+            asyncio.create_task(
+                run_worker(queue, reconciler.reconcile, metrics=self.metrics), name=f"extension-worker-{n}"
+            )
+            for n in range(max(self.options.extension_workers, 1))
+        ]
+        conditions_worker = run_worker(conditions, reconciler.refresh_health, metrics=self.metrics)
+        return [*workers, asyncio.create_task(conditions_worker, name="extension-conditions-worker")]
+
+    def _reconciler(
+        self, seed: client.ApiClient, watches: _SeedWatches, supervisor: ShootSupervisor
+    ) -> ExtensionReconciler:
+        options = self.options
+        return ExtensionReconciler(
+            seed=seed,
+            extensions=watches.extensions,
+            clusters=watches.clusters,
+            clock=system_clock,
+            actuator=ExtensionActuator(
+                seed=seed,
+                clusters=watches.clusters,
+                managed_resources=watches.managed_resources,
+                supervisor=supervisor,
+                webhook_url=options.webhook_url,
+                ca_bundle=watches.ca_bundle,
+                clock=system_clock,
+                admission=AdmissionSettings(max_preserve_timeout=options.runtime.preservation.max_preserve_timeout),
+            ),
+        )
 
     async def _heartbeat(self, seed: client.ApiClient) -> None:
         """Renew `gardener-extension-heartbeat`: without it gardenlet reads our conditions as Unknown."""
@@ -317,7 +232,9 @@ class SeedController:
         namespace = self.options.namespace
         period = self.options.heartbeat_period
         while True:
-            body = contract.heartbeat_lease(namespace=namespace, holder=self.options.identity, now=system_clock())
+            body = contract.heartbeat_lease(
+                namespace=namespace, holder=self.options.runtime.identity, now=system_clock()
+            )
             try:
                 try:
                     # A merge patch needs no resourceVersion; the client sends a plain JSON body as it is. No
@@ -339,6 +256,104 @@ class SeedController:
             await asyncio.sleep(period)
 
 
-async def _set_when_synced(informers: tuple[Informer[Any], ...], synced: asyncio.Event) -> None:
-    await asyncio.gather(*(informer.wait_synced() for informer in informers))
-    synced.set()
+@dataclass(frozen=True)
+class _SeedWatches:
+    """What the Extension controller reads in the seed: our Extensions, the Clusters (the seed-wide watch the shoots'
+    runtimes read too), our ManagedResources (GRM's verdict on the shoot's objects) and the certs manager's CA
+    bundle."""
+
+    extensions: Informer[contract.Extension]
+    clusters: Informer[ClusterView]
+    managed_resources: Informer[shoot_resources.ObjectsApplied]
+    ca_secrets: Informer[bytes | None]
+    ca_key: str  # namespace/name of the certs manager's Secret
+
+    @property
+    def own(self) -> tuple[Informer[Any], ...]:
+        """The watches only the Extension controller reads."""
+        return (self.extensions, self.ca_secrets, self.managed_resources)
+
+    @property
+    def all(self) -> tuple[Informer[Any], ...]:
+        return (*self.own, self.clusters)
+
+    def ca_bundle(self) -> bytes | None:
+        return self.ca_secrets.get(self.ca_key)
+
+    @classmethod
+    def of(
+        cls,
+        seed: client.ApiClient,
+        *,
+        clusters: Informer[ClusterView],
+        ca_secret: tuple[str, str],
+        resync_period: float,
+    ) -> _SeedWatches:
+        custom, core = client.CustomObjectsApi(seed), client.CoreV1Api(seed)
+        listed = custom.list_cluster_custom_object
+        ca_namespace, ca_name = ca_secret
+        return cls(
+            extensions=Informer(
+                name="extensions",
+                source=Source(
+                    listed,
+                    (contract.API_GROUP, EXTENSION_VERSION, contract.PLURAL),
+                    {"field_selector": f"metadata.name={contract.EXTENSION_TYPE}"},
+                ),
+                parse=contract.Extension.model_validate,
+                resync_period=resync_period,
+            ),
+            clusters=clusters,
+            managed_resources=Informer(
+                name="managedresources",
+                source=Source(
+                    listed,
+                    ("resources.gardener.cloud", "v1alpha1", "managedresources"),
+                    {"field_selector": f"metadata.name={shoot_resources.MANAGED_RESOURCE}"},
+                ),
+                parse=shoot_resources.objects_applied,
+                resync_period=resync_period,
+            ),
+            # Only the trust bundle is kept from the certs manager's Secret (it also holds the CA's key).
+            ca_secrets=Informer(
+                name="webhook-ca",
+                source=Source(
+                    core.list_namespaced_secret, (ca_namespace,), {"field_selector": f"metadata.name={ca_name}"}
+                ),
+                parse=lambda secret: decode_ca_bundle(secret, CA_BUNDLE_KEY),
+                resync_period=resync_period,
+            ),
+            ca_key=f"{ca_namespace}/{ca_name}",
+        )
+
+    def wire(self, *, queue: WorkQueue[str], conditions: WorkQueue[str]) -> None:
+        """Which changes queue a shoot namespace: for an operation (`queue`), or only for its condition."""
+        extensions = self.extensions
+
+        def enqueue_extension(old: contract.Extension | None, new: contract.Extension | None) -> None:
+            current = new or old
+            assert current is not None
+            if old is not None and new is not None and old is not new and not contract.asks_for_work(old, new):
+                return  # our own status writes, and metadata nobody asked us to act on
+            queue.add(current.metadata.namespace, background=old is not None and old is new)
+
+        def enqueue_cluster(old: ClusterView | None, new: ClusterView | None) -> None:
+            if old != new and new is not None and extensions.get(f"{new.name}/{contract.EXTENSION_TYPE}"):
+                queue.add(new.name)
+
+        def enqueue_all(old: bytes | None, new: bytes | None) -> None:
+            if old != new:  # a new CA reaches every shoot
+                for extension in extensions.values():
+                    queue.add(extension.metadata.namespace)
+
+        def report_objects(
+            old: shoot_resources.ObjectsApplied | None, new: shoot_resources.ObjectsApplied | None
+        ) -> None:
+            current = new or old
+            if current is not None and old != new:  # GRM applied (or failed to apply) the shoot's objects
+                conditions.add(current.namespace)
+
+        extensions.add_handler(enqueue_extension)
+        self.clusters.add_handler(enqueue_cluster)
+        self.ca_secrets.add_handler(enqueue_all)
+        self.managed_resources.add_handler(report_objects)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import random
 from collections.abc import Callable
@@ -23,16 +22,11 @@ from kubernetes.aio import client
 
 from machine_preservation.controller.gardener.shoot_access import ShootAccessUnavailable, new_shoot_client
 from machine_preservation.controller.machinery.leader import WriteFence
+from machine_preservation.controller.machinery.loop import Outcome, wait_any
 from machine_preservation.controller.machinery.metrics import Metrics
 from machine_preservation.controller.machinery.slots import ReconcileSlots
 from machine_preservation.controller.preservation.crd_check import ControlFactsCache
-from machine_preservation.controller.preservation.runtime import (
-    Outcome,
-    RuntimeOptions,
-    ShootRuntime,
-    inspect_mcm,
-    wait_any,
-)
+from machine_preservation.controller.preservation.runtime import RuntimeOptions, ShootRuntime, inspect_mcm
 from machine_preservation.controller.preservation.views import SeedInformers
 from machine_preservation.kube.api_errors import RETRYABLE
 from machine_preservation.kube.backoff import Backoff
@@ -89,17 +83,17 @@ class _Shoot:
     native: bool | None = None
     problem: str = "starting"
     slow: str = ""  # the last verdict of ShootSupervisor.probe
+    announced: ShootState | None = None  # the state last told (`notify`)
 
 
 @dataclass
 class ShootSupervisor:
     seed: client.ApiClient
-    runtime_options: Callable[[str], RuntimeOptions]  # per control namespace
+    runtime_options: RuntimeOptions  # every shoot's
     access_secret: str
     metrics: Metrics
     informers: SeedInformers  # MCM's objects and the Clusters of every shoot, watched once for the seed
     recheck_period: float = 60.0
-    health_period: float = 2.0  # how often a shoot's state is looked at for changes
     probe: ApiServerProbe = field(default_factory=ApiServerProbe)
     # Told the namespace whenever a shoot's state changes (synced, failed), to report it on the Extension.
     notify: Callable[[str], None] = lambda namespace: None
@@ -117,6 +111,8 @@ class ShootSupervisor:
 
     def __post_init__(self) -> None:
         self.control_facts = ControlFactsCache(self.seed, max_age=self.recheck_period)
+        for informer in self.informers.all:  # every shoot's state reads the seed-wide caches too
+            informer.add_state_listener(self._announce_all)
 
     def namespaces(self) -> list[str]:
         return sorted(self._shoots)
@@ -172,19 +168,11 @@ class ShootSupervisor:
         more releasing, until nothing is preserved; then stop. The problem, for people, if that did not finish
         within `limit` seconds (the caller retries)."""
         await self.stop(namespace)
-        options = dataclasses.replace(self.runtime_options(namespace), releasing=True)
         try:
-            target = await new_shoot_client(
-                self.seed,
-                namespace=namespace,
-                kubeconfig_secret=kubeconfig_secret,
-                access_secret=self.access_secret,
-                trace_configs=[self.fence.trace_config(), self.metrics.trace_config(cluster="shoot")],
-                identity=options.identity,
-            )
+            target = await self._shoot_client(namespace, kubeconfig_secret)
         except ShootAccessUnavailable as error:
             return f"cannot reach the shoot to end its preservations: {error}"
-        runtime = self._runtime(options, target)
+        runtime = self._runtime(namespace, target, releasing=True)
         stop = asyncio.Event()
         task: asyncio.Task[Outcome] | None = None
         try:
@@ -225,7 +213,7 @@ class ShootSupervisor:
                 shoot.runtime = None
             if shoot.halt.is_set() or self.lost.is_set():
                 return
-            self.notify(shoot.namespace)
+            self._announce(shoot)
             if outcome is Outcome.STOPPED and restart.is_set():
                 failures = 0
                 continue  # MCM's generation changed: start again at once on the new verdict
@@ -236,26 +224,18 @@ class ShootSupervisor:
                 await asyncio.wait_for(shoot.halt.wait(), timeout=delay)
 
     async def _run_once(self, shoot: _Shoot, restart: asyncio.Event) -> Outcome:
-        options = self.runtime_options(shoot.namespace)
-        target = await new_shoot_client(
-            self.seed,
-            namespace=shoot.namespace,
-            kubeconfig_secret=shoot.kubeconfig_secret,
-            access_secret=self.access_secret,
-            trace_configs=[self.fence.trace_config(), self.metrics.trace_config(cluster="shoot")],
-            identity=options.identity,
-        )
+        target = await self._shoot_client(shoot.namespace, shoot.kubeconfig_secret)
         try:
-            runtime = self._runtime(options, target)
+            runtime = self._runtime(shoot.namespace, target)
             await runtime.prepare(await self.control_facts.get())
             shoot.runtime, shoot.native = runtime, runtime.native
             shoot.problem = "waiting for the caches to sync (is the shoot's API server reachable?)"
             shoot.slow = ""
+            self._announce(shoot)
             stop = asyncio.Event()
             tasks = (
-                asyncio.create_task(self._recheck(shoot, options, runtime.native, restart)),
+                asyncio.create_task(self._recheck(shoot, runtime.native, restart)),
                 asyncio.create_task(_set_when_any(stop, shoot.halt, restart)),
-                asyncio.create_task(self._announce_changes(shoot)),
                 asyncio.create_task(self._probe(shoot, target)),
             )
             try:
@@ -270,28 +250,47 @@ class ShootSupervisor:
         finally:
             await target.close()  # type: ignore[no-untyped-call]
 
-    def _runtime(self, options: RuntimeOptions, target: client.ApiClient) -> ShootRuntime:
+    async def _shoot_client(self, namespace: str, kubeconfig_secret: str) -> client.ApiClient:
+        return await new_shoot_client(
+            self.seed,
+            namespace=namespace,
+            kubeconfig_secret=kubeconfig_secret,
+            access_secret=self.access_secret,
+            trace_configs=[self.fence.trace_config(), self.metrics.trace_config(cluster="shoot")],
+            identity=self.runtime_options.identity,
+        )
+
+    def _runtime(self, namespace: str, target: client.ApiClient, *, releasing: bool = False) -> ShootRuntime:
+        shoot = self._shoots.get(namespace)
         return ShootRuntime(
-            options=options,
+            on_state=(lambda: self._announce(shoot)) if shoot is not None and not releasing else None,
+            namespace=namespace,
+            options=self.runtime_options,
             control=self.seed,
             target=target,
             metrics=self.metrics,
             slots=self.slots,
-            views=self.informers.views(options.namespace),
+            views=self.informers.views(namespace),
+            releasing=releasing,
         )
 
-    async def _announce_changes(self, shoot: _Shoot) -> None:
-        """Tell when the shoot's state changes (synced; its API server lost or back), for its Extension."""
-        last = self.state(shoot.namespace)
-        while True:
-            await asyncio.sleep(self.health_period)
-            runtime = shoot.runtime
-            over = runtime is not None and runtime.nodes_over_budget()
-            self.metrics.shoot_nodes_over_budget.labels(shoot.namespace).set(1 if over else 0)
-            current = self.state(shoot.namespace)
-            if current != last:
-                self.notify(shoot.namespace)
-                last = current
+    def _announce_all(self) -> None:
+        for shoot in list(self._shoots.values()):
+            self._announce(shoot)
+
+    def _announce(self, shoot: _Shoot) -> None:
+        """Tell when the shoot's state changes (synced; its API server lost or back; its Nodes over their budget),
+        for its Extension. Called on every change of what the state is made of: the runtime's caches and the
+        seed-wide ones (their state listeners), the runtime starting or ending, the probe's verdict."""
+        if self._shoots.get(shoot.namespace) is not shoot:
+            return  # stopped: its gauges are gone and its Extension is told otherwise
+        runtime = shoot.runtime
+        over = runtime is not None and runtime.nodes_over_budget()
+        self.metrics.shoot_nodes_over_budget.labels(shoot.namespace).set(1 if over else 0)
+        current = self.state(shoot.namespace)
+        if current != shoot.announced:
+            shoot.announced = current
+            self.notify(shoot.namespace)
 
     async def _probe(self, shoot: _Shoot, target: client.ApiClient) -> None:
         """Ask the shoot's API server every probe period and keep the verdict in `shoot.slow`. The first probe comes
@@ -307,16 +306,17 @@ class ShootSupervisor:
                     logger.info("%s: the shoot's API server answers in time again", shoot.namespace)
                 shoot.slow = verdict
                 self.metrics.shoot_api_server_slow.labels(shoot.namespace).set(1 if verdict else 0)
+                self._announce(shoot)
             await asyncio.sleep(self.probe.period)
 
-    async def _recheck(self, shoot: _Shoot, options: RuntimeOptions, native: bool, restart: asyncio.Event) -> None:
+    async def _recheck(self, shoot: _Shoot, native: bool, restart: asyncio.Event) -> None:
         while True:
             await asyncio.sleep(self.recheck_period)
             try:
                 decision = await inspect_mcm(
                     self.seed,
-                    namespace=options.namespace,
-                    mode=options.native_preservation,
+                    namespace=shoot.namespace,
+                    mode=self.runtime_options.native_preservation,
                     crds=(await self.control_facts.get()).crds,
                 )
             except Exception as error:  # a failed look is not a verdict: try again next period

@@ -66,20 +66,7 @@ class EventRecorder:
     ) -> None:
         """Create the Event, or count a repeat of it (`once`: a repeat changes nothing). The Event is named
         after `key` where one is given, else after the message."""
-        if regarding.kind in _CONTROL_KINDS:
-            api_client, namespace = self.control, self.machine_namespace
-            reference = client.V1ObjectReference(
-                api_version=_CONTROL_KINDS[regarding.kind],
-                kind=regarding.kind,
-                namespace=namespace,
-                name=regarding.name,
-                uid=regarding.uid or None,
-            )
-        else:
-            api_client, namespace = self.target, NODE_EVENT_NAMESPACE
-            reference = client.V1ObjectReference(
-                api_version="v1", kind="Node", name=regarding.name, uid=regarding.uid or None
-            )
+        api_client, namespace, reference = self._where(regarding)
         digest = hashlib.sha256("\0".join((regarding.kind, type, reason, key or message)).encode()).hexdigest()[:16]
         name = f"{regarding.name[:200]}.{digest}"  # object names reach 253 characters, Event names too
         api = client.CoreV1Api(api_client)
@@ -102,19 +89,39 @@ class EventRecorder:
             return
         except Conflict:
             pass  # the same Event again: counted below
-        if once:
+        if not once:
+            await _count_repeat(api, name, namespace, now=now)
+
+    def _where(self, regarding: Regarding) -> tuple[client.ApiClient, str, client.V1ObjectReference]:
+        """The cluster and namespace an Event about `regarding` goes to, and its reference to the object."""
+        if regarding.kind in _CONTROL_KINDS:
+            reference = client.V1ObjectReference(
+                api_version=_CONTROL_KINDS[regarding.kind],
+                kind=regarding.kind,
+                namespace=self.machine_namespace,
+                name=regarding.name,
+                uid=regarding.uid or None,
+            )
+            return self.control, self.machine_namespace, reference
+        reference = client.V1ObjectReference(
+            api_version="v1", kind="Node", name=regarding.name, uid=regarding.uid or None
+        )
+        return self.target, NODE_EVENT_NAMESPACE, reference
+
+
+async def _count_repeat(api: client.CoreV1Api, name: str, namespace: str, *, now: dt.datetime) -> None:
+    """One more of an Event that exists: its count and last timestamp, at the version read."""
+    for attempt in range(1, REPEAT_ATTEMPTS + 1):
+        existing = await api.read_namespaced_event(name, namespace)
+        # At the version read: two repeats counted at once (a plan's Events are sent together) both count.
+        repeat = {
+            "metadata": {"resourceVersion": existing.metadata.resource_version},
+            "count": (existing.count or 1) + 1,
+            "lastTimestamp": format_timestamp(now),
+        }
+        try:
+            await call(api.patch_namespaced_event(name, namespace, repeat, _content_type=MERGE_PATCH))
             return
-        for attempt in range(1, REPEAT_ATTEMPTS + 1):
-            existing = await api.read_namespaced_event(name, namespace)
-            # At the version read: two repeats counted at once (a plan's Events are sent together) both count.
-            repeat = {
-                "metadata": {"resourceVersion": existing.metadata.resource_version},
-                "count": (existing.count or 1) + 1,
-                "lastTimestamp": format_timestamp(now),
-            }
-            try:
-                await call(api.patch_namespaced_event(name, namespace, repeat, _content_type=MERGE_PATCH))
-                return
-            except Conflict:
-                if attempt == REPEAT_ATTEMPTS:
-                    raise
+        except Conflict:
+            if attempt == REPEAT_ATTEMPTS:
+                raise

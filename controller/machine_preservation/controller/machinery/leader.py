@@ -19,10 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import types
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from kubernetes.aio import client
@@ -35,6 +38,28 @@ from machine_preservation.core.clock import system_clock
 from machine_preservation.kube.api_errors import NO_ANSWER, Conflict, Failed, NoAnswer, call
 
 logger = logging.getLogger(__name__)
+
+
+EXIT_OK = 0
+EXIT_LOST_LEADERSHIP = 1
+
+
+class Election(Protocol):
+    """How a process elects its leader (both processes' options carry these)."""
+
+    @property
+    def leader_elect(self) -> bool: ...
+    @property
+    def lease_duration(self) -> int: ...
+    @property
+    def renew_deadline(self) -> float: ...
+    @property
+    def retry_period(self) -> float: ...
+
+
+def default_identity() -> str:
+    """The pod's name when the chart passes it (POD_NAME), else host name; unique per process."""
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
 
 class _LeaseLock(LeaseLock):
@@ -278,3 +303,35 @@ async def run_elected(
             await election
         if not elector.lost.is_set():
             await elector.release()
+
+
+async def lead_when_elected(
+    election: Election,
+    *,
+    lease: tuple[client.ApiClient, str, str],
+    identity: str,
+    fence: WriteFence,
+    stop: asyncio.Event,
+    lead: Callable[[asyncio.Event], Awaitable[int]],
+    on_leading: Callable[[bool], None],
+) -> int:
+    """`lead(lost)` once this process leads: at once without leader election, else once elected on the Lease
+    (`lease`: the client, namespace and name). Every client fenced by `fence` stops writing once the Lease may be
+    gone. Exits `EXIT_LOST_LEADERSHIP` when leadership is lost, else what `lead` returns (or `EXIT_OK` on a stop
+    before leading)."""
+    if not election.leader_elect:
+        return await lead(asyncio.Event())
+    api_client, namespace, name = lease
+    elector = LeaderElector(
+        api_client=api_client,
+        namespace=namespace,
+        name=name,
+        identity=identity,
+        lease_duration=election.lease_duration,
+        renew_deadline=election.renew_deadline,
+        retry_period=election.retry_period,
+    )
+    fence.elector = elector
+    return await run_elected(
+        elector, stop=stop, lead=lead, on_leading=on_leading, lost_code=EXIT_LOST_LEADERSHIP, stopped_code=EXIT_OK
+    )

@@ -113,6 +113,18 @@ class Metrics:
             registry=r,
         )
         self.leader = Gauge("machine_preservation_leader", "1 while this process leads.", registry=r)
+        self._register_shoot_gauges()
+        self.loop_lag = Histogram(
+            "machine_preservation_event_loop_lag_seconds",
+            "How late the event loop ran a timer (one is due every 0.1 s): how long the process's own work held up"
+            " everything else, as opposed to waiting for an API server.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=r,
+        )
+
+    def _register_shoot_gauges(self) -> None:
+        """What the Gardener extension tells per shoot it serves."""
+        r = self.registry
         self.shoot_api_server_slow = Gauge(
             "machine_preservation_shoot_api_server_slow",
             "1 while a served shoot's API server answers its GET /version late (past 2 s, or not within 10 s).",
@@ -130,13 +142,6 @@ class Metrics:
             "1 while a served shoot runs without its node webhooks and node annotation policy: its Kubernetes is older"
             " than 1.30 (writes of the preserve annotation on its Nodes are not checked).",
             ["namespace"],
-            registry=r,
-        )
-        self.loop_lag = Histogram(
-            "machine_preservation_event_loop_lag_seconds",
-            "How late the event loop ran a timer (one is due every 0.1 s): how long the process's own work held up"
-            " everything else, as opposed to waiting for an API server.",
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
             registry=r,
         )
 
@@ -282,10 +287,13 @@ def metrics_app(*, metrics: Metrics, probes: Probes) -> web.Application:
     return app
 
 
-async def start_metrics_server(*, app: web.Application, host: str, port: int) -> web.AppRunner:
-    runner = web.AppRunner(app, access_log=None)
+async def start_metrics_server(
+    metrics: Metrics, *, ready: Callable[[], bool], host: str, port: int
+) -> tuple[web.AppRunner, int]:
+    """Serve /metrics, /healthz and /readyz (`ready`); the runner to clean up and the port bound (`port` 0: any)."""
+    runner = web.AppRunner(metrics_app(metrics=metrics, probes=Probes(ready=ready)), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     bound = runner.addresses[0][1] if runner.addresses else port
     logger.info("metrics, /healthz and /readyz on http://%s:%d", host, bound)
-    return runner
+    return runner, bound

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kubernetes.aio import client
@@ -86,58 +87,22 @@ class Drainer:
     async def drain(self, *, node: Node, time_limit: float, max_evict_retries: int) -> DrainResult:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + time_limit
-        refusals: dict[str, int] = {}
-        waiting_until: dict[str, float] = {}
-        # Pods whose eviction was accepted (or found them gone): the cache may show them a moment longer, until
-        # their deletion is seen; evicting them again would only cost the API server another request.
-        answered: set[tuple[str, str]] = set()
-        api = client.CoreV1Api(self.target)
-        evicting = asyncio.Semaphore(self.evictions_at_once)
-
-        async def evict(pod: Pod) -> None:
-            key = pod_name(pod)
-            async with evicting:
-                try:
-                    metadata = client.V1ObjectMeta(name=pod.name, namespace=pod.namespace)
-                    await call(
-                        api.create_namespaced_pod_eviction(
-                            pod.name, pod.namespace, client.V1Eviction(metadata=metadata)
-                        )
-                    )
-                    answered.add((key, pod.uid))
-                    logger.info("evicted %s from node %s", key, node.metadata.name)
-                except NotFound:
-                    answered.add((key, pod.uid))
-                except TooManyRequests:
-                    refusals[key] = refusals.get(key, 0) + 1
-                    waiting_until[key] = loop.time() + self.eviction_backoff.delay(refusals[key])
-                    logger.info("eviction of %s refused by a PodDisruptionBudget (%d)", key, refusals[key])
-                except Failed as error:
-                    # e.g. 500 "more than one PodDisruptionBudget": retrying does not help.
-                    logger.warning("eviction of %s failed: %s %s", key, error.status, error.reason)
-                    refusals[key] = max_evict_retries + 1
-
+        evictions = _Evictions(
+            api=client.CoreV1Api(self.target),
+            node=node.metadata.name,
+            backoff=self.eviction_backoff,
+            max_retries=max_evict_retries,
+            at_once=asyncio.Semaphore(self.evictions_at_once),
+            clock=loop.time,
+        )
         while True:
             seen = self.pods.changes(node.metadata.name)
             remaining = self.remaining_pods(node)
             if not remaining:
                 return DrainResult(drained=True)
-            due = [
-                pod
-                for pod in remaining
-                if pod.deletion_timestamp is None
-                and (pod_name(pod), pod.uid) not in answered
-                and loop.time() >= waiting_until.get(pod_name(pod), 0.0)
-                and refusals.get(pod_name(pod), 0) <= max_evict_retries
-            ]
-
             # A few at once: a node's 30 pods one after another took ~0.2 s of a preservation's time.
-            await asyncio.gather(*(evict(pod) for pod in due))
-            exhausted = all(
-                refusals.get(pod_name(pod), 0) > max_evict_retries and pod.deletion_timestamp is None
-                for pod in remaining
-            )
-            if exhausted or loop.time() >= deadline:
+            await asyncio.gather(*(evictions.evict(pod) for pod in evictions.due(remaining)))
+            if evictions.exhausted(remaining) or loop.time() >= deadline:
                 return DrainResult(drained=False, blocking=tuple(sorted(pod_name(pod) for pod in remaining)))
             # Woken by the next change to the node's pods (an evicted pod gone), else after the poll interval
             # (a grace period running out, a refused eviction's backoff).
@@ -145,3 +110,62 @@ class Drainer:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await self.pods.wait_for_change(node.metadata.name, since=seen)
+
+
+@dataclass
+class _Evictions:
+    """One drain attempt's evictions: the pods whose eviction was answered, how often each was refused, and when
+    a refused one may be asked again."""
+
+    api: client.CoreV1Api
+    node: str
+    backoff: Backoff
+    max_retries: int
+    at_once: asyncio.Semaphore
+    clock: Callable[[], float]
+    refusals: dict[str, int] = field(default_factory=dict)
+    waiting_until: dict[str, float] = field(default_factory=dict)
+    # Pods whose eviction was accepted (or found them gone): the cache may show them a moment longer, until
+    # their deletion is seen; evicting them again would only cost the API server another request.
+    answered: set[tuple[str, str]] = field(default_factory=set)
+
+    def due(self, remaining: list[Pod]) -> list[Pod]:
+        now = self.clock()
+        return [
+            pod
+            for pod in remaining
+            if pod.deletion_timestamp is None
+            and (pod_name(pod), pod.uid) not in self.answered
+            and now >= self.waiting_until.get(pod_name(pod), 0.0)
+            and self.refusals.get(pod_name(pod), 0) <= self.max_retries
+        ]
+
+    def exhausted(self, remaining: list[Pod]) -> bool:
+        """Every pod left was refused more often than allowed."""
+        return all(
+            self.refusals.get(pod_name(pod), 0) > self.max_retries and pod.deletion_timestamp is None
+            for pod in remaining
+        )
+
+    async def evict(self, pod: Pod) -> None:
+        key = pod_name(pod)
+        async with self.at_once:
+            try:
+                metadata = client.V1ObjectMeta(name=pod.name, namespace=pod.namespace)
+                await call(
+                    self.api.create_namespaced_pod_eviction(
+                        pod.name, pod.namespace, client.V1Eviction(metadata=metadata)
+                    )
+                )
+                self.answered.add((key, pod.uid))
+                logger.info("evicted %s from node %s", key, self.node)
+            except NotFound:
+                self.answered.add((key, pod.uid))
+            except TooManyRequests:
+                self.refusals[key] = self.refusals.get(key, 0) + 1
+                self.waiting_until[key] = self.clock() + self.backoff.delay(self.refusals[key])
+                logger.info("eviction of %s refused by a PodDisruptionBudget (%d)", key, self.refusals[key])
+            except Failed as error:
+                # e.g. 500 "more than one PodDisruptionBudget": retrying does not help.
+                logger.warning("eviction of %s failed: %s %s", key, error.status, error.reason)
+                self.refusals[key] = self.max_retries + 1

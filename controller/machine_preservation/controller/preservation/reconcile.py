@@ -151,11 +151,19 @@ class MachineReconciler:
             await execute_machine_plan(writer=self.writer, snap=snap, steps=drain.alongside, now=now)
             logger.info("machine %s: drain deferred (slots busy); again in %s", key, self.drain_deferral)
             return self.drain_deferral
+        await self._drain_and_write_outcome(snap, node, drain, now=now)
+        return plan.requeue_after
+
+    async def _drain_and_write_outcome(
+        self, snap: Snapshot, node: Node, drain: p.DrainNode, *, now: dt.datetime
+    ) -> None:
+        """One drain attempt with its `alongside` steps written meanwhile, then what the core says its outcome
+        writes."""
         # Their writes and the evictions wait on different requests: the drain does not wait for them. The task
         # holds no reconcile slot of its own (it must not give back the one the drain lends).
         alongside = detached(execute_machine_plan(writer=self.writer, snap=snap, steps=drain.alongside, now=now))
         try:
-            result = await self._drain(node, drain, max_evict_retries=machine.spec.max_evict_retries)
+            result = await self._drain(node, drain, max_evict_retries=snap.machine.spec.max_evict_retries)
         finally:
             async with self.slots.lent():
                 await asyncio.wait([alongside])
@@ -172,7 +180,6 @@ class MachineReconciler:
             now=ended,
         )
         await execute_machine_plan(writer=self.writer, snap=snap, steps=after.steps, now=ended)
-        return plan.requeue_after
 
     def _drain_slot_free(self, node: Node) -> bool:
         """One drain per node (two machines may name the same node) and at most max_concurrent_drains."""

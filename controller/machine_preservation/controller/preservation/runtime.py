@@ -16,15 +16,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
-import enum
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kubernetes.aio import client
 
 from machine_preservation.controller.machinery.events import EventRecorder
+from machine_preservation.controller.machinery.leader import default_identity
+from machine_preservation.controller.machinery.loop import Loop, Outcome
 from machine_preservation.controller.machinery.metrics import Metrics, Unwatch, preserved_counts, preserved_nodes_gone
-from machine_preservation.controller.machinery.queue import WorkQueue, run_worker, stop_workers
+from machine_preservation.controller.machinery.queue import WorkQueue, run_worker
 from machine_preservation.controller.machinery.slots import ReconcileSlots
 from machine_preservation.controller.preservation.apply import Writer
 from machine_preservation.controller.preservation.caches import Caches, new_caches, shoot_caches
@@ -60,16 +62,13 @@ logger = logging.getLogger(__name__)
 DEFAULT_DRAIN_ATTEMPT_TIMEOUT = dt.timedelta(minutes=2)
 
 
-class Outcome(enum.Enum):
-    STOPPED = "stopped"  # `stop` was set
-    LOST = "lost"  # `lost` was set: leadership is gone
-    INFORMER_FAILED = "informer failed"  # a cache no longer follows its cluster
-
-
 @dataclass(frozen=True)
 class RuntimeOptions:
-    namespace: str  # the control namespace: MCM's objects, Gardener's Cluster of the same name
-    identity: str  # names the Events' reporting instance
+    """What every runtime of a process is run with; built once, from the command line."""
+
+    identity: str = field(
+        default_factory=default_identity
+    )  # names the Events' reporting instance and the Leases' holder
     preservation: PreservationConfig = field(default_factory=PreservationConfig)
     native_preservation: NativePreservationMode = NativePreservationMode.AUTO
     workers: int = 4
@@ -78,12 +77,11 @@ class RuntimeOptions:
     node_budget: int | None = None
     max_drain_attempt: dt.timedelta = DEFAULT_DRAIN_ATTEMPT_TIMEOUT
     shutdown_grace: float = 30.0
-    # The extension is being disabled for this shoot: stop every preservation, start none (no auto-preservation).
-    releasing: bool = False
 
 
 @dataclass
 class ShootRuntime:
+    namespace: str  # the control namespace: MCM's objects, Gardener's Cluster of the same name
     options: RuntimeOptions
     control: client.ApiClient
     target: client.ApiClient
@@ -96,6 +94,10 @@ class ShootRuntime:
     slots: ReconcileSlots = field(default_factory=ReconcileSlots)
     # In the seed: the shoot's views of the seed-wide caches of MCM's objects and Clusters (None: its own).
     views: ShootViews | None = None
+    # The extension is being disabled for this shoot: stop every preservation, start none (no auto-preservation).
+    releasing: bool = False
+    # Told whenever one of the runtime's own caches syncs, fails or recovers (`failing`, `synced` may have changed).
+    on_state: Callable[[], None] | None = None
 
     def synced(self) -> bool:
         return self.caches is not None and self.caches.synced()
@@ -135,12 +137,12 @@ class ShootRuntime:
         """Decide native preservation and what MCM's CRDs keep (`facts`: the control cluster's CRDs); build the
         caches (not started yet)."""
         decision = await inspect_mcm(
-            self.control, namespace=self.options.namespace, mode=self.options.native_preservation, crds=facts.crds
+            self.control, namespace=self.namespace, mode=self.options.native_preservation, crds=facts.crds
         )
         self.native = decision.native
         logger.info(
             "%s: MCM native preservation: %s (%s)%s",
-            self.options.namespace,
+            self.namespace,
             "on" if decision.native else "off",
             decision.because,
             "; the controller hands over and only observes" if decision.native else "",
@@ -159,10 +161,13 @@ class ShootRuntime:
             self.caches = new_caches(
                 control=self.control,
                 target=self.target,
-                namespace=self.options.namespace,
+                namespace=self.namespace,
                 resync_period=self.options.resync_period,
                 with_cluster=facts.has_cluster,
             )
+        if self.on_state is not None:
+            for informer in self.caches.owned:
+                informer.add_state_listener(self.on_state)
 
     async def run(self, *, stop: asyncio.Event, lost: asyncio.Event) -> Outcome:
         assert self.caches is not None, "prepare() first"
@@ -172,7 +177,7 @@ class ShootRuntime:
             machine_sets=WorkQueue(name="machinesets"),
             machine_deployments=WorkQueue(name="machinedeployments"),
         )
-        unwatch = [self.metrics.watch_queue(q.name, q.__len__, scope=options.namespace) for q in queues.all]
+        unwatch = [self.metrics.watch_queue(q.name, q.__len__, scope=self.namespace) for q in queues.all]
         # A queue no worker serves takes no keys (they would wait there for good, shown as its depth).
         for serves, queue in (
             (self._serves_machine_sets(), queues.machine_sets),
@@ -183,56 +188,38 @@ class ShootRuntime:
         node_pods = NodePods(target=self.target, resync_period=options.resync_period)
         # Handlers first: the initial lists enqueue every object; workers start once all caches synced.
         wire_handlers(caches=caches, node_pods=node_pods, queues=queues)
-        informers = [asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in caches.owned]
-        for task in informers:
-            task.add_done_callback(self._supervise)
-        workers: list[asyncio.Task[None]] = []
-        synced = asyncio.Event()
-        waiting = asyncio.create_task(_set_when_synced(caches, synced))
-        failed = self.informer_failed
+        loop = Loop(
+            name=self.namespace,
+            informers=caches.owned,
+            wait_for=caches.all,
+            queues=queues.all,
+            grace=options.shutdown_grace,
+            failed=self.informer_failed,
+        )
+
+        def start() -> list[asyncio.Task[None]]:
+            logger.info(
+                "%s: caches synced: %d machines, %d machinesets, %d nodes",
+                self.namespace,
+                len(caches.machines),
+                len(caches.machine_sets),
+                len(caches.nodes),
+            )
+            unwatch.append(self._watch_preserved())
+            return self._start_workers(queues, node_pods)
+
         try:
-            await wait_any(stop, lost, synced, failed)
-            if synced.is_set() and not (stop.is_set() or lost.is_set() or failed.is_set()):
-                logger.info(
-                    "%s: caches synced: %d machines, %d machinesets, %d nodes",
-                    options.namespace,
-                    len(caches.machines),
-                    len(caches.machine_sets),
-                    len(caches.nodes),
-                )
-                workers = self._start_workers(queues, node_pods)
-                unwatch.append(self._watch_preserved())
-                await wait_any(stop, lost, failed)
-            if failed.is_set():
-                return Outcome.INFORMER_FAILED
-            return Outcome.LOST if lost.is_set() else Outcome.STOPPED
+            return await loop.run(stop=stop, lost=lost, start=start)
         finally:
-            for queue in queues.all:
-                queue.shutdown()
-            await stop_workers(workers, grace=0.0 if lost.is_set() else options.shutdown_grace)
-            waiting.cancel()
-            for task in informers:
-                task.cancel()
-            await asyncio.gather(waiting, *informers, return_exceptions=True)
             await node_pods.stop()
             caches.close()
             for forget in unwatch:
                 forget()
 
-    def _supervise(self, task: asyncio.Task[None]) -> None:
-        """An informer runs until cancelled; one that ended otherwise leaves its cache stale for good."""
-        if task.cancelled():
-            return
-        error = task.exception()
-        logger.error(
-            "%s: %s ended (%r): its cache no longer follows the cluster", self.options.namespace, task.get_name(), error
-        )
-        self.informer_failed.set()
-
     def _serves_machine_sets(self) -> bool:
         """MachineSets are reconciled unless MCM runs auto-preservation and its counters itself, or the shoot's
         preservations are being released."""
-        return not self.native and not self.options.releasing
+        return not self.native and not self.releasing
 
     def _serves_machine_deployments(self) -> bool:
         # The counters are all a MachineDeployment plan writes, and only CRDs that keep them can hold them.
@@ -242,7 +229,7 @@ class ShootRuntime:
         assert self.caches is not None
         caches, config, native = self.caches, self.preservation, self.native
         return self.metrics.watch_preserved(
-            self.options.namespace,
+            self.namespace,
             lambda: preserved_counts(caches.machines.values(), now=system_clock(), config=config, native=native),
             lambda: preserved_nodes_gone(caches.machines.values(), now=system_clock(), config=config),
         )
@@ -251,10 +238,10 @@ class ShootRuntime:
         assert self.caches is not None
         options, caches = self.options, self.caches
         recorder = EventRecorder(
-            control=self.control, target=self.target, machine_namespace=options.namespace, instance=options.identity
+            control=self.control, target=self.target, machine_namespace=self.namespace, instance=options.identity
         )
         writer = Writer(
-            control=self.control, target=self.target, namespace=options.namespace, recorder=recorder, slots=self.slots
+            control=self.control, target=self.target, namespace=self.namespace, recorder=recorder, slots=self.slots
         )
         machines = MachineReconciler(
             caches=caches,
@@ -265,14 +252,14 @@ class ShootRuntime:
             config=self.preservation,
             metrics=self.metrics,
             native=self.native,
-            released=options.releasing,
+            released=self.releasing,
             max_drain_attempt=options.max_drain_attempt,
             max_concurrent_drains=max(options.workers // 2, 1),
             slots=self.slots,
         )
         pools = PoolSettingsReader(
             caches=caches,
-            namespace=options.namespace,
+            namespace=self.namespace,
             defaults=PoolDefaults(preserve_timeout=self.preservation.default_preserve_timeout),
         )
         machines.pool_timeout = pools.preserve_timeout
@@ -314,18 +301,3 @@ async def read_mcm_image(api_client: client.ApiClient, *, namespace: str) -> str
     # Absent or forbidden: not a Gardener-style install, or no right to look; the CRDs decide.
     deployment = await read_json(response, absent=frozenset({ApiError.FORBIDDEN, ApiError.NOT_FOUND}))
     return None if deployment is None else mcm_image(deployment)
-
-
-async def _set_when_synced(caches: Caches, synced: asyncio.Event) -> None:
-    await asyncio.gather(*(informer.wait_synced() for informer in caches.all))
-    synced.set()
-
-
-async def wait_any(*events: asyncio.Event) -> None:
-    """Until one of the events is set."""
-    waiters = [asyncio.ensure_future(event.wait()) for event in events]
-    try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()

@@ -116,101 +116,6 @@ class Shoot(KubeModel):
         return next((worker for worker in self.spec.provider.workers if worker.name == pool), None)
 
 
-class ClusterView(BaseModel):
-    """What the controller takes from a `Cluster`: its name and Shoot, or why there is no usable Shoot; and the
-    Shoot's extension providerConfig, or why it is ignored."""
-
-    model_config = ConfigDict(frozen=True)
-
-    name: str = ""
-    shoot: Shoot | None = None
-    problem: str | None = None  # set when the Cluster exists but its Shoot cannot be read
-    provider_config: PreservationConfig | None = None
-    provider_config_path: str = ""  # e.g. spec.extensions[0].providerConfig
-    provider_config_problem: str | None = None  # set when the providerConfig does not decode
-
-
-def read_cluster(raw: Any) -> ClusterView:
-    """Read a `Cluster` object as the API serves it; never raises. `spec.cloudProfile` and `spec.seed` are not
-    needed for the pool settings and are not read."""
-    if not isinstance(raw, Mapping):
-        return ClusterView(problem="the Cluster is not a JSON object")
-    metadata = raw.get("metadata")
-    name = metadata.get("name") if isinstance(metadata, Mapping) else None
-    name = name if isinstance(name, str) else ""
-    spec = raw.get("spec")
-    shoot: Any = spec.get("shoot") if isinstance(spec, Mapping) else None
-    if shoot is None:
-        return ClusterView(name=name, problem=f"Cluster {name} has no spec.shoot")
-    if isinstance(shoot, (str, bytes)):  # raw JSON as a string, as some clients write a RawExtension
-        try:
-            shoot = json.loads(shoot)
-        except (ValueError, RecursionError):
-            return ClusterView(name=name, problem=f"Cluster {name}: spec.shoot is not valid JSON")
-    if not isinstance(shoot, Mapping):
-        return ClusterView(name=name, problem=f"Cluster {name}: spec.shoot is not a JSON object")
-    try:
-        model = Shoot.model_validate(dict(shoot))
-    except (ValidationError, RecursionError) as error:
-        return ClusterView(name=name, problem=f"Cluster {name}: spec.shoot cannot be read ({_first_line(error)})")
-    extension = preservation_extension(shoot)
-    if extension is None or extension.provider_config is None:
-        return ClusterView(name=name, shoot=model)
-    path = str(extension.path)
-    try:
-        config = parse_preservation_config(extension.provider_config, path=extension.path)
-    except InvalidPreservationConfig as error:
-        problem = f"Shoot {model.metadata.name} {path} is ignored, it does not decode: {error}"
-        return ClusterView(name=name, shoot=model, provider_config_path=path, provider_config_problem=problem)
-    return ClusterView(name=name, shoot=model, provider_config=config, provider_config_path=path)
-
-
-def _first_line(error: Exception) -> str:
-    return str(error).splitlines()[0][:200] if str(error) else type(error).__name__
-
-
-def cluster_as_read(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """The parts of a `Cluster` that `read_cluster` and `shoot_lifecycle` read, as the API serves them, so that
-    both read the same from it as from the whole: its name; the Shoot's metadata (without managedFields), its
-    workers, extensions, hibernation and last operation. What a cache of every shoot's Cluster keeps: a Cluster
-    also carries the shoot's whole CloudProfile and Seed."""
-    metadata = mapping_of(raw.get("metadata"))
-    trimmed: dict[str, Any] = {"metadata": {"name": metadata.get("name")}}
-    spec = raw.get("spec")
-    if not isinstance(spec, Mapping) or "shoot" not in spec:
-        return trimmed
-    shoot = spec["shoot"]
-    if not isinstance(shoot, Mapping):  # e.g. raw JSON as a string, as some clients write a RawExtension: kept whole
-        return {**trimmed, "spec": {"shoot": shoot}}
-    kept: dict[str, Any] = {}
-    if "metadata" in shoot:
-        shoot_metadata = shoot["metadata"]
-        kept["metadata"] = (
-            {key: value for key, value in shoot_metadata.items() if key != "managedFields"}
-            if isinstance(shoot_metadata, Mapping)
-            else shoot_metadata
-        )
-    if "spec" in shoot:
-        shoot_spec = shoot["spec"]
-        if isinstance(shoot_spec, Mapping):
-            kept_spec = {key: shoot_spec[key] for key in ("hibernation", "extensions") if key in shoot_spec}
-            if "provider" in shoot_spec:
-                provider = shoot_spec["provider"]
-                kept_spec["provider"] = (
-                    {"workers": provider.get("workers")} if isinstance(provider, Mapping) else provider
-                )
-            kept["spec"] = kept_spec
-        else:
-            kept["spec"] = shoot_spec
-    last_operation = mapping_of(mapping_of(shoot.get("status")).get("lastOperation"))
-    if "type" in last_operation:
-        kept["status"] = {"lastOperation": {"type": last_operation["type"]}}
-    return {**trimmed, "spec": {"shoot": kept}}
-
-
-# --- What the Shoot is going through ---------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class ShootLifecycle:
     """What the Shoot is going through, as its Cluster resource shows."""
@@ -247,35 +152,140 @@ def shoot_lifecycle(cluster: Mapping[str, Any]) -> ShootLifecycle:
     )
 
 
-@dataclass(frozen=True)
-class ShootFacts:
-    """What the extension takes from a shoot's `Cluster`."""
+class ClusterView(BaseModel):
+    """A `Cluster` as the product reads it, parsed once per watch event and read by everyone who needs it: its
+    name and Shoot, or why there is no usable Shoot; the Shoot's extension providerConfig, or why it is ignored;
+    what the Shoot is going through; and what the Extension contract reads (the generic kubeconfig Secret, a
+    failed last operation, force deletion, the Kubernetes version)."""
 
-    namespace: str  # the Cluster's name
-    lifecycle: ShootLifecycle
-    failed: bool  # the shoot's last operation failed: Gardener's extensions leave it alone
-    kubeconfig_secret: str  # the generic token kubeconfig Secret's name
-    shoot: Mapping[str, Any] | None = None  # the Shoot as the Cluster carries it (its pools judge a providerConfig)
+    model_config = ConfigDict(frozen=True)
+
+    name: str = ""  # the shoot's control namespace
+    shoot: Shoot | None = None
+    problem: str | None = None  # set when the Cluster exists but its Shoot cannot be read
+    provider_config: PreservationConfig | None = None
+    provider_config_path: str = ""  # e.g. spec.extensions[0].providerConfig
+    provider_config_problem: str | None = None  # set when the providerConfig does not decode
+    lifecycle: ShootLifecycle = ShootLifecycle()
+    failed: bool = False  # the shoot's last operation failed: Gardener's extensions leave it alone
+    kubeconfig_secret: str = ""  # the generic token kubeconfig Secret's name
     # The Shoot is annotated for force deletion: its Extension is force-deleted (nothing may wait for the shoot).
     force_deletion: bool = False
     kubernetes_version: str = ""  # the Shoot's `spec.kubernetes.version`; empty where the Cluster carries none
+    # The Shoot as the Cluster carries it, cut to what is read (`cluster_as_read`): its pools judge a providerConfig.
+    shoot_document: dict[str, Any] | None = None
 
 
-def read_shoot_facts(raw: Mapping[str, Any]) -> ShootFacts:
-    """A `Cluster` as the extension reads it."""
-    metadata = raw.get("metadata") or {}
-    annotations = metadata.get("annotations") or {}
+def read_cluster(raw: Any) -> ClusterView:
+    """Read a `Cluster` object as the API serves it; never raises. `spec.cloudProfile` and `spec.seed` are not
+    needed and are not read."""
+    if not isinstance(raw, Mapping):
+        return ClusterView(problem="the Cluster is not a JSON object")
+    metadata = mapping_of(raw.get("metadata"))
+    name = metadata.get("name")
+    name = name if isinstance(name, str) else ""
+    secret = mapping_of(metadata.get("annotations")).get(GENERIC_KUBECONFIG_ANNOTATION)
+    read: dict[str, Any] = {"name": name, "kubeconfig_secret": secret if isinstance(secret, str) else ""}
+    shoot, problem = _shoot_of(raw, name)
+    if shoot is None:
+        return ClusterView(**read, problem=problem)
+    carried = {"spec": {"shoot": shoot}}
+    read |= {
+        "lifecycle": shoot_lifecycle(carried),
+        "failed": contract.shoot_failed(carried),
+        "force_deletion": _go_bool(_shoot_annotations(shoot).get(FORCE_DELETION_ANNOTATION)),
+        "kubernetes_version": _kubernetes_version(shoot),
+        "shoot_document": _trimmed_shoot(shoot),
+    }
+    try:
+        model = Shoot.model_validate(dict(shoot))
+    except (ValidationError, RecursionError) as error:
+        return ClusterView(**read, problem=f"Cluster {name}: spec.shoot cannot be read ({_first_line(error)})")
+    extension = preservation_extension(shoot)
+    if extension is None or extension.provider_config is None:
+        return ClusterView(**read, shoot=model)
+    path = str(extension.path)
+    try:
+        config = parse_preservation_config(extension.provider_config, path=extension.path)
+    except InvalidPreservationConfig as error:
+        problem = f"Shoot {model.metadata.name} {path} is ignored, it does not decode: {error}"
+        return ClusterView(**read, shoot=model, provider_config_path=path, provider_config_problem=problem)
+    return ClusterView(**read, shoot=model, provider_config=config, provider_config_path=path)
+
+
+def _shoot_of(raw: Mapping[str, Any], name: str) -> tuple[Mapping[str, Any] | None, str | None]:
+    """The Shoot a Cluster carries, or why there is none to read."""
     spec = raw.get("spec")
-    shoot = spec.get("shoot") if isinstance(spec, Mapping) else None
-    return ShootFacts(
-        namespace=str(metadata.get("name") or ""),
-        lifecycle=shoot_lifecycle(raw),
-        failed=contract.shoot_failed(raw),
-        kubeconfig_secret=str(annotations.get(GENERIC_KUBECONFIG_ANNOTATION) or ""),
-        shoot=shoot if isinstance(shoot, Mapping) else None,
-        force_deletion=_go_bool(_shoot_annotations(shoot).get(FORCE_DELETION_ANNOTATION)),
-        kubernetes_version=_kubernetes_version(shoot),
-    )
+    shoot: Any = spec.get("shoot") if isinstance(spec, Mapping) else None
+    if shoot is None:
+        return None, f"Cluster {name} has no spec.shoot"
+    if isinstance(shoot, (str, bytes)):  # raw JSON as a string, as some clients write a RawExtension
+        try:
+            shoot = json.loads(shoot)
+        except (ValueError, RecursionError):
+            return None, f"Cluster {name}: spec.shoot is not valid JSON"
+    if not isinstance(shoot, Mapping):
+        return None, f"Cluster {name}: spec.shoot is not a JSON object"
+    return shoot, None
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+
+
+def cluster_as_read(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a `Cluster` that `read_cluster` and `shoot_lifecycle` read, as the API serves them, so that
+    both read the same from it as from the whole: its name and generic kubeconfig annotation; the Shoot's metadata
+    (without managedFields), its workers, extensions, hibernation, Kubernetes version and last operation. What a
+    cache of every shoot's Cluster keeps: a Cluster also carries the shoot's whole CloudProfile and Seed."""
+    metadata = mapping_of(raw.get("metadata"))
+    trimmed: dict[str, Any] = {"metadata": {"name": metadata.get("name")}}
+    annotations = mapping_of(metadata.get("annotations"))
+    if GENERIC_KUBECONFIG_ANNOTATION in annotations:
+        trimmed["metadata"]["annotations"] = {GENERIC_KUBECONFIG_ANNOTATION: annotations[GENERIC_KUBECONFIG_ANNOTATION]}
+    spec = raw.get("spec")
+    if not isinstance(spec, Mapping) or "shoot" not in spec:
+        return trimmed
+    shoot = spec["shoot"]
+    if not isinstance(shoot, Mapping):  # e.g. raw JSON as a string, as some clients write a RawExtension: kept whole
+        return {**trimmed, "spec": {"shoot": shoot}}
+    return {**trimmed, "spec": {"shoot": _trimmed_shoot(shoot)}}
+
+
+def _trimmed_shoot(shoot: Mapping[str, Any]) -> dict[str, Any]:
+    """The Shoot's metadata (without managedFields), workers, extensions, hibernation, Kubernetes version and last
+    operation (type and state)."""
+    kept: dict[str, Any] = {}
+    if "metadata" in shoot:
+        shoot_metadata = shoot["metadata"]
+        kept["metadata"] = (
+            {key: value for key, value in shoot_metadata.items() if key != "managedFields"}
+            if isinstance(shoot_metadata, Mapping)
+            else shoot_metadata
+        )
+    if "spec" in shoot:
+        shoot_spec = shoot["spec"]
+        if isinstance(shoot_spec, Mapping):
+            kept_spec = {key: shoot_spec[key] for key in ("hibernation", "extensions") if key in shoot_spec}
+            if "kubernetes" in shoot_spec:
+                kubernetes = shoot_spec["kubernetes"]
+                kept_spec["kubernetes"] = (
+                    {key: kubernetes[key] for key in ("version",) if key in kubernetes}
+                    if isinstance(kubernetes, Mapping)
+                    else kubernetes
+                )
+            if "provider" in shoot_spec:
+                provider = shoot_spec["provider"]
+                kept_spec["provider"] = (
+                    {"workers": provider.get("workers")} if isinstance(provider, Mapping) else provider
+                )
+            kept["spec"] = kept_spec
+        else:
+            kept["spec"] = shoot_spec
+    last_operation = mapping_of(mapping_of(shoot.get("status")).get("lastOperation"))
+    if kept_operation := {key: last_operation[key] for key in ("type", "state") if key in last_operation}:
+        kept["status"] = {"lastOperation": kept_operation}
+    return kept
 
 
 def _kubernetes_version(shoot: Any) -> str:
