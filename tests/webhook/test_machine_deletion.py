@@ -322,6 +322,23 @@ async def test_the_extension_is_read_only_for_a_denial_and_only_as_the_extension
     assert source.extension_reads == []
 
 
+async def test_a_denial_reads_each_object_once(webhook: Webhook) -> None:
+    """The guard's one loop: the MachineSet, the Cluster, the Extension, each read once, then the verdict."""
+    source = webhook.machine_sets
+    source.gardener_extension = True
+    source.machine_sets, source.machines = [sized(replicas=2)], [preserved(), machine("m2")]
+    source.clusters = {NAMESPACE: cluster()}
+    source.extensions = {NAMESPACE: gardener_extension()}
+    response = await webhook.review(PATH, delete(preserved()))
+    assert response["allowed"] is False
+    assert "preserved until" in response["status"]["message"]
+    assert (source.reads, source.cluster_reads, source.extension_reads) == (
+        [(NAMESPACE, "ms")],
+        [NAMESPACE],
+        [NAMESPACE],
+    )
+
+
 async def test_an_unreadable_extension_denies_mcm_with_503(webhook: Webhook) -> None:
     source = webhook.machine_sets
     source.gardener_extension = True
