@@ -88,85 +88,70 @@ class Registration:
         return [rule(group=self.group, version=self.version, resources=self.resources, operations=self.operations)]
 
 
-_NODE_RESOURCES: Final = ("nodes", "nodes/status")  # nodes/status can carry metadata changes too
-_UPDATE: Final = ("UPDATE",)
+def _node_webhook(
+    name: str,
+    configuration: ConfigurationKind,
+    path: str,
+    operations: tuple[str, ...],
+    reinvocation_policy: str | None = None,
+) -> Registration:
+    """A node webhook: never blocks a node (Ignore, at most 5 s), served to every shoot too."""
+    return Registration(
+        name=name,
+        configuration=configuration,
+        path=path,
+        group="",
+        version="v1",
+        kind="Node",
+        resources=("nodes", "nodes/status"),  # nodes/status can carry metadata changes too
+        operations=operations,
+        failure_policy="Ignore",
+        timeout_seconds=MAX_NODE_TIMEOUT_SECONDS,
+        per_shoot=True,
+        reinvocation_policy=reinvocation_policy,
+    )
+
+
+def _fail_closed_webhook(
+    name: str, path: str, group: str, version: str, kind: str, operations: tuple[str, ...]
+) -> Registration:
+    """A Machine or Shoot webhook: fails closed by default (not node-critical), served on the plain path only."""
+    return Registration(
+        name=name,
+        configuration="ValidatingWebhookConfiguration",
+        path=path,
+        group=group,
+        version=version,
+        kind=kind,
+        resources=(kind.lower() + "s",),
+        operations=operations,
+        failure_policy="Fail",
+        timeout_seconds=10,
+    )
+
+
+_VALIDATING: Final = "ValidatingWebhookConfiguration"
+_MUTATING: Final = "MutatingWebhookConfiguration"
 _CREATE_UPDATE: Final = ("CREATE", "UPDATE")
-NODE_PRESERVE: Final = Registration(
-    name=NODE_PRESERVE_WEBHOOK,
-    configuration="ValidatingWebhookConfiguration",
-    path=PRESERVE_ANNOTATION_PATH,
-    group="",
-    version="v1",
-    kind="Node",
-    resources=_NODE_RESOURCES,
-    operations=_CREATE_UPDATE,
-    failure_policy="Ignore",
-    timeout_seconds=MAX_NODE_TIMEOUT_SECONDS,
-    per_shoot=True,
+NODE_PRESERVE: Final = _node_webhook(NODE_PRESERVE_WEBHOOK, _VALIDATING, PRESERVE_ANNOTATION_PATH, _CREATE_UPDATE)
+# Another mutating webhook could change the annotation after us; look again if so.
+NODE_CA: Final = _node_webhook(
+    NODE_CA_WEBHOOK, _MUTATING, CA_ANNOTATION_PATH, ("UPDATE",), reinvocation_policy="IfNeeded"
 )
-NODE_CA: Final = Registration(
-    name=NODE_CA_WEBHOOK,
-    configuration="MutatingWebhookConfiguration",
-    path=CA_ANNOTATION_PATH,
-    group="",
-    version="v1",
-    kind="Node",
-    resources=_NODE_RESOURCES,
-    operations=_UPDATE,
-    failure_policy="Ignore",
-    timeout_seconds=MAX_NODE_TIMEOUT_SECONDS,
-    per_shoot=True,
-    # Another mutating webhook could change the annotation after us; look again if so.
-    reinvocation_policy="IfNeeded",
+NODE_MCM_MARKER: Final = _node_webhook(NODE_MCM_MARKER_WEBHOOK, _MUTATING, MCM_MARKER_PATH, ("UPDATE",))
+MACHINE_PRESERVE: Final = _fail_closed_webhook(
+    MACHINE_PRESERVE_WEBHOOK,
+    PRESERVE_ANNOTATION_PATH,
+    v.MACHINE_API_GROUP,
+    v.MACHINE_API_VERSION,
+    "Machine",
+    _CREATE_UPDATE,
 )
-NODE_MCM_MARKER: Final = Registration(
-    name=NODE_MCM_MARKER_WEBHOOK,
-    configuration="MutatingWebhookConfiguration",
-    path=MCM_MARKER_PATH,
-    group="",
-    version="v1",
-    kind="Node",
-    resources=_NODE_RESOURCES,
-    operations=_UPDATE,
-    failure_policy="Ignore",
-    timeout_seconds=MAX_NODE_TIMEOUT_SECONDS,
-    per_shoot=True,
+MACHINE_DELETION: Final = _fail_closed_webhook(
+    MACHINE_DELETION_WEBHOOK, MACHINE_DELETION_PATH, v.MACHINE_API_GROUP, v.MACHINE_API_VERSION, "Machine", ("DELETE",)
 )
-MACHINE_PRESERVE: Final = Registration(
-    name=MACHINE_PRESERVE_WEBHOOK,
-    configuration="ValidatingWebhookConfiguration",
-    path=PRESERVE_ANNOTATION_PATH,
-    group=v.MACHINE_API_GROUP,
-    version=v.MACHINE_API_VERSION,
-    kind="Machine",
-    resources=("machines",),
-    operations=_CREATE_UPDATE,
-    failure_policy="Fail",
-    timeout_seconds=10,
-)
-MACHINE_DELETION: Final = Registration(
-    name=MACHINE_DELETION_WEBHOOK,
-    configuration="ValidatingWebhookConfiguration",
-    path=MACHINE_DELETION_PATH,
-    group=v.MACHINE_API_GROUP,
-    version=v.MACHINE_API_VERSION,
-    kind="Machine",
-    resources=("machines",),
-    operations=("DELETE",),
-    failure_policy="Fail",
-    timeout_seconds=10,
-)
-SHOOT: Final = Registration(
-    name=SHOOT_WEBHOOK,
-    configuration="ValidatingWebhookConfiguration",
-    path=SHOOT_PATH,
-    group=v.SHOOT_API_GROUP,
-    version=v.SHOOT_API_VERSION,
-    kind="Shoot",
-    resources=("shoots",),
-    operations=_CREATE_UPDATE,
-    failure_policy="Fail",
-    timeout_seconds=10,
+SHOOT: Final = _fail_closed_webhook(
+    SHOOT_WEBHOOK, SHOOT_PATH, v.SHOOT_API_GROUP, v.SHOOT_API_VERSION, "Shoot", _CREATE_UPDATE
 )
 # Every webhook, in the order the server lists the kinds it accepts on a path (Node before Machine).
 REGISTRY: Final = (NODE_PRESERVE, NODE_CA, NODE_MCM_MARKER, MACHINE_PRESERVE, MACHINE_DELETION, SHOOT)
