@@ -42,6 +42,7 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.core.gardener.cluster import CLUSTER_API_GROUP, CLUSTER_API_VERSION, CLUSTER_PLURAL
 from machine_preservation.core.models import Machine
 from machine_preservation.core.preservation_record import PreservationRecord
+from machine_preservation.kube.clients import MERGE_PATCH, new_api_client
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.crds import install_crds
 from machine_preservation.localcluster.mcm_pool import GROUP, VERSION, machine_phase
@@ -52,7 +53,6 @@ from tests.e2e.harness import (
     fail_machine,
     machine_annotations,
     nudge_machine,
-    patch_machine_deployment,
     preserve_expiry,
     preserved_condition,
 )
@@ -68,6 +68,8 @@ PRESERVE_TIMEOUT = dt.timedelta(seconds=60)
 MAX_PRESERVE_TIMEOUT = dt.timedelta(hours=720)
 POOL = "upgraded"
 HANDED_OVER = v.EventReason.PRESERVATION_HANDED_OVER.value
+# Gardener's provider extension, which writes the pools' MachineDeployments.
+WORKER_EXTENSION = "worker-extension@example.com"
 
 
 @pytest.fixture
@@ -165,6 +167,31 @@ def removes_record(body: Any) -> bool:
     return v.PRESERVED_UNTIL_ANNOTATION in annotations and annotations[v.PRESERVED_UNTIL_ANNOTATION] is None
 
 
+async def worker_extension_writes_the_pool(real_mcm: RealMcm, product: Product) -> dt.datetime:
+    """The worker extension writes the pool's MachineDeployment with the field MCM v0.62 knows; when the API server
+    received that write (its audit log's time: the clock of every write the test judges by)."""
+    api = await new_api_client(kubeconfig=product.kubeconfig_for(WORKER_EXTENSION, groups=("system:masters",)))
+    try:
+        await client.CustomObjectsApi(api).patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            real_mcm.namespace,
+            "machinedeployments",
+            POOL,
+            {"spec": {"autoPreserveFailedMachineMax": 1}},
+            _content_type=MERGE_PATCH,
+        )
+    finally:
+        await api.close()
+
+    async def audited() -> dt.datetime | None:
+        writes = [w for w in await product.writes_by(WORKER_EXTENSION) if w.kind == "MachineDeployment"]
+        return writes[-1].at if writes else None
+
+    received: dt.datetime = await eventually_async(audited, limit=30, interval=0.2)
+    return received
+
+
 async def machine_set_status(real_mcm: RealMcm) -> dict[str, Any]:
     listed = await client.CustomObjectsApi(real_mcm.api).list_namespaced_custom_object(
         GROUP, VERSION, real_mcm.namespace, "machinesets"
@@ -199,18 +226,30 @@ async def test_upgrade_hands_running_preservations_over_to_mcm(
         failing: failing_record.expiry(max_timeout=MAX_PRESERVE_TIMEOUT),
     }
 
-    async def drained() -> bool:
-        node = await real_mcm.node(failing)
-        condition = preserved_condition(node) if node else None
-        return condition is not None and v.DRAINED_SUCCESSFULLY_MESSAGE in condition.get("message", "")
+    # Both starts written to their last write (the failing one's drain outcome, each one's acknowledged
+    # announcement), so that none of them is still on its way when the window opens.
+    async def settled() -> bool:
+        records = [await record_of(real_mcm, name) for name in (healthy, failing)]
+        if any(record is None or record.announcement_pending for record in records):
+            return False
+        failing_now = records[1]
+        assert failing_now is not None
+        nodes = [await real_mcm.node(name) for name in (healthy, failing)]
+        conditions = [preserved_condition(node) if node else None for node in nodes]
+        return (
+            failing_now.drain is not None
+            and failing_now.drain.outcome == v.DrainOutcome.DRAINED
+            and all(condition is not None and condition["status"] == "True" for condition in conditions)
+            and v.DRAINED_SUCCESSFULLY_MESSAGE in (conditions[1] or {}).get("message", "")
+        )
 
-    await eventually_async(drained, limit=60, interval=0.25)
+    await eventually_async(settled, limit=60, interval=0.25)
     progress(f"v0.61.3: {healthy} preserved by us (now), {failing} Failed and auto-preserved by us, drained")
 
     # --- 1. the seed's reconcile: MCM's new CRDs, the old MCM still running ----------------------------------
     await asyncio.to_thread(install_crds, real_mcm.plane.kubeconfig, mcm_version=NEW)
     # --- 2. the shoot's reconcile: the MachineDeployment with the new field, MCM's Deployment rolled ----------
-    await patch_machine_deployment(real_mcm, POOL, {"spec": {"autoPreserveFailedMachineMax": 1}})
+    window_opened = await worker_extension_writes_the_pool(real_mcm, product)
     await client.AppsV1Api(real_mcm.api).patch_namespaced_deployment(
         "machine-controller-manager",
         real_mcm.namespace,
@@ -222,7 +261,6 @@ async def test_upgrade_hands_running_preservations_over_to_mcm(
             }
         },
     )
-    window_opened = dt.datetime.now(dt.UTC)
     real_mcm.runner.version, real_mcm.runner.bin_dir = NEW, None
     await real_mcm.restart()
     progress("CRDs v0.62.1, MachineDeployment with autoPreserveFailedMachineMax, MCM v0.62.1 running")
@@ -238,8 +276,8 @@ async def test_upgrade_hands_running_preservations_over_to_mcm(
     # It reads our `auto-preserve` as no value and would replace the Failed machine: our webhook refuses.
     await eventually_async(lambda: mcm_denials(real_mcm, failing, version=NEW), limit=60, interval=0.25)
     assert {m["metadata"]["name"] for m in await real_mcm.machines(POOL)} == {healthy, failing}
-    # Our processes as they were do not fight MCM meanwhile: the controller writes nothing. Judged by the time
-    # the API server received each write: the audit log may still be taking in writes made just before the window.
+    # Our processes as they were do not fight MCM meanwhile: the controller writes nothing. Judged on the API
+    # server's clock, by when it received each write, from when it received the first write of the window.
     assert [w for w in await product.controller_writes() if w.at >= window_opened] == []
     refused = sorted(
         {
