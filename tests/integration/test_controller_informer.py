@@ -440,6 +440,41 @@ async def test_objects_over_the_byte_budget_fail_the_informer_until_they_are_wit
         await eventually_async(lambda: informer.over_budget, limit=30)
 
 
+async def test_a_cache_over_its_budget_parses_nothing_until_its_objects_fit(
+    api: client.ApiClient, namespace: str
+) -> None:
+    """A re-list of a cache that was over its budget only counts (bytes as they stream in, objects from the API
+    server's remainingItemCount): no object is parsed while they stay over it, however often it is tried; once
+    they fit, they are read and parsed."""
+    custom = client.CustomObjectsApi(api)
+    await create_big_machines(api, namespace, [f"m{i}" for i in range(8)])
+    parsed: list[str] = []
+
+    def parse(raw: Mapping[str, Any]) -> Machine:
+        parsed.append(raw["metadata"]["name"])
+        return Machine.model_validate(raw)
+
+    informer: Informer[Machine] = Informer(
+        name="machines",
+        source=Source(custom.list_namespaced_custom_object, (GROUP, VERSION, namespace, "machines")),
+        parse=parse,
+        page_size=2,
+        byte_budget=300_000,
+        backoff=Backoff(base=0.05, cap=0.1),
+        budget_backoff=Backoff(base=0.05, cap=0.1),
+    )
+    async with running(informer):
+        await eventually_async(lambda: informer.over_budget, limit=30)
+        first = informer.stats.errors
+        parsed_by_the_first_list = len(parsed)  # the first list parses as it goes, until past the budget
+        await eventually_async(lambda: informer.stats.errors >= first + 5, limit=30)  # five re-lists, still over
+        assert len(parsed) == parsed_by_the_first_list, "a re-list over the budget parsed objects"
+        for i in range(4, 8):
+            await custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "machines", f"m{i}")
+        await eventually_async(lambda: informer.synced and len(informer) == 4, limit=30)
+        assert sorted(parsed[parsed_by_the_first_list:])[:4] == ["m0", "m1", "m2", "m3"]
+
+
 async def test_a_cache_over_its_budget_is_listed_again_by_its_own_backoff(
     api: client.ApiClient, namespace: str
 ) -> None:

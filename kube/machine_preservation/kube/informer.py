@@ -72,6 +72,29 @@ async def watch_events(
         yield len(pending), *watch_event(pending)
 
 
+# How much of a list page's beginning and end is kept while its bytes are only counted: its list metadata is there.
+_LIST_END_BYTES = 64 * 2**10
+
+
+def _list_metadata(head: bytes, tail: bytes) -> Mapping[str, Any]:
+    """The `metadata` of a list page from its beginning and its end, never its items: built-in kinds come as
+    `{"kind":…,"apiVersion":…,"metadata":{…},"items":[…]}`, custom resources with sorted keys, the metadata last
+    (`{"apiVersion":…,"items":[…],"kind":…,"metadata":{…}}`). A key's quotes cannot come from inside a string, so
+    no object can fake it. {} if not found."""
+    start, items = head.find(b'"metadata":'), head.find(b'"items":')
+    if start >= 0 and (items < 0 or start < items):
+        text = head[start:]
+    elif (start := tail.rfind(b'"metadata":')) >= 0:
+        text = tail[start:]
+    else:
+        return {}
+    try:
+        metadata, _ = json.JSONDecoder().raw_decode(text[len(b'"metadata":') :].decode())
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return metadata if isinstance(metadata, dict) else {}
+
+
 def check_size(size: int, max_bytes: int | None, what: str) -> None:
     """Raise BudgetExceeded if `size` is over `max_bytes` (None: no budget); `what` says whose size it is."""
     if max_bytes is not None and size > max_bytes:
@@ -266,6 +289,8 @@ class Informer(Generic[T]):
         return (backoff or self.backoff).delay(failures) * random.uniform(0.8, 1.2)
 
     async def _list(self) -> None:
+        if self.over_budget:
+            await self._count()  # raises BudgetExceeded while the objects are still over the budget
         raw_list = self.source.raw_list_function()
         items: dict[str, T] = {}
         sizes: dict[str, int] = {}
@@ -310,6 +335,48 @@ class Informer(Generic[T]):
         self._synced.set()
         self._report(failing=None, over_budget=False, changed=newly_synced)
         logger.debug("%s: listed %d objects at resourceVersion %s", self.name, len(items), resource_version)
+
+    async def _count(self) -> None:
+        """While the objects are over the byte budget, a re-list first only counts them, parsing nothing: the bytes
+        of each page as they stream in, the objects from the API server's `remainingItemCount`. Only once they fit
+        are they read for real. Raises BudgetExceeded while they are still over it; returns once they fit, or when
+        the API server does not say how many remain (a filtered list: then the real list counts)."""
+        raw_list = self.source.raw_list_function()
+        token: str | None = None
+        counted = objects = 0
+        left: int | None = None  # the objects after the pages counted so far
+        while True:
+            limit = 1 if left is None else self.page_size  # the first page's count is then known: 0 or 1
+            kwargs: dict[str, Any] = {"limit": limit, **({"_continue": token} if token else {})}
+            response = await raw_list(*self.source.args, **self.source.kwargs, **kwargs)
+            size, metadata = await self._count_page(response, counted=counted)
+            counted += size
+            token = metadata.get("continue") or None
+            remaining = metadata.get("remainingItemCount") if token else 0
+            if not isinstance(remaining, int):
+                return
+            # The first page (limit 1) holds at most one object; each later one, those that no longer remain.
+            objects += 1 if left is None else left - remaining
+            check_size(max(counted, objects * self.min_object_bytes), self.byte_budget, f"the {self.name} come")
+            if not token:
+                return
+            left = remaining
+
+    async def _count_page(self, response: Any, *, counted: int) -> tuple[int, Mapping[str, Any]]:
+        """A list page's size in bytes (read no further than the budget allows after the `counted` bytes before
+        it) and its list metadata; only the page's two ends are kept."""
+        try:
+            await ensure_ok(response)
+            head, tail, size = bytearray(), bytearray(), 0
+            async for chunk in response.content.iter_any():
+                size += len(chunk)
+                check_size(counted + size, self.byte_budget, f"the {self.name} come")
+                if len(head) < _LIST_END_BYTES:
+                    head += chunk[: _LIST_END_BYTES - len(head)]
+                tail = (tail + chunk)[-_LIST_END_BYTES:]
+            return size, _list_metadata(bytes(head), bytes(tail))
+        finally:
+            response.release()
 
     async def _read_page(self, response: Any, *, listed: int, cap: int | None) -> bytearray | None:
         """A list page's body, read no further than the byte budget allows after the `listed` bytes before it; None
