@@ -225,16 +225,11 @@ def node_annotation_policy(
     identity (the webhooks leave kubelets, MCM and the controller out): nobody sets an auto value of the
     preserve annotation on a Node; only the controller and MCM touch MCM's CA marker; only the controller
     touches its own CA marker."""
-    preserve = v.PRESERVE_ANNOTATION
-    marker = v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION
-    own = v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION
-    mcm = sorted(set(mcm_usernames))
-    quoted = wc.cel_string(preserve)
-    value = f"object.metadata.annotations[{quoted}]"
-    unchanged = f"({wc.has_annotation('oldObject', preserve)} && oldObject.metadata.annotations[{quoted}] == {value})"
-    autos = ", ".join(wc.cel_string(auto) for auto in v.AUTO_PRESERVE_VALUES)
-    auto_set = f"({wc.has_annotation('object', preserve)} && {value} in [{autos}] && !{unchanged})"
-    supported = ", ".join(f'"{text}"' for text in ("", *v.USER_PRESERVE_VALUES))
+    watched = [
+        v.PRESERVE_ANNOTATION,
+        v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION,
+        v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION,
+    ]
     policy = {
         "apiVersion": ADMISSION_API_VERSION,
         "kind": "ValidatingAdmissionPolicy",
@@ -254,39 +249,11 @@ def node_annotation_policy(
                 ],
             },
             "matchConditions": [
-                {"name": "preserve-or-marker-changes", "expression": wc.any_annotation_changed([preserve, marker, own])}
+                {"name": "preserve-or-marker-changes", "expression": wc.any_annotation_changed(watched)}
             ],
             "validations": [
-                {
-                    "expression": f"!{auto_set}",
-                    "reason": "Forbidden",
-                    "message": (
-                        f'metadata.annotations[{preserve}]: Forbidden: "auto-preserve" and "auto-preserved" are never '
-                        f"set on a Node (auto-preservation marks the Machine); supported values: {supported}"
-                    ),
-                },
-                {
-                    "expression": (
-                        f"request.userInfo.username in {wc.username_list([controller_username, *mcm])} || "
-                        f"!{wc.annotation_changed(marker)}"
-                    ),
-                    "reason": "Forbidden",
-                    "message": (
-                        f"metadata.annotations[{marker}]: Forbidden: only the preservation controller "
-                        f"({controller_username}) and MCM ({', '.join(mcm)}) may set, change or remove it"
-                    ),
-                },
-                {
-                    "expression": (
-                        f"request.userInfo.username in {wc.username_list([controller_username])} || "
-                        f"!{wc.annotation_changed(own)}"
-                    ),
-                    "reason": "Forbidden",
-                    "message": (
-                        f"metadata.annotations[{own}]: Forbidden: only the preservation controller "
-                        f"({controller_username}) may set, change or remove it"
-                    ),
-                },
+                _no_auto_value_on_nodes(),
+                *_markers_owned(controller_username=controller_username, mcm=sorted(set(mcm_usernames))),
             ],
         },
     }
@@ -297,6 +264,55 @@ def node_annotation_policy(
         "spec": {"policyName": name, "validationActions": ["Deny"]},
     }
     return [policy, binding]
+
+
+def _no_auto_value_on_nodes() -> dict[str, Any]:
+    """An auto value of the preserve annotation is never set on a Node (one already there may stay)."""
+    preserve = v.PRESERVE_ANNOTATION
+    quoted = wc.cel_string(preserve)
+    value = f"object.metadata.annotations[{quoted}]"
+    unchanged = f"({wc.has_annotation('oldObject', preserve)} && oldObject.metadata.annotations[{quoted}] == {value})"
+    autos = ", ".join(wc.cel_string(auto) for auto in v.AUTO_PRESERVE_VALUES)
+    auto_set = f"({wc.has_annotation('object', preserve)} && {value} in [{autos}] && !{unchanged})"
+    supported = ", ".join(f'"{text}"' for text in ("", *v.USER_PRESERVE_VALUES))
+    return {
+        "expression": f"!{auto_set}",
+        "reason": "Forbidden",
+        "message": (
+            f'metadata.annotations[{preserve}]: Forbidden: "auto-preserve" and "auto-preserved" are never '
+            f"set on a Node (auto-preservation marks the Machine); supported values: {supported}"
+        ),
+    }
+
+
+def _markers_owned(*, controller_username: str, mcm: list[str]) -> list[dict[str, Any]]:
+    """MCM's CA marker is the controller's and MCM's to touch; ours, the controller's alone."""
+    marker = v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION
+    own = v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION
+    return [
+        {
+            "expression": (
+                f"request.userInfo.username in {wc.username_list([controller_username, *mcm])} || "
+                f"!{wc.annotation_changed(marker)}"
+            ),
+            "reason": "Forbidden",
+            "message": (
+                f"metadata.annotations[{marker}]: Forbidden: only the preservation controller "
+                f"({controller_username}) and MCM ({', '.join(mcm)}) may set, change or remove it"
+            ),
+        },
+        {
+            "expression": (
+                f"request.userInfo.username in {wc.username_list([controller_username])} || "
+                f"!{wc.annotation_changed(own)}"
+            ),
+            "reason": "Forbidden",
+            "message": (
+                f"metadata.annotations[{own}]: Forbidden: only the preservation controller "
+                f"({controller_username}) may set, change or remove it"
+            ),
+        },
+    ]
 
 
 # The first Kubernetes version with both `matchConditions` (GA) and ValidatingAdmissionPolicy v1.
