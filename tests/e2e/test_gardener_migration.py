@@ -24,6 +24,7 @@ from machine_preservation.kube.clients import new_api_client
 from machine_preservation.localcluster import gardener
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.gardener_landscape import (
+    MCM_SERVICE_ACCOUNT,
     annotate_node,
     annotations_of,
     installation,
@@ -42,7 +43,7 @@ from machine_preservation.localcluster.mcm_pool import (
 )
 from machine_preservation.localcluster.mcm_runner import grant_mcm_rbac
 from machine_preservation.localcluster.toolchain import Toolchain
-from tests.e2e.gardener_harness import enable_with_pool
+from tests.e2e.gardener_harness import enable_with_pool, machine_writes
 from tests.polling import eventually_async
 
 POOL = "worker1"
@@ -142,6 +143,14 @@ async def _scenario(plane: ControlPlane, seed: client.ApiClient, shoot: Any, tmp
             await provider.close()
         restored = await ready(seed, ns, limit=60)
         assert restored["status"]["lastOperation"]["type"] == "Restore"
+        mcm_user = f"system:serviceaccount:{ns}:{MCM_SERVICE_ACCOUNT}"
+
+        def denials() -> int:
+            """MCM's deletes of the Failed machine the seed's webhook denied, from the seed's audit log."""
+            writes = machine_writes(plane, user=mcm_user, namespace=ns)
+            return len([w for w in writes if w.verb == "delete" and w.name == failed and w.code == 403])
+
+        denied_before = denials()
         await asyncio.to_thread(shoot.mcm.start)
 
         # MCM places the machines again: the healthy one Running, the failed one Failed again (its node still
@@ -153,7 +162,8 @@ async def _scenario(plane: ControlPlane, seed: client.ApiClient, shoot: Any, tmp
         phases = await eventually_async(placed, limit=240, interval=1.0)
         print(f"placed again: {phases}")
         await eventually_async(lambda: served(seed, ns), limit=60)
-        await asyncio.sleep(10)  # MCM's MachineSet tries to replace the Failed machine: denied
+        # MCM's MachineSet tries to replace the Failed machine: denied.
+        await eventually_async(lambda: denials() > denied_before, limit=60)
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
