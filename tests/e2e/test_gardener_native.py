@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from kubernetes.aio import client
 
+from machine_preservation.core import vocabulary as v
 from machine_preservation.localcluster import gardener
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.gardener_landscape import (
@@ -47,7 +48,14 @@ from machine_preservation.localcluster.gardener_landscape import (
     served,
     tainted,
 )
-from machine_preservation.localcluster.mcm_pool import POOL_LABEL, create_pool, machine_phase, wait_for_pool
+from machine_preservation.localcluster.mcm_pool import (
+    GROUP,
+    POOL_LABEL,
+    VERSION,
+    create_pool,
+    machine_phase,
+    wait_for_pool,
+)
 from machine_preservation.localcluster.toolchain import Toolchain
 from tests.e2e.gardener_harness import AuditedWrite, fail_node, machine_writes, preserve_expiry, record_of, upgrade_mcm
 from tests.polling import eventually_async
@@ -59,6 +67,12 @@ pytestmark = pytest.mark.parametrize("mcm_version", [NEW], indirect=True)
 POOL = "worker1"
 RECHECK_PERIOD = "2s"
 NATIVE_MESSAGE = "MCM preserves natively"
+
+
+def removes_record(body: Any) -> bool:
+    """Whether a merge patch removes our record (its `preserved-until`)."""
+    annotations = ((body or {}).get("metadata") or {}).get("annotations") or {}
+    return v.PRESERVED_UNTIL_ANNOTATION in annotations and annotations[v.PRESERVED_UNTIL_ANNOTATION] is None
 
 
 async def test_native_preservation_is_decided_per_shoot_and_follows_an_upgrade(
@@ -185,6 +199,21 @@ async def _scenario(plane: ControlPlane, seed: client.ApiClient, installed: Inst
             if w.resource.endswith("/status") and w.code == 200
         ]
 
+    # The window opens once the start's mirrors are written (the Machine's expiry, the MachineSet's and the
+    # MachineDeployment's preservedFailedReplicas): on a busy machine they may still be on their way, and they answer
+    # no update of MCM's.
+    async def mirrored() -> bool:
+        if preserve_expiry(await machine(seed, b.namespace, victims[b.namespace])) is None:
+            return False
+        for plural in ("machinesets", "machinedeployments"):
+            listed = await client.CustomObjectsApi(seed).list_namespaced_custom_object(
+                GROUP, VERSION, b.namespace, plural
+            )
+            if any((item.get("status") or {}).get("preservedFailedReplicas") != 1 for item in listed["items"]):
+                return False
+        return True
+
+    await eventually_async(mirrored, limit=60, interval=0.25)
     before = {user: len(status_writes(user)) for user in (installed.extension_user, mcm_user)}
     await asyncio.sleep(5)
     window = {user: status_writes(user)[before[user] :] for user in before}
@@ -235,9 +264,15 @@ async def _scenario(plane: ControlPlane, seed: client.ApiClient, installed: Inst
     await ready(seed, b.namespace, limit=10)
     await ready(seed, a.namespace, limit=10)
 
-    # From here on the extension only observes b as well; MCM keeps the machine.
-    handed = len(machine_writes(plane, user=installed.extension_user, namespace=b.namespace))
-    await asyncio.sleep(3)
+    # From here on the extension only observes b as well; MCM keeps the machine. Counted from the hand-over's last
+    # write to the machine (the record's removal) as the seed's audit log has it: the log takes a write in once it is
+    # answered, which on a busy machine may be after the machine shows it.
+    def hand_over_written() -> int | None:
+        writes = machine_writes(plane, user=installed.extension_user, namespace=b.namespace)
+        return len(writes) if any(w.code == 200 and removes_record(w.body) for w in writes) else None
+
+    handed = await eventually_async(hand_over_written, limit=30)
+    await asyncio.sleep(3)  # a window for what must not happen: a fight would write within it
     later = machine_writes(plane, user=installed.extension_user, namespace=b.namespace)[handed:]
     assert later == [], later
     found_b = await machine(seed, b.namespace, victims[b.namespace])
