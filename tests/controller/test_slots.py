@@ -4,8 +4,12 @@ slot free while it waits, and no slot ever given back twice."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
+import aiohttp
 import pytest
+from aiohttp import web
 
 from machine_preservation.controller.machinery.slots import ReconcileSlots
 
@@ -140,3 +144,92 @@ async def test_no_limit_means_no_cap() -> None:
     await asyncio.gather(*(reconcile() for _ in range(50)))
     assert entered == 50
     assert slots.in_use == 0
+
+
+async def test_a_task_the_holder_starts_never_lends_the_holders_slot() -> None:
+    """A task inherits its starter's context; lending there would give back a slot it does not hold (twice, with
+    the holder's own lending)."""
+    slots = ReconcileSlots(limit=1)
+
+    async def child() -> None:
+        async with slots.lent():
+            assert slots.in_use == 1, "the child lent nothing"
+
+    async with slots.held():
+        await asyncio.create_task(child())
+        async with slots.lent():
+            assert slots.in_use == 0
+    assert slots.in_use == 0
+
+
+@contextlib.asynccontextmanager
+async def hanging_server() -> AsyncIterator[tuple[str, asyncio.Event, asyncio.Event]]:
+    """An HTTP server on 127.0.0.1 that tells when a request `arrived` and answers once `answer` is set."""
+    answer, arrived = asyncio.Event(), asyncio.Event()
+
+    async def handler(_: web.Request) -> web.Response:
+        arrived.set()
+        await answer.wait()
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}/", answer, arrived
+    finally:
+        answer.set()
+        await runner.cleanup()
+
+
+async def test_a_request_through_the_trace_lends_the_slot_until_answered() -> None:
+    slots = ReconcileSlots(limit=1)
+    async with (
+        hanging_server() as (url, answer, arrived),
+        aiohttp.ClientSession(trace_configs=[slots.trace_config()]) as http,
+    ):
+
+        async def reconcile() -> int:
+            async with slots.held(), http.get(url) as response:
+                assert slots.in_use == 1, "taken back once answered"
+                return response.status
+
+        asking = asyncio.create_task(reconcile())
+        await asyncio.wait_for(arrived.wait(), 5)
+        assert slots.in_use == 0, "free while the answer is awaited"
+        await asyncio.wait_for(_hold_once(slots), 1)
+        answer.set()
+        assert await asyncio.wait_for(asking, 5) == 200
+        # A request outside a reconcile (an informer's) lends nothing.
+        async with http.get(url) as response:
+            assert response.status == 200
+    assert slots.in_use == 0
+
+
+async def test_a_request_cancelled_while_lent_gives_none_back() -> None:
+    slots = ReconcileSlots(limit=1)
+    async with (
+        hanging_server() as (url, _, arrived),
+        aiohttp.ClientSession(trace_configs=[slots.trace_config()]) as http,
+    ):
+
+        async def reconcile() -> None:
+            async with slots.held():
+                await http.get(url)
+
+        asking = asyncio.create_task(reconcile())
+        await asyncio.wait_for(arrived.wait(), 5)
+        assert slots.in_use == 0, "lent while it waits"
+        asking.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asking
+        assert slots.in_use == 0
+        async with slots.held():  # exactly one slot is left: a second holder waits
+            second = asyncio.create_task(_hold_once(slots))
+            await asyncio.sleep(0.01)
+            assert not second.done()
+        await asyncio.wait_for(second, 1)

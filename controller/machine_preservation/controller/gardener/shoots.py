@@ -256,7 +256,12 @@ class ShootSupervisor:
             namespace=namespace,
             kubeconfig_secret=kubeconfig_secret,
             access_secret=self.access_secret,
-            trace_configs=[self.fence.trace_config(), self.metrics.trace_config(cluster="shoot")],
+            # Each request of a reconcile to the shoot gives its slot back while it waits for the answer.
+            trace_configs=[
+                self.fence.trace_config(),
+                self.metrics.trace_config(cluster="shoot"),
+                self.slots.trace_config(),
+            ],
             identity=self.runtime_options.identity,
         )
 

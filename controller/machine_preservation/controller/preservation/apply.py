@@ -26,7 +26,7 @@ from kubernetes.aio import client
 
 from machine_preservation.controller.machinery.events import EventRecorder, Regarding
 from machine_preservation.controller.machinery.queue import ObjectGone, RetryWithBackoff
-from machine_preservation.controller.machinery.slots import ReconcileSlots, detached
+from machine_preservation.controller.machinery.slots import ReconcileSlots
 from machine_preservation.core import plan as p
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Machine, MachineDeployment, MachineSet, Node
@@ -362,7 +362,7 @@ async def _write_in_order(
 ) -> None:
     for target, step in _paired(writes):
         if isinstance(step, p.RecordEvent):
-            events.append(detached(_write(writer=writer, target=target, step=step, now=now)))
+            events.append(asyncio.create_task(_write(writer=writer, target=target, step=step, now=now)))
             continue
         if isinstance(step, p.PatchMachineAnnotations) and step.after_events:
             await _answered(writer=writer, writes=writes, events=events)
@@ -408,10 +408,8 @@ def _raise_first_failure(events: list[asyncio.Task[None]]) -> None:
 
 async def _write(*, writer: Writer, target: Target, step: Write, now: dt.datetime) -> None:
     try:
-        lend = writer.slots.lent() if in_the_target_cluster(step) else contextlib.nullcontext()
-        async with lend:
-            with api_call():
-                await _execute_one(writer=writer, target=target, step=step, now=now)
+        with api_call():  # a request to the shoot gives the slot back while it waits (the shoot client's trace)
+            await _execute_one(writer=writer, target=target, step=step, now=now)
     except Failed as error:
         if isinstance(error, NotFound) and not isinstance(step, p.RecordEvent):
             raise ObjectGone(f"{type(step).__name__}: {error.reason}") from error

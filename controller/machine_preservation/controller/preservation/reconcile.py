@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from kubernetes.aio import client
 
 from machine_preservation.controller.machinery.metrics import Metrics
-from machine_preservation.controller.machinery.slots import ReconcileSlots, detached
+from machine_preservation.controller.machinery.slots import ReconcileSlots
 from machine_preservation.controller.preservation.apply import (
     Snapshot,
     Writer,
@@ -114,8 +114,7 @@ class MachineReconciler:
         now = self.clock()
         node = not_deleted(self.caches.nodes.get(machine.node_name) if machine.node_name else None)
         if not (self.native or self.released) and health_to_confirm(machine=machine, node=node, config=self.config):
-            async with self.slots.lent():  # waits for the shoot's API server
-                node = not_deleted(await self.live_nodes.get(machine.node_name))
+            node = not_deleted(await self.live_nodes.get(machine.node_name))
         failed = machine.phase == v.MachinePhase.FAILED
         if failed and node is not None and not (self.native or self.released):
             async with self.slots.lent():  # a first list waits for the shoot's API server
@@ -160,8 +159,10 @@ class MachineReconciler:
         """One drain attempt with its `alongside` steps written meanwhile, then what the core says its outcome
         writes."""
         # Their writes and the evictions wait on different requests: the drain does not wait for them. The task
-        # holds no reconcile slot of its own (it must not give back the one the drain lends).
-        alongside = detached(execute_machine_plan(writer=self.writer, snap=snap, steps=drain.alongside, now=now))
+        # holds no reconcile slot of its own, and lends none (the slot is the reconcile's task's).
+        alongside = asyncio.create_task(
+            execute_machine_plan(writer=self.writer, snap=snap, steps=drain.alongside, now=now)
+        )
         try:
             result = await self._drain(node, drain, max_evict_retries=snap.machine.spec.max_evict_retries)
         finally:
