@@ -235,6 +235,11 @@ async def test_tells_its_state_listeners_each_change_of_its_health_and_only_thos
     proxied = await aio_client(proxy.kubeconfig(source=control_plane.kubeconfig, target=tmp_path / "proxied"))
     informer = machine_informer(proxied, namespace, backoff=Backoff(base=0.1, cap=0.2))
     told: list[tuple[bool, str | None]] = []
+
+    def broken() -> None:
+        raise RuntimeError("a listener's bug")
+
+    informer.add_state_listener(broken)  # logged; neither the cache nor the other listeners stop
     informer.add_state_listener(lambda: told.append((informer.synced, informer.failing)))
     custom = client.CustomObjectsApi(api_client := await aio_client(control_plane.kubeconfig))
     try:

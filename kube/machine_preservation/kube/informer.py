@@ -283,7 +283,10 @@ class Informer(Generic[T]):
 
     def _state_changed(self) -> None:
         for listener in self._state_listeners:
-            listener()
+            try:
+                listener()
+            except Exception:  # a listener's bug must not stop the cache it listens to
+                logger.exception("%s: state listener failed", self.name)
 
     def _jittered(self, failures: int, backoff: Backoff | None = None) -> float:
         return (backoff or self.backoff).delay(failures) * random.uniform(0.8, 1.2)
