@@ -309,9 +309,10 @@ class ShootSupervisor:
                     logger.warning("%s: the shoot's API server answers slowly (%s)", shoot.namespace, verdict)
                 elif shoot.slow and not verdict:
                     logger.info("%s: the shoot's API server answers in time again", shoot.namespace)
-                shoot.slow = verdict
+                changed, shoot.slow = verdict != shoot.slow, verdict
                 self.metrics.shoot_api_server_slow.labels(shoot.namespace).set(1 if verdict else 0)
-                self._announce(shoot)
+                if changed:  # the state (its `slow`) is news only then: no state computed per probe
+                    self._announce(shoot)
             await asyncio.sleep(self.probe.period)
 
     async def _recheck(self, shoot: _Shoot, native: bool, restart: asyncio.Event) -> None:
