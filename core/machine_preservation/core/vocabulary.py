@@ -118,9 +118,54 @@ class DrainOutcome(StrEnum):
     FAILED = "failed"
 
 
+# What an SRE (and `kubectl preservation`) reads on a preserved machine's Node, in fields meant for programs: the
+# Node's mirror of the Machine's record under the same keys (the shoot's users cannot read Machines in the seed),
+# and what the drain found. Only the controller writes them; they are absent while the node is not preserved.
+NODE_PRESERVATION_ANNOTATIONS: Final = (
+    PRESERVED_SINCE_ANNOTATION,  # RFC 3339
+    PRESERVED_UNTIL_ANNOTATION,  # RFC 3339
+    PRESERVED_BY_ANNOTATION,  # PreservedBy: a user's value, or the pool's auto-preservation budget
+    PRESERVED_DRAIN_ANNOTATION,  # NodeDrainState; absent while no drain is needed (a machine not Failed)
+)
+# Decimal count of the pods the drain still waits for (present with the drain state `failed`).
+PRESERVED_DRAIN_PODS_LEFT_ANNOTATION: Final = "node.machine.sapcloud.io/preserved-drain-pods-left"
+# The PodDisruptionBudgets that refused an eviction, `namespace/name` joined by commas, sorted, at most
+# DRAIN_BLOCKED_BY_LIMIT of them (present with the drain state `failed` when a PDB refused).
+PRESERVED_DRAIN_BLOCKED_BY_ANNOTATION: Final = "node.machine.sapcloud.io/preserved-drain-blocked-by"
+DRAIN_BLOCKED_BY_LIMIT: Final = 10
+# `namespace/name` of the ConfigMap that holds the evidence of the failure (EVIDENCE_* below).
+PRESERVED_EVIDENCE_ANNOTATION: Final = "node.machine.sapcloud.io/preserved-evidence"
+NODE_DRAIN_ANNOTATIONS: Final = (PRESERVED_DRAIN_PODS_LEFT_ANNOTATION, PRESERVED_DRAIN_BLOCKED_BY_ANNOTATION)
+
+
+class NodeDrainState(StrEnum):
+    """The drain as the Node tells it: the record's DrainOutcome, and `draining` while it runs."""
+
+    DRAINING = "draining"
+    DRAINED = "drained"
+    FAILED = "failed"
+
+
+# The evidence of a failure, kept in the shoot for whoever can read its ConfigMaps (Gardener's viewer
+# kubeconfigs can; Secrets they cannot): one ConfigMap per preserved Failed node, in EVIDENCE_NAMESPACE, owned by
+# the Node (garbage-collected with it), its JSON under EVIDENCE_DATA_KEY, at most EVIDENCE_MAX_BYTES.
+EVIDENCE_NAMESPACE: Final = "kube-system"
+EVIDENCE_NAME_PREFIX: Final = "machine-preservation-evidence-"
+EVIDENCE_DATA_KEY: Final = "evidence.json"
+EVIDENCE_MAX_BYTES: Final = 256 * 1024
+# Label on every evidence ConfigMap (value "true"), so the controller finds its own after a restart.
+EVIDENCE_LABEL: Final = "machine-preservation.sapcloud.io/evidence"
+# On the evidence ConfigMap: the Node it is about (a label value could not hold every node name).
+EVIDENCE_NODE_KEY: Final = "machine-preservation.sapcloud.io/node"
+# On the evidence ConfigMap, RFC 3339: when it is deleted (set once the preservation ended, plus the grace).
+EVIDENCE_EXPIRES_KEY: Final = "machine-preservation.sapcloud.io/expires"
+
+
 # Annotations only the controller's identity may change.
 CONTROLLER_OWNED_ANNOTATIONS: Final = (
     *PRESERVATION_RECORD_ANNOTATIONS,
+    *NODE_DRAIN_ANNOTATIONS,
+    PRESERVED_EVIDENCE_ANNOTATION,
     LAST_APPLIED_NODE_PRESERVE_ANNOTATION,
     CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION,
     CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION,
@@ -198,6 +243,8 @@ ANNOTATIONS: Final = frozenset(
         MACHINE_SET_REVISION_ANNOTATION,
         REPORTED_INVALID_PRESERVE_VALUES_ANNOTATION,
         *PRESERVATION_RECORD_ANNOTATIONS,
+        *NODE_DRAIN_ANNOTATIONS,
+        PRESERVED_EVIDENCE_ANNOTATION,
         MIRROR_POD_ANNOTATION,
     }
 )
