@@ -29,6 +29,9 @@ PRESERVED_TAINT_KEY: Final = "node.machine.sapcloud.io/preserved"
 PRESERVED_TAINT_EFFECT: Final = "NoSchedule"
 
 NODE_LABEL: Final = "node"
+# MCM's label on each Node it manages, naming the node's Machine (`machineutils.MachineLabelKey`): how a shoot's
+# user, who cannot read the seed's Machines, tells a node of an MCM-managed pool (the kubectl plugin).
+MCM_MACHINE_NAME_LABEL: Final = "node.gardener.cloud/machine-name"
 FORCE_DRAIN_LABEL: Final = "force-drain"
 
 PRESERVED_CONDITION_TYPE: Final = "Preserved"
