@@ -1,0 +1,419 @@
+"""The evidence of a machine's failure: what an investigation needs, captured before the drain evicts the pods.
+
+A JSON document kept in the shoot (vocabulary EVIDENCE_*), for the shoot's SRE who cannot read the seed: the
+node's conditions at the failure, its recent Events (they expire after an hour), the pods that ran on it, and
+MCM's last operation on the Machine. `build_evidence` turns what the API served, whatever its shape, into a
+document bounded at every level (strings, lists, and the whole at EVIDENCE_MAX_BYTES), saying in `truncated`
+what it left out.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from machine_preservation.core import vocabulary as v
+
+EVIDENCE_VERSION: Final = 1
+
+# Limits of one document. A kubelet's condition or event message is a sentence or two; 1 KiB keeps any real
+# one whole. A node's events of the last hour are rarely more than a few dozen; a node runs ≤ 110 pods by
+# default (≤ 250 at most on common providers), a pod a handful of containers.
+MESSAGE_LIMIT: Final = 1024
+NAME_LIMIT: Final = 253  # a DNS subdomain: the longest Kubernetes object name
+WORD_LIMIT: Final = 128  # reasons, types, phases, states: CamelCase words
+TIME_LIMIT: Final = 64  # an RFC 3339 timestamp with nanoseconds and an offset is 35 characters
+CONDITION_LIMIT: Final = 20
+EVENT_LIMIT: Final = 50
+POD_LIMIT: Final = 200
+CONTAINER_LIMIT: Final = 20
+UNAVAILABLE_LIMIT: Final = 10
+# At most this many input items are looked at, so a hostile list of millions is cut before any sorting.
+SCAN_LIMIT: Final = 5000
+
+_INT64: Final = 2**63
+
+
+class EvidenceModel(BaseModel):
+    # Lenient when read back: a document written by another version still renders.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
+
+
+class ConditionEvidence(EvidenceModel):
+    """A Node condition at the failure."""
+
+    type: str = ""
+    status: str = ""
+    reason: str = ""
+    message: str = ""
+    last_transition_time: dt.datetime | None = None
+
+
+class EventEvidence(EvidenceModel):
+    """An Event about the Node."""
+
+    type: str = ""  # Normal or Warning
+    reason: str = ""
+    message: str = ""
+    count: int = 1
+    first_time: dt.datetime | None = None
+    last_time: dt.datetime | None = None
+    # The component that reported it (`source.component`, else `reportingComponent`).
+    source: str = ""
+
+
+class ContainerEvidence(EvidenceModel):
+    """A container's status, as the kubelet of the failed node last reported it."""
+
+    name: str = ""
+    init: bool = False  # an init container
+    restart_count: int = 0
+    state: str = ""  # running, waiting or terminated
+    state_reason: str = ""  # e.g. CrashLoopBackOff while waiting
+    last_termination_reason: str = ""  # e.g. OOMKilled, Error
+    last_termination_exit_code: int | None = None
+    last_termination_finished_at: dt.datetime | None = None
+
+
+class PodEvidence(EvidenceModel):
+    """A pod that ran on the node when its preservation started."""
+
+    namespace: str = ""
+    name: str = ""
+    owner_kind: str = ""  # the controlling owner, e.g. ReplicaSet, DaemonSet, StatefulSet, Node (a mirror pod)
+    owner_name: str = ""
+    phase: str = ""
+    reason: str = ""  # the pod's status reason, e.g. Evicted, NodeLost
+    created_at: dt.datetime | None = None
+    containers: tuple[ContainerEvidence, ...] = ()
+
+
+class LastOperation(EvidenceModel):
+    """MCM's last operation on the Machine (`status.lastOperation`)."""
+
+    description: str = ""
+    state: str = ""  # e.g. Processing, Failed, Successful
+    type: str = ""  # e.g. Create, HealthCheck, Delete
+    last_update_time: dt.datetime | None = None
+
+
+class MachineEvidence(EvidenceModel):
+    name: str = ""
+    phase: str = ""
+    last_operation: LastOperation = Field(default_factory=LastOperation)
+
+
+class Truncated(EvidenceModel):
+    """What the document leaves out: items beyond the limits, strings cut at theirs."""
+
+    conditions: int = 0
+    events: int = 0
+    pods: int = 0
+    containers: int = 0  # over the pods kept
+    strings: int = 0
+    # Whether the oldest events and pods were left out to keep the document within EVIDENCE_MAX_BYTES.
+    to_fit_size: bool = False
+
+
+class Evidence(EvidenceModel):
+    """The evidence document (JSON under EVIDENCE_DATA_KEY, camelCase keys)."""
+
+    version: int  # EVIDENCE_VERSION when written; required, so always stored
+    node: str = ""
+    captured_at: dt.datetime | None = None
+    conditions: tuple[ConditionEvidence, ...] = ()
+    events: tuple[EventEvidence, ...] = ()  # newest first
+    pods: tuple[PodEvidence, ...] = ()  # newest first
+    machine: MachineEvidence = Field(default_factory=MachineEvidence)
+    # What could not be read, and why (for people), e.g. "events: forbidden".
+    unavailable: tuple[str, ...] = ()
+    truncated: Truncated = Field(default_factory=Truncated)
+
+
+# A DNS subdomain (RFC 1123), what a ConfigMap's name must be.
+_SUBDOMAIN: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_HASH_LENGTH: Final = 16
+
+
+def evidence_name(node_name: str) -> str:
+    """The name of the evidence ConfigMap of a node: EVIDENCE_NAME_PREFIX and the node's name; the prefix and a
+    hash of the name when that is too long or not a valid name (the same node always gets the same name)."""
+    name = v.EVIDENCE_NAME_PREFIX + node_name
+    if len(name) <= NAME_LIMIT and _SUBDOMAIN.fullmatch(name):
+        return name
+    return (
+        v.EVIDENCE_NAME_PREFIX + hashlib.sha256(node_name.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_LENGTH]
+    )
+
+
+def to_json(evidence: Evidence) -> str:
+    """The document as stored: compact JSON with camelCase keys, fields at their defaults left out (a pod's
+    twenty containers of empty fields would weigh 4 KiB). `Evidence.model_validate_json` reads it back."""
+    return _dump(evidence)
+
+
+def size(item: EvidenceModel) -> int:
+    """The size in bytes (UTF-8) of the stored document, or of an item in it."""
+    return len(_dump(item).encode())
+
+
+def _dump(item: EvidenceModel) -> str:
+    return item.model_dump_json(by_alias=True, exclude_defaults=True)
+
+
+def build_evidence(
+    *,
+    node_name: str,
+    captured_at: dt.datetime,
+    node: object,
+    events: object,
+    pods: object,
+    machine: object,
+    unavailable: Sequence[str] = (),
+) -> Evidence:
+    """The evidence document from what the API served: `node` the Node, `events` the Events about it, `pods`
+    the Pods on it, `machine` its Machine, each as read (any shape: what is not as expected is left empty).
+    Its JSON (`to_json`) is at most EVIDENCE_MAX_BYTES long."""
+    cutter = _Cutter()
+    conditions = _items(_path(node, "status", "conditions"), CONDITION_LIMIT)
+    # Chosen on their times alone, so only the kept items are built.
+    newest_events = _newest(_items(events, SCAN_LIMIT, keep_last=True), EVENT_LIMIT, _event_time)
+    newest_pods = _newest(_items(pods, SCAN_LIMIT), POD_LIMIT, _pod_time)
+    evidence = Evidence(
+        version=EVIDENCE_VERSION,
+        node=cutter.cut(node_name, NAME_LIMIT),
+        captured_at=captured_at,
+        conditions=tuple(_condition(c, cutter) for c in conditions),
+        events=tuple(_event(e, cutter) for e in newest_events),
+        pods=tuple(_pod(p, cutter) for p in newest_pods),
+        machine=_machine(machine, cutter),
+        unavailable=tuple(cutter.cut(n, MESSAGE_LIMIT) for n in _items(unavailable, UNAVAILABLE_LIMIT)),
+    )
+    truncated = Truncated(
+        conditions=_length(_path(node, "status", "conditions")) - len(conditions),
+        events=_length(events) - len(evidence.events),
+        pods=_length(pods) - len(evidence.pods),
+        containers=cutter.containers,
+        strings=cutter.strings,
+    )
+    return _fit(evidence.model_copy(update={"truncated": truncated}))
+
+
+def _fit(evidence: Evidence) -> Evidence:
+    """`evidence` within EVIDENCE_MAX_BYTES: the oldest events and pods left out (then the last conditions),
+    whichever list weighs more first."""
+    excess = size(evidence) - v.EVIDENCE_MAX_BYTES
+    if excess <= 0:
+        return evidence
+    events, pods, conditions = list(evidence.events), list(evidence.pods), list(evidence.conditions)
+    weights = {
+        "events": [size(e) + 1 for e in events],  # + 1: the comma
+        "pods": [size(p) + 1 for p in pods],
+        "conditions": [size(c) + 1 for c in conditions],
+    }
+    lists: dict[str, list[Any]] = {"events": events, "pods": pods, "conditions": conditions}
+    totals = {key: sum(weight) for key, weight in weights.items()}
+    # Dropping items to their weight; `to_fit_size` and the counts below may add a few bytes, checked after.
+    while excess > -_COUNTS_MARGIN and any(lists.values()):
+        heavier = max(("events", "pods"), key=totals.__getitem__)
+        key = heavier if lists[heavier] else "conditions"
+        lists[key].pop()
+        dropped = weights[key].pop()
+        totals[key] -= dropped
+        excess -= dropped
+    truncated = evidence.truncated
+    fitted = evidence.model_copy(
+        update={
+            "events": tuple(events),
+            "pods": tuple(pods),
+            "conditions": tuple(conditions),
+            "truncated": truncated.model_copy(
+                update={
+                    "events": truncated.events + len(evidence.events) - len(events),
+                    "pods": truncated.pods + len(evidence.pods) - len(pods),
+                    "conditions": truncated.conditions + len(evidence.conditions) - len(conditions),
+                    "to_fit_size": True,
+                }
+            ),
+        }
+    )
+    if size(fitted) > v.EVIDENCE_MAX_BYTES:
+        # Cannot be: without its lists, the document's strings are bounded far below the limit.
+        raise AssertionError(f"evidence of {size(fitted)} bytes over {v.EVIDENCE_MAX_BYTES}")
+    return fitted
+
+
+# Room for `truncated` to grow by once items are dropped: its keys, digits and `true` (≤ 100 bytes).
+_COUNTS_MARGIN: Final = 256
+
+
+class _Cutter:
+    """Cuts strings to their limits and counts what it cut."""
+
+    def __init__(self) -> None:
+        self.strings = 0
+        self.containers = 0
+
+    def cut(self, value: object, limit: int) -> str:
+        """`value` cut at `limit` characters, a lone surrogate (no character) replaced; "" if not a string."""
+        if not isinstance(value, str):
+            return ""
+        if len(value) > limit:
+            self.strings += 1
+            value = value[:limit]
+        return value.encode("utf-8", "replace").decode()
+
+
+_T = TypeVar("_T")
+
+
+def _items(value: object, limit: int, *, keep_last: bool = False) -> list[Any]:
+    """At most `limit` items of a JSON list (the last ones with `keep_last`); none of anything else."""
+    if not isinstance(value, (list, tuple)):
+        return []
+    return list(value[-limit:] if keep_last else value[:limit])
+
+
+def _length(value: object) -> int:
+    return len(value) if isinstance(value, (list, tuple)) else 0
+
+
+def _path(value: object, *keys: str) -> object:
+    for key in keys:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value
+
+
+def _time(value: object) -> dt.datetime | None:
+    """An RFC 3339 timestamp with a zone, as UTC; None when absent or malformed."""
+    if not isinstance(value, str) or not value or len(value) > TIME_LIMIT:
+        return None
+    try:
+        moment = dt.datetime.fromisoformat(value)
+        return moment.astimezone(dt.UTC) if moment.tzinfo is not None else None
+    except (ValueError, OverflowError):  # malformed; or out of range once moved to UTC
+        return None
+
+
+def _int(value: object, default: _T) -> int | _T:
+    """A JSON integer within int64; `default` for anything else (bool is not one)."""
+    if isinstance(value, int) and not isinstance(value, bool) and -_INT64 <= value < _INT64:
+        return value
+    return default
+
+
+def _condition(raw: object, cutter: _Cutter) -> ConditionEvidence:
+    def text(key: str, limit: int) -> str:
+        return cutter.cut(_path(raw, key), limit)
+
+    return ConditionEvidence(
+        type=text("type", WORD_LIMIT),
+        status=text("status", WORD_LIMIT),
+        reason=text("reason", WORD_LIMIT),
+        message=text("message", MESSAGE_LIMIT),
+        last_transition_time=_time(_path(raw, "lastTransitionTime")),
+    )
+
+
+def _event(raw: object, cutter: _Cutter) -> EventEvidence:
+    first = _time(_path(raw, "firstTimestamp")) or _time(_path(raw, "eventTime"))
+    source = _path(raw, "source", "component") or _path(raw, "reportingComponent")
+    return EventEvidence(
+        type=cutter.cut(_path(raw, "type"), WORD_LIMIT),
+        reason=cutter.cut(_path(raw, "reason"), WORD_LIMIT),
+        message=cutter.cut(_path(raw, "message"), MESSAGE_LIMIT),
+        count=_int(_path(raw, "series", "count"), None) or _int(_path(raw, "count"), None) or 1,
+        first_time=first,
+        last_time=_event_time(raw),
+        source=cutter.cut(source, NAME_LIMIT),
+    )
+
+
+def _container(raw: object, init: bool, cutter: _Cutter) -> ContainerEvidence:
+    state = _path(raw, "state")
+    current = next((s for s in ("running", "waiting", "terminated") if isinstance(_path(state, s), Mapping)), "")
+    terminated = _path(raw, "lastState", "terminated")
+    return ContainerEvidence(
+        name=cutter.cut(_path(raw, "name"), NAME_LIMIT),
+        init=init,
+        restart_count=_int(_path(raw, "restartCount"), 0),
+        state=current,
+        state_reason=cutter.cut(_path(state, current, "reason") if current else None, WORD_LIMIT),
+        last_termination_reason=cutter.cut(_path(terminated, "reason"), WORD_LIMIT),
+        last_termination_exit_code=_int(_path(terminated, "exitCode"), None),
+        last_termination_finished_at=_time(_path(terminated, "finishedAt")),
+    )
+
+
+def _pod(raw: object, cutter: _Cutter) -> PodEvidence:
+    owners = _items(_path(raw, "metadata", "ownerReferences"), SCAN_LIMIT)
+    owner = next((o for o in owners if _path(o, "controller") is True), None)
+    statuses = [
+        (status, init)
+        for key, init in (("initContainerStatuses", True), ("containerStatuses", False))
+        for status in _items(_path(raw, "status", key), CONTAINER_LIMIT)
+    ]
+    cutter.containers += max(
+        0,
+        _length(_path(raw, "status", "initContainerStatuses"))
+        + _length(_path(raw, "status", "containerStatuses"))
+        - CONTAINER_LIMIT,
+    )
+    return PodEvidence(
+        namespace=cutter.cut(_path(raw, "metadata", "namespace"), NAME_LIMIT),
+        name=cutter.cut(_path(raw, "metadata", "name"), NAME_LIMIT),
+        owner_kind=cutter.cut(_path(owner, "kind"), WORD_LIMIT),
+        owner_name=cutter.cut(_path(owner, "name"), NAME_LIMIT),
+        phase=cutter.cut(_path(raw, "status", "phase"), WORD_LIMIT),
+        reason=cutter.cut(_path(raw, "status", "reason"), WORD_LIMIT),
+        created_at=_time(_path(raw, "metadata", "creationTimestamp")),
+        containers=tuple(_container(s, init, cutter) for s, init in statuses[:CONTAINER_LIMIT]),
+    )
+
+
+def _machine(raw: object, cutter: _Cutter) -> MachineEvidence:
+    operation = _path(raw, "status", "lastOperation")
+    return MachineEvidence(
+        name=cutter.cut(_path(raw, "metadata", "name"), NAME_LIMIT),
+        phase=cutter.cut(_path(raw, "status", "currentStatus", "phase"), WORD_LIMIT),
+        last_operation=LastOperation(
+            description=cutter.cut(_path(operation, "description"), MESSAGE_LIMIT),
+            state=cutter.cut(_path(operation, "state"), WORD_LIMIT),
+            type=cutter.cut(_path(operation, "type"), WORD_LIMIT),
+            last_update_time=_time(_path(operation, "lastUpdateTime")),
+        ),
+    )
+
+
+def _newest(items: list[Any], limit: int, moment: Callable[[object], dt.datetime | None]) -> list[Any]:
+    """The `limit` items with the latest `moment`, latest first (those without one last, in their order)."""
+    timed = [(_seconds(moment(item)), index) for index, item in enumerate(items)]
+    return [items[index] for _, index in sorted(timed, key=lambda t: (-t[0], t[1]))[:limit]]
+
+
+def _event_time(raw: object) -> dt.datetime | None:
+    return (
+        _time(_path(raw, "series", "lastObservedTime"))
+        or _time(_path(raw, "lastTimestamp"))
+        or _time(_path(raw, "firstTimestamp"))
+        or _time(_path(raw, "eventTime"))
+    )
+
+
+def _pod_time(raw: object) -> dt.datetime | None:
+    return _time(_path(raw, "metadata", "creationTimestamp"))
+
+
+_EPOCH: Final = dt.datetime.min.replace(tzinfo=dt.UTC)
+
+
+def _seconds(moment: dt.datetime | None) -> float:
+    return (moment - _EPOCH).total_seconds() if moment is not None else float("-inf")
