@@ -207,6 +207,8 @@ class EventReason(StrEnum):
     NODE_OF_ANOTHER_MACHINE = "NodeOfAnotherMachine"
     PRESERVED_NODE_GONE = "PreservedNodeGone"
     PRESERVED_NODE_RETURNED = "PreservedNodeReturned"
+    # A Warning on the Node: the evidence of its failure could not be written (EVIDENCE_*).
+    EVIDENCE_NOT_RECORDED = "PreservationEvidenceNotRecorded"
 
 
 class EventType(StrEnum):
