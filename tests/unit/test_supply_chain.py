@@ -209,6 +209,11 @@ def test_the_wheel_holds_the_production_packages_and_its_console_script_starts(t
     assert commands == {"certs", "webhook", "controller", "extension"}
     for command in (["webhook"], ["controller"], ["certs", "run"]):
         assert "usage:" in run("-m", "machine_preservation.cli", *command, "--help")
+    # The kubectl plugin: its console script in the wheel, and it starts from the wheel alone.
+    (entry_points,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
+    scripts = (tmp_path / "site" / entry_points).read_text()
+    assert "kubectl-preservation = machine_preservation.cli.kubectl.plugin:main" in scripts
+    assert "usage: kubectl preservation" in run("-m", "machine_preservation.cli.kubectl", "--help")
     for development_tool in DEVELOPMENT_FOLDERS:
         result = subprocess.run(
             [sys.executable, "-S", "-c", f"import machine_preservation.{development_tool}"],
