@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 
 from machine_preservation.core import vocabulary as v
@@ -119,7 +120,9 @@ def node(
     unschedulable: bool = False,
     condition: dict[str, Any] | None = None,
     extra_conditions: tuple[dict[str, Any], ...] = (),
+    fields: Mapping[str, str] | None = None,
 ) -> Node:
+    """A Node; `fields` are its preservation fields (`node_fields_of`)."""
     conditions = [{"type": v.NODE_READY_CONDITION_TYPE, "status": ready}, *extra_conditions]
     if condition is not None:
         conditions.append(condition)
@@ -128,12 +131,29 @@ def node(
         {
             "metadata": {
                 "name": name,
-                "annotations": _annotations(preserve=preserve, ca=ca, ca_marker=ca_marker, mcm_marker=mcm_marker),
+                "annotations": {
+                    **_annotations(preserve=preserve, ca=ca, ca_marker=ca_marker, mcm_marker=mcm_marker),
+                    **(fields or {}),
+                },
             },
             "spec": {"taints": [{"key": "other", "effect": "NoExecute"}, *taints], "unschedulable": unschedulable},
             "status": {"conditions": conditions},
         }
     )
+
+
+def node_fields_of(m: Machine, drain: str | None = None, **drain_fields: str) -> dict[str, str]:
+    """The preservation fields a preserved machine's converged Node carries: its record's since, until and by, the
+    drain state `drain`, and `pods_left`/`blocked_by`."""
+    record = m.metadata.annotations
+    fields = {
+        key: record[key]
+        for key in (v.PRESERVED_SINCE_ANNOTATION, v.PRESERVED_UNTIL_ANNOTATION, v.PRESERVED_BY_ANNOTATION)
+    }
+    if drain is not None:
+        fields[v.PRESERVED_DRAIN_ANNOTATION] = drain
+    keys = {"pods_left": v.PRESERVED_DRAIN_PODS_LEFT_ANNOTATION, "blocked_by": v.PRESERVED_DRAIN_BLOCKED_BY_ANNOTATION}
+    return {**fields, **{keys[name]: value for name, value in drain_fields.items()}}
 
 
 def machine_set(

@@ -23,7 +23,8 @@ from machine_preservation.core.plan import (
 from machine_preservation.core.preservation_record import DrainRecord, format_timestamp
 
 from .lifecycle_helpers import event_reasons, execute, of_type, only, plan, write_kinds, writes
-from .preservation_objects import ABSENT, HOUR, NOW, machine, node, preserved_condition, with_phase
+from .plan_simulator import patched_annotations
+from .preservation_objects import ABSENT, HOUR, NOW, machine, node, node_fields_of, preserved_condition, with_phase
 
 FAILED, RUNNING = v.MachinePhase.FAILED, v.MachinePhase.RUNNING
 KEPT = NOW + 5 * HOUR
@@ -66,9 +67,10 @@ def preserved_machine(phase: str = RUNNING, value: str = "now", **kwargs: object
 def test_ca_annotation_while_preserved(
     ca: object, marker: object, mcm_marker: object, expected: PatchNodeAnnotations | None
 ) -> None:
+    m = preserved_machine()
+    condition = preserved_condition(message=UNTIL_KEPT)
     result = plan(
-        preserved_machine(),
-        node(ca=ca, ca_marker=marker, mcm_marker=mcm_marker, condition=preserved_condition(message=UNTIL_KEPT)),
+        m, node(ca=ca, ca_marker=marker, mcm_marker=mcm_marker, condition=condition, fields=node_fields_of(m))
     )
     assert of_type(result, PatchNodeAnnotations) == ([expected] if expected else [])
     if expected is not None:
@@ -113,8 +115,10 @@ def test_unpreserved_machine_never_touches_a_rollout_ca_annotation() -> None:
 
 def test_reason_follows_the_value_without_a_new_drain() -> None:
     # Upstream MCM keeps "Preserved by MCM." after a switch from auto to `now`.
-    n = node(ca="true", tainted=True, condition=preserved_condition(reason="Preserved by MCM.", message=DRAINED))
-    result = plan(preserved_machine(FAILED, drain=WAS_DRAINED), n)
+    m = preserved_machine(FAILED, drain=WAS_DRAINED)
+    condition = preserved_condition(reason="Preserved by MCM.", message=DRAINED)
+    n = node(ca="true", tainted=True, condition=condition, fields=node_fields_of(m, "drained"))
+    result = plan(m, n)
     assert writes(result) == [
         SetPreservedCondition(
             status="True", reason="Preserved by user.", message=DRAINED, last_transition_time=NOW - 10 * HOUR
@@ -183,24 +187,32 @@ def test_unschedulable_is_never_touched_through_preserve_recovery_and_stop() -> 
 
 
 def test_drained_failed_machine_is_steady() -> None:
-    n = node(ca="true", tainted=True, condition=preserved_condition(message=DRAINED))
-    result = plan(preserved_machine(FAILED, drain=WAS_DRAINED), n)
+    m = preserved_machine(FAILED, drain=WAS_DRAINED)
+    n = node(
+        ca="true", tainted=True, condition=preserved_condition(message=DRAINED), fields=node_fields_of(m, "drained")
+    )
+    result = plan(m, n)
     assert result == MachinePlan(requeue_after=5 * HOUR)
 
 
 def test_a_drained_message_without_a_drain_record_is_not_believed() -> None:
     # Messages are for people: only the record says the drain of this failure is done.
-    n = node(ca="true", tainted=True, condition=preserved_condition(message=DRAINED))
-    result = plan(preserved_machine(FAILED), n)
-    assert write_kinds(result) == ["DrainNode", "SetPreservedCondition"]
+    m = preserved_machine(FAILED)
+    n = node(
+        ca="true", tainted=True, condition=preserved_condition(message=DRAINED), fields=node_fields_of(m, "drained")
+    )
+    result = plan(m, n)
+    assert write_kinds(result) == ["PatchNodeAnnotations", "DrainNode", "SetPreservedCondition"]
+    assert only(result, PatchNodeAnnotations) == PatchNodeAnnotations(set={v.PRESERVED_DRAIN_ANNOTATION: "draining"})
     assert only(result, SetPreservedCondition).message.startswith(v.DRAINING_MESSAGE)
 
 
 def test_failed_drain_is_retried_after_the_interval_since_the_last_attempt() -> None:
     config = PreservationConfig(drain_retry_interval=2 * MINUTE)
     # The condition changed an hour ago: only the record's last attempt paces the retry.
-    n = node(ca="true", tainted=True, condition=preserved_condition(status="False", message=NOT_DRAINED))
     m = preserved_machine(FAILED, drain=failing(NOW - HOUR, NOW - MINUTE))
+    fields = node_fields_of(m, "failed", pods_left="1")
+    n = node(ca="true", tainted=True, condition=preserved_condition(status="False", message=NOT_DRAINED), fields=fields)
     waiting = plan(m, n, config=config)
     assert waiting == MachinePlan(requeue_after=MINUTE)
     due = plan(m, n, config=config, now=NOW + MINUTE)
@@ -217,9 +229,14 @@ def test_the_retry_wakes_at_the_expiry_when_that_comes_first() -> None:
 
 def test_a_failed_drain_message_without_a_drain_record_drains_at_once() -> None:
     # e.g. the record's drain keys were lost: the drain is simply done again, announced as a first attempt
-    n = node(ca="true", tainted=True, condition=preserved_condition(status="False", message=NOT_DRAINED))
-    result = plan(preserved_machine(FAILED), n, pods_to_evict=("ns/a",))
-    assert write_kinds(result) == ["DrainNode", "SetPreservedCondition"]
+    m = preserved_machine(FAILED)
+    fields = node_fields_of(m, "failed", pods_left="1")
+    n = node(ca="true", tainted=True, condition=preserved_condition(status="False", message=NOT_DRAINED), fields=fields)
+    result = plan(m, n, pods_to_evict=("ns/a",))
+    assert write_kinds(result) == ["PatchNodeAnnotations", "DrainNode", "SetPreservedCondition"]
+    assert only(result, PatchNodeAnnotations) == PatchNodeAnnotations(
+        set={v.PRESERVED_DRAIN_ANNOTATION: "draining"}, remove=(v.PRESERVED_DRAIN_PODS_LEFT_ANNOTATION,)
+    )
     assert only(result, SetPreservedCondition).message == (
         f"Preserved node is being drained. {UNTIL_KEPT} Waiting for pods: ns/a."
     )
@@ -229,7 +246,7 @@ def test_a_failed_drain_message_without_a_drain_record_drains_at_once() -> None:
 def test_waiting_drain_still_follows_the_value_reason() -> None:
     failed = preserved_condition(status="False", message=NOT_DRAINED, reason="Preserved by MCM.")
     m = preserved_machine(FAILED, drain=failing(NOW - HOUR, NOW))
-    result = plan(m, node(ca="true", tainted=True, condition=failed))
+    result = plan(m, node(ca="true", tainted=True, condition=failed, fields=node_fields_of(m, "failed")))
     assert writes(result) == [
         SetPreservedCondition(
             status="False", reason="Preserved by user.", message=NOT_DRAINED, last_transition_time=NOW - 10 * HOUR
@@ -297,7 +314,12 @@ def given_up(**kwargs: object) -> tuple[Machine, DrainNode]:
     m = preserved_machine(FAILED, drain=failing(NOW - HOUR, NOW - 2 * HOUR), drain_timeout="30m", **kwargs)
     assert m.preservation is not None
     return m, DrainNode(
-        record=m.preservation, reason="Preserved by user.", expiry=KEPT, timeout=30 * MINUTE, evict=False
+        record=m.preservation,
+        reason="Preserved by user.",
+        expiry=KEPT,
+        timeout=30 * MINUTE,
+        evict=False,
+        node_fields=node_fields_of(m, "failed", pods_left="1", blocked_by="ns/budget"),
     )
 
 
@@ -334,7 +356,11 @@ def test_a_look_that_finds_the_node_empty_marks_it_drained() -> None:
     result = plan_after_drain(
         machine=m, node=node(condition=said), drain=drain, drained=True, blocking_pods=(), now=NOW
     )
-    assert write_kinds(result) == ["SetPreservedCondition", "PatchMachineAnnotations"]
+    assert write_kinds(result) == ["SetPreservedCondition", "PatchNodeAnnotations", "PatchMachineAnnotations"]
+    assert only(result, PatchNodeAnnotations) == PatchNodeAnnotations(
+        set={v.PRESERVED_DRAIN_ANNOTATION: "drained"},
+        remove=(v.PRESERVED_DRAIN_PODS_LEFT_ANNOTATION, v.PRESERVED_DRAIN_BLOCKED_BY_ANNOTATION),
+    )
     assert only(result, PatchMachineAnnotations) == PatchMachineAnnotations(
         set={v.PRESERVED_DRAIN_ANNOTATION: "drained"},
         remove=(v.PRESERVED_DRAIN_FAILING_SINCE_ANNOTATION, v.PRESERVED_DRAIN_LAST_ATTEMPT_ANNOTATION),
@@ -345,7 +371,7 @@ def test_a_look_that_finds_the_node_empty_marks_it_drained() -> None:
         ("Machine", v.EventReason.PRESERVED_NODE_DRAINED),
         ("Node", v.EventReason.PRESERVED_NODE_DRAINED),
     ]
-    drained, steady = execute(m, node(ca="true", tainted=True, condition=said), result)
+    drained, steady = execute(m, node(ca="true", tainted=True, condition=said, fields=drain.node_fields), result)
     assert drained.preservation is not None
     assert drained.preservation.drain == WAS_DRAINED
     assert plan(drained, steady) == MachinePlan(requeue_after=5 * HOUR)
@@ -383,14 +409,31 @@ def test_condition_after_drain_needs_the_expiry() -> None:
         condition_after_drain(node=node(), drain=DrainNode(), drained=True, blocking_pods=(), now=NOW)
 
 
-def test_plan_after_drain_writes_the_condition_then_the_record_then_events_on_machine_and_node() -> None:
+def test_plan_after_drain_writes_the_condition_and_node_fields_then_the_record_then_events() -> None:
     m = preserved_machine(FAILED)
     assert m.preservation is not None
-    drain = DrainNode(record=m.preservation, reason="Preserved by user.", expiry=KEPT)
-    result = plan_after_drain(machine=m, node=node(), drain=drain, drained=False, blocking_pods=["ns/web-0"], now=NOW)
-    assert write_kinds(result) == ["SetPreservedCondition", "PatchMachineAnnotations"]
-    assert isinstance(result.steps[1], PatchMachineAnnotations)
-    assert result.steps[1].set == {
+    drain = DrainNode(
+        record=m.preservation, reason="Preserved by user.", expiry=KEPT, node_fields=node_fields_of(m, "draining")
+    )
+    result = plan_after_drain(
+        machine=m,
+        node=node(),
+        drain=drain,
+        drained=False,
+        blocking_pods=["ns/web-0", "ns/web-1"],
+        now=NOW,
+        blocked_by=["ns/web"],
+    )
+    assert write_kinds(result) == ["SetPreservedCondition", "PatchNodeAnnotations", "PatchMachineAnnotations"]
+    assert result.steps[1] == PatchNodeAnnotations(
+        set={
+            v.PRESERVED_DRAIN_ANNOTATION: "failed",
+            v.PRESERVED_DRAIN_PODS_LEFT_ANNOTATION: "2",
+            v.PRESERVED_DRAIN_BLOCKED_BY_ANNOTATION: "ns/web",
+        }
+    )
+    assert isinstance(result.steps[2], PatchMachineAnnotations)
+    assert result.steps[2].set == {
         v.PRESERVED_DRAIN_ANNOTATION: "failed",
         v.PRESERVED_DRAIN_FAILING_SINCE_ANNOTATION: format_timestamp(NOW),
         v.PRESERVED_DRAIN_LAST_ATTEMPT_ANNOTATION: format_timestamp(NOW),
@@ -400,6 +443,10 @@ def test_plan_after_drain_writes_the_condition_then_the_record_then_events_on_ma
         ("Node", v.EventReason.PRESERVED_NODE_DRAIN_FAILED),
     ]
     assert all(e.type == "Warning" and "ns/web-0" in e.message for e in of_type(result, RecordEvent))
+    # Converged: the Node says the outcome, no field of the preservation is lost.
+    assert patched_annotations(drain.node_fields, result.steps[1]) == node_fields_of(
+        m, "failed", pods_left="2", blocked_by="ns/web"
+    )
     success = plan_after_drain(machine=m, node=node(), drain=drain, drained=True, blocking_pods=(), now=NOW)
     assert {e.type for e in of_type(success, RecordEvent)} == {"Normal"}
 
@@ -414,7 +461,7 @@ def test_a_drain_retried_after_its_records_conflict_writes_the_condition_again_a
     assert retry.drain is not None
     assert only(retry, SetPreservedCondition).message.startswith(v.DRAINING_MESSAGE)
     outcome = plan_after_drain(machine=m, node=n, drain=retry.drain, drained=True, blocking_pods=(), now=NOW)
-    assert write_kinds(outcome) == ["SetPreservedCondition", "PatchMachineAnnotations"]
+    assert write_kinds(outcome) == ["SetPreservedCondition", "PatchNodeAnnotations", "PatchMachineAnnotations"]
     assert only(outcome, SetPreservedCondition).message == DRAINED
     assert event_reasons(outcome) == [
         ("Machine", v.EventReason.PRESERVED_NODE_DRAINED),
@@ -425,7 +472,9 @@ def test_a_drain_retried_after_its_records_conflict_writes_the_condition_again_a
 def test_the_events_of_an_outcome_already_in_the_condition_go_with_the_record_that_is_new() -> None:
     m = preserved_machine(FAILED)
     assert m.preservation is not None
-    drain = DrainNode(record=m.preservation, reason="Preserved by user.", expiry=KEPT)
+    drain = DrainNode(
+        record=m.preservation, reason="Preserved by user.", expiry=KEPT, node_fields=node_fields_of(m, "drained")
+    )
     n = node(condition=preserved_condition(message=DRAINED))
     outcome = plan_after_drain(machine=m, node=n, drain=drain, drained=True, blocking_pods=(), now=NOW)
     assert write_kinds(outcome) == ["PatchMachineAnnotations"]
@@ -444,7 +493,12 @@ def test_the_events_of_an_outcome_already_in_the_condition_go_with_the_record_th
     again = plan_after_drain(
         machine=still,
         node=blocked,
-        drain=DrainNode(record=still.preservation, reason="Preserved by user.", expiry=KEPT),
+        drain=DrainNode(
+            record=still.preservation,
+            reason="Preserved by user.",
+            expiry=KEPT,
+            node_fields=node_fields_of(still, "failed", pods_left="1"),
+        ),
         drained=False,
         blocking_pods=["ns/a"],
         now=NOW,

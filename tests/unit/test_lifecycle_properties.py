@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.lifecycle import plan_after_drain
 from machine_preservation.core.models import Machine, Node, NoNode
+from machine_preservation.core.node_fields import STOP_REMOVES
 from machine_preservation.core.plan import (
     DeleteMachine,
     DrainNode,
@@ -29,7 +30,7 @@ from machine_preservation.core.plan import (
     SetPreservedTaint,
     SetPreserveExpiry,
 )
-from machine_preservation.core.preservation_record import DrainRecord, parse_timestamp
+from machine_preservation.core.preservation_record import DrainRecord, format_timestamp, parse_timestamp
 
 from .lifecycle_helpers import CONFIG, changing_steps, execute, interrupted, of_type, plan, writes
 from .plan_simulator import apply_machine_plan
@@ -50,6 +51,22 @@ CONDITIONS: list[dict[str, Any] | None] = [
     preserved_condition(status="False", message=f"Preserved node could not be drained. {UNTIL} Pods blocking: a/b."),
     preserved_condition(status="False", reason="Preservation stopped."),
     preserved_condition(message="Machine preserved until 2030-01-01 00:00:00 +0000 UTC."),
+]
+# A Node's preservation fields as an earlier preservation, a crash, or someone writing them while the webhook was
+# down may have left them.
+NODE_FIELDS: list[dict[str, str]] = [
+    {},
+    {},
+    {
+        v.PRESERVED_SINCE_ANNOTATION: "2026-08-01T00:00:00Z",
+        v.PRESERVED_UNTIL_ANNOTATION: "2026-08-20T15:00:00Z",
+        v.PRESERVED_BY_ANNOTATION: "auto",
+        v.PRESERVED_DRAIN_ANNOTATION: "failed",
+        v.PRESERVED_DRAIN_PODS_LEFT_ANNOTATION: "3",
+        v.PRESERVED_DRAIN_BLOCKED_BY_ANNOTATION: "ns/web",
+        v.PRESERVED_EVIDENCE_ANNOTATION: "kube-system/evidence",
+    },
+    {v.PRESERVED_DRAIN_ANNOTATION: "draining", v.PRESERVED_UNTIL_ANNOTATION: "garbage"},
 ]
 DRAINS = [
     None,
@@ -105,6 +122,7 @@ def snapshots(
             tainted=draw(st.booleans()),
             unschedulable=draw(st.booleans()),
             condition=draw(st.sampled_from(CONDITIONS)),
+            fields=draw(st.sampled_from(NODE_FIELDS)),
         )
     elif has_label:
         no_node = draw(st.sampled_from(NoNode))
@@ -280,6 +298,37 @@ def test_warnings_only_for_invalid_values_failed_drains_and_gone_nodes(s: dict[s
             assert s["no_node"] is NoNode.NOT_FOUND
         elif event.type == "Warning":
             assert event.reason in (v.EventReason.INVALID_PRESERVE_VALUE, v.EventReason.PRESERVED_NODE_DRAIN_FAILED)
+
+
+@PROPERTY
+@given(snapshots(with_node=True))
+def test_a_converged_node_tells_exactly_the_preservation(s: dict[str, Any]) -> None:
+    before = s["machine"]
+    assume(before.phase != "Terminating" and before.metadata.deletion_timestamp is None)  # MCM's deletion flow's
+    # A restored machine MCM has not placed again: the plan waits, writing nothing.
+    settling = before.preservation is not None and before.preservation.since < before.metadata.creation_timestamp
+    assume(not (settling and before.phase in ("", "Pending", "Unknown")))
+    _, m, n = run(s)
+    assert n is not None
+    fields = {key: value for key, value in n.metadata.annotations.items() if key in STOP_REMOVES}
+    record = m.preservation
+    if record is None or m.metadata.deletion_timestamp is not None:
+        assert fields == {}, "no preservation: the node tells of none"
+        return
+    expiry = record.expiry(max_timeout=s["config"].max_preserve_timeout)
+    assert fields[v.PRESERVED_SINCE_ANNOTATION] == format_timestamp(record.since)
+    assert fields[v.PRESERVED_UNTIL_ANNOTATION] == format_timestamp(expiry)
+    assert fields[v.PRESERVED_BY_ANNOTATION] == record.by.value
+    state = fields.get(v.PRESERVED_DRAIN_ANNOTATION)
+    if m.phase != v.MachinePhase.FAILED:
+        assert state is None
+    elif record.drain is None:
+        assert state == "draining"
+    else:
+        assert state == record.drain.outcome.value
+    if state != "failed":
+        assert v.PRESERVED_DRAIN_PODS_LEFT_ANNOTATION not in fields
+        assert v.PRESERVED_DRAIN_BLOCKED_BY_ANNOTATION not in fields
 
 
 def essentials(m: Machine, n: Node | None) -> tuple[object, ...]:

@@ -16,6 +16,7 @@ from machine_preservation.core.plan import (
     DrainNode,
     MachinePlan,
     PatchMachineAnnotations,
+    PatchNodeAnnotations,
     RecordEvent,
     SetPreservedCondition,
     SetPreserveExpiry,
@@ -23,7 +24,7 @@ from machine_preservation.core.plan import (
 from machine_preservation.core.preservation_record import DrainRecord, format_timestamp, parse_timestamp
 
 from .lifecycle_helpers import CONFIG, execute, of_type, only, plan, write_kinds, writes
-from .preservation_objects import HOUR, NOW, machine, node, preserved_condition
+from .preservation_objects import HOUR, NOW, machine, node, node_fields_of, preserved_condition
 
 FAILED, RUNNING = v.MachinePhase.FAILED, v.MachinePhase.RUNNING
 MINUTE = dt.timedelta(minutes=1)
@@ -42,11 +43,14 @@ def test_an_until_far_in_the_future_counts_as_since_plus_the_maximum() -> None:
     m = machine(
         phase=FAILED, preserve="now", expiry=FAR, since=since, drain=WAS_DRAINED, priority="5", last_priority=""
     )
-    n = node(ca="true", tainted=True, condition=preserved_condition(message=drained_message(FAR)))
+    condition = preserved_condition(message=drained_message(FAR))
+    n = node(ca="true", tainted=True, condition=condition, fields=node_fields_of(m, "drained"))
     result = plan(m, n, config=MIRROR)
-    # the node and the mirror show the capped expiry, the plan wakes up then; the record is not rewritten
+    # the node (its condition and its fields) and the mirror show the capped expiry, the plan wakes up then; the
+    # record is not rewritten
     assert writes(result) == [
         SetPreserveExpiry(expiry=capped),
+        PatchNodeAnnotations(set={v.PRESERVED_UNTIL_ANNOTATION: format_timestamp(capped)}),
         SetPreservedCondition(
             status="True",
             reason=v.ConditionReason.PRESERVED_BY_USER,
@@ -123,7 +127,8 @@ def test_a_start_uses_the_pool_timeout_without_a_spec_timeout_capped_by_the_maxi
 
 def test_the_pool_timeout_never_moves_a_running_preservation() -> None:
     m = machine(phase=FAILED, preserve="now", expiry=NOW + 5 * HOUR, drain=WAS_DRAINED, priority="5", last_priority="")
-    n = node(ca="true", tainted=True, condition=preserved_condition(message=drained_message(NOW + 5 * HOUR)))
+    condition = preserved_condition(message=drained_message(NOW + 5 * HOUR))
+    n = node(ca="true", tainted=True, condition=condition, fields=node_fields_of(m, "drained"))
     assert plan(m, n, pool_timeout=HOUR) == MachinePlan(requeue_after=5 * HOUR)
 
 
@@ -194,7 +199,7 @@ def test_a_preserved_running_machine_is_never_being_drained() -> None:
 def test_a_replan_during_the_first_drain_rewrites_the_condition_only_when_the_pods_change() -> None:
     m = machine(phase=FAILED, preserve="now", expiry=T, priority="5", last_priority="")
     draining = preserved_condition(status="False", message=draining_message(T, ["ns/a"]), transition=NOW - MINUTE)
-    n = node(ca="true", tainted=True, condition=draining)
+    n = node(ca="true", tainted=True, condition=draining, fields=node_fields_of(m, "draining"))
     assert write_kinds(plan(m, n, pods_to_evict=("ns/a",))) == ["DrainNode"]
     changed = plan(m, n, pods_to_evict=("ns/a", "ns/c"))
     assert write_kinds(changed) == ["DrainNode", "SetPreservedCondition"]

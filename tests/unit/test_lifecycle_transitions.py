@@ -21,7 +21,7 @@ from machine_preservation.core.plan import (
     SetPreservedTaint,
     SetPreserveExpiry,
 )
-from machine_preservation.core.preservation_record import DrainRecord, PreservationRecord
+from machine_preservation.core.preservation_record import DrainRecord, PreservationRecord, format_timestamp
 
 from .lifecycle_helpers import CONFIG, event_reasons, execute, of_type, only, plan, write_kinds, writes
 from .preservation_objects import ABSENT, HOUR, NOW, machine, node, preserved_condition, with_phase
@@ -35,6 +35,17 @@ RUNNING, FAILED, UNKNOWN, PENDING = (
 T = NOW + 72 * HOUR
 KEPT = NOW + 5 * HOUR
 CA_SET = {v.CA_SCALE_DOWN_DISABLED_ANNOTATION: "true", v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION: "true"}
+# The Node's fields of a start (since now, until now + the default 72h, by a user) and of a preservation until KEPT.
+STARTED_FIELDS = {
+    v.PRESERVED_SINCE_ANNOTATION: format_timestamp(NOW),
+    v.PRESERVED_UNTIL_ANNOTATION: format_timestamp(T),
+    v.PRESERVED_BY_ANNOTATION: "user",
+}
+KEPT_FIELDS = {
+    v.PRESERVED_SINCE_ANNOTATION: format_timestamp(KEPT - 72 * HOUR),
+    v.PRESERVED_UNTIL_ANNOTATION: format_timestamp(KEPT),
+    v.PRESERVED_BY_ANNOTATION: "user",
+}
 STARTED = [("Machine", v.EventReason.PRESERVATION_STARTED), ("Node", v.EventReason.PRESERVATION_STARTED)]
 STOPPED = [("Machine", v.EventReason.PRESERVATION_STOPPED), ("Node", v.EventReason.PRESERVATION_STOPPED)]
 EXPIRED = [("Machine", v.EventReason.PRESERVATION_EXPIRED), ("Node", v.EventReason.PRESERVATION_EXPIRED)]
@@ -60,7 +71,8 @@ DRAINED_KEPT = f"Preserved node drained successfully. {PRESERVED_UNTIL_KEPT}"
 
 def preserved_running_node(**kwargs: object) -> dict[str, object]:
     """A node as a Running machine preserved until KEPT leaves it."""
-    return {"ca": "true", "ca_marker": "true", "condition": preserved_condition(message=PRESERVED_UNTIL_KEPT), **kwargs}
+    condition = preserved_condition(message=PRESERVED_UNTIL_KEPT)
+    return {"ca": "true", "ca_marker": "true", "condition": condition, "fields": KEPT_FIELDS, **kwargs}
 
 
 def steady_priority() -> dict[str, object]:
@@ -105,7 +117,7 @@ def test_now_preserves_a_machine_that_is_not_failed_without_taint_or_drain(phase
     assert write_kinds(result) == [RECORD, "PatchNodeAnnotations", "SetPreservedCondition", ACKNOWLEDGED]
     assert record_written(result) == announcing(STARTED_RECORD)
     assert machine_patches(result)[1] == ANNOUNCED
-    assert only(result, PatchNodeAnnotations) == PatchNodeAnnotations(set=CA_SET)
+    assert only(result, PatchNodeAnnotations) == PatchNodeAnnotations(set={**CA_SET, **STARTED_FIELDS})
     assert only(result, SetPreservedCondition) == SetPreservedCondition(
         status="True", reason="Preserved by user.", message=PRESERVED_UNTIL_T, last_transition_time=NOW
     )
@@ -168,12 +180,16 @@ def test_failed_machine_is_preserved_tainted_and_drained(value: str, reason: str
     by = v.PreservedBy.AUTO if value == "auto-preserve" else v.PreservedBy.USER
     record = dataclasses.replace(STARTED_RECORD, by=by)
     assert record_written(result) == announcing(record)
+    # The Node says so from the start, with the CA annotation: a drain runs.
+    fields = {**STARTED_FIELDS, v.PRESERVED_BY_ANNOTATION: by.value, v.PRESERVED_DRAIN_ANNOTATION: "draining"}
+    assert only(result, PatchNodeAnnotations) == PatchNodeAnnotations(set={**CA_SET, **fields})
     assert result.drain == DrainNode(
         record=record,
         reason=reason,
         expiry=T,
         timeout=dt.timedelta(minutes=30),
         alongside=(being_drained, ANNOUNCED),
+        node_fields=fields,
     )
 
 
@@ -202,7 +218,8 @@ def test_preserved_machine_that_fails_is_drained_with_the_original_expiry() -> N
     result = plan(
         machine(phase=FAILED, preserve="now", expiry=KEPT, **steady_priority()), node(**preserved_running_node())
     )
-    assert write_kinds(result) == ["SetPreservedTaint", "DrainNode", "SetPreservedCondition"]
+    assert write_kinds(result) == ["PatchNodeAnnotations", "SetPreservedTaint", "DrainNode", "SetPreservedCondition"]
+    assert only(result, PatchNodeAnnotations) == PatchNodeAnnotations(set={v.PRESERVED_DRAIN_ANNOTATION: "draining"})
     assert only(result, SetPreservedCondition).message == f"Preserved node is being drained. {PRESERVED_UNTIL_KEPT}"
     assert only(result, DrainNode).expiry == KEPT
     assert result.requeue_after == 5 * HOUR
@@ -218,9 +235,17 @@ def test_now_machine_recovered_stays_preserved_untainted_and_ready_to_drain_agai
         drain=DrainRecord(outcome=v.DrainOutcome.DRAINED),
         **steady_priority(),
     )
-    n = node(ca="true", ca_marker="true", tainted=True, condition=drained)
+    fields = {**KEPT_FIELDS, v.PRESERVED_DRAIN_ANNOTATION: "drained"}
+    n = node(ca="true", ca_marker="true", tainted=True, condition=drained, fields=fields)
     result = plan(m, n)
-    assert write_kinds(result) == ["PatchMachineAnnotations", "SetPreservedTaint", "SetPreservedCondition"]
+    assert write_kinds(result) == [
+        "PatchMachineAnnotations",
+        "PatchNodeAnnotations",
+        "SetPreservedTaint",
+        "SetPreservedCondition",
+    ]
+    # The Node no longer tells about a drain: there is none while the machine runs.
+    assert only(result, PatchNodeAnnotations) == PatchNodeAnnotations(remove=(v.PRESERVED_DRAIN_ANNOTATION,))
     # the drain record belongs to the failure that ended
     assert only(result, PatchMachineAnnotations) == PatchMachineAnnotations(remove=(v.PRESERVED_DRAIN_ANNOTATION,))
     assert not only(result, SetPreservedTaint).present
@@ -230,7 +255,9 @@ def test_now_machine_recovered_stays_preserved_untainted_and_ready_to_drain_agai
 
     # ... and fails again before expiry: tainted and drained again (upstream MCM would not)
     m, n = execute(m, n, result)
-    assert write_kinds(plan(with_phase(m, FAILED), n)) == ["SetPreservedTaint", "DrainNode", "SetPreservedCondition"]
+    again = plan(with_phase(m, FAILED), n)
+    assert write_kinds(again) == ["PatchNodeAnnotations", "SetPreservedTaint", "DrainNode", "SetPreservedCondition"]
+    assert only(again, PatchNodeAnnotations) == PatchNodeAnnotations(set={v.PRESERVED_DRAIN_ANNOTATION: "draining"})
 
 
 # A `when-failed` machine recovers: stop, annotation kept
@@ -453,7 +480,9 @@ def test_a_node_that_comes_back_is_preserved_again_by_the_value_it_carried() -> 
         "PatchMachineAnnotations",
         "SetPreservedCondition",
     ]
-    assert only(result, PatchNodeAnnotations) == PatchNodeAnnotations(set={**CA_SET, v.PRESERVE_ANNOTATION: "now"})
+    assert only(result, PatchNodeAnnotations) == PatchNodeAnnotations(
+        set={**CA_SET, **KEPT_FIELDS, v.PRESERVE_ANNOTATION: "now"}
+    )
     assert machine_patches(result) == [PatchMachineAnnotations(remove=(v.PRESERVED_NODE_GONE_SINCE_ANNOTATION,))]
     assert event_reasons(result) == [
         ("Machine", v.EventReason.PRESERVED_NODE_RETURNED),
@@ -676,7 +705,14 @@ def test_a_restored_machine_mcm_finds_failed_again_stays_preserved_as_it_was() -
         **ours(),
     )
     drained = preserved_condition(message=f"Preserved node drained successfully. {PRESERVED_UNTIL_KEPT}")
-    result = plan(restored, node(tainted=True, preserve="when-failed", ca="true", ca_marker="true", condition=drained))
+    fields = {
+        v.PRESERVED_SINCE_ANNOTATION: format_timestamp(NOW - 2 * HOUR),
+        v.PRESERVED_UNTIL_ANNOTATION: format_timestamp(KEPT),
+        v.PRESERVED_BY_ANNOTATION: "user",
+        v.PRESERVED_DRAIN_ANNOTATION: "drained",
+    }
+    n = node(tainted=True, preserve="when-failed", ca="true", ca_marker="true", condition=drained, fields=fields)
+    result = plan(restored, n)
     assert writes(result) == []
     assert not removes_the_record(result)
 

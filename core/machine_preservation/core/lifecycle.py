@@ -7,12 +7,13 @@ idempotent write; the shell stops at the first failure and plans again from the 
 The preservation record (Machine annotations, core.preservation_record) is the state; the node's condition,
 taint and CA annotation, the mirrored `preserveExpiryTime` and the priority are derived from it. Order, and why:
 - start: one Machine write carrying the record (plus the priority raise and node-value sync), then the
-  mirror, the CA annotation, the taint of a Failed machine, and last either the `Preserved` condition or, for
-  a Failed machine not drained yet, the condition "being drained" and the drain (whose outcome
-  `plan_after_drain` records);
+  mirror, the CA annotation with the Node's preservation fields (core.node_fields), the taint of a Failed machine,
+  and last either the `Preserved` condition or, for a Failed machine not drained yet, the condition "being
+  drained" and the drain (whose outcome `plan_after_drain` records, on the Node's fields too);
 - stop: the Machine's annotations (on expiry the preserve annotation goes, so the machine is not preserved
   again; the priority is restored), the Node's annotations (CA annotation only when our ownership marker says
-  we added it), the condition, the taint, the mirror, and last the record is removed;
+  we added it; the preservation's fields, the evidence's name among them), the condition, the taint, the mirror,
+  and last the record is removed;
 - end of a Failed machine whose preservation expired or was turned off with `false`: the node is cleaned up
   the same way, then the Machine is deleted with its record in place (core.decision explains why).
 - release (the extension disabled for the shoot, `MachineContext.released`): the same writes as a stop,
@@ -42,7 +43,7 @@ import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from machine_preservation.core import conditions, events
+from machine_preservation.core import conditions, events, node_fields
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.conditions import condition_after_drain
 from machine_preservation.core.config import PreservationConfig
@@ -257,14 +258,17 @@ def plan_after_drain(
     drained: bool,
     blocking_pods: Sequence[str],
     now: dt.datetime,
+    blocked_by: Sequence[str] = (),
 ) -> MachinePlan:
-    """What the shell writes once a DrainNode ended: the condition, the drain record, the outcome's Events.
+    """What the shell writes once a DrainNode ended: the condition, the Node's fields, the drain record, the
+    outcome's Events. `blocked_by` names the PodDisruptionBudgets (`namespace/name`) that refused evictions.
 
-    The condition comes first: it is what an operator (and the autoscaler's users) wait for, and the record's
-    drain only paces the next attempt, so if its write fails after the condition's, the next plan drains again
-    and finds the node as it left it (an empty node at once). An eviction attempt always updates the record (its
-    time paces the next attempt after a failure). A look at a node whose evictions were given up (`evict` False)
-    that finds it still blocked writes only when the blocking pods changed, so it costs nothing in steady state.
+    The condition and the Node's fields come first: they are what an operator (and the autoscaler's users) wait
+    for, and the record's drain only paces the next attempt, so if its write fails after theirs, the next plan
+    drains again and finds the node as it left it (an empty node at once). An eviction attempt always updates the
+    record (its time paces the next attempt after a failure). A look at a node whose evictions were given up
+    (`evict` False) that finds it still blocked writes only when the blocking pods changed, so it costs nothing in
+    steady state; it evicts nothing, so the budgets named by the last attempt stay.
     """
     record = drain.record
     if record is None:
@@ -286,6 +290,14 @@ def plan_after_drain(
     )
     if condition is not None:
         steps.append(condition)
+    fields = node_fields.fields_after_drain(
+        before=drain.node_fields,
+        drained=drained,
+        pods_left=len(blocking_pods),
+        blocked_by=blocked_by if drain.evict else None,
+    )
+    if not _is_empty(fields_patch := node_fields.fields_patch(current=drain.node_fields, wanted=fields)):
+        steps.append(fields_patch)
     if to_set or to_remove:
         steps.append(PatchMachineAnnotations(set=to_set, remove=to_remove))
     # The Events go with a new condition or a new kind of outcome in the record: an attempt whose condition was
@@ -477,11 +489,15 @@ def _preserve(
     steps += gone_events
     if node is None:
         return _acknowledged(steps, announced), None, None
-    node_steps, record = _node_steps_on_preserve(context, verdict, node, record, ca_patch=ca_patch, expiry=expiry)
+    node_steps, record, fields = _node_steps_on_preserve(
+        context, verdict, node, record, ca_patch=ca_patch, expiry=expiry
+    )
     steps += node_steps
     failed = verdict.phase == v.MachinePhase.FAILED
     if failed and (record.drain is None or record.drain.outcome != v.DrainOutcome.DRAINED):
-        return _drain_on_preserve(context, verdict, node, record, steps=steps, announced=announced, expiry=expiry)
+        return _drain_on_preserve(
+            context, verdict, node, record, fields, steps=steps, announced=announced, expiry=expiry
+        )
     # Not Failed: also rewrites a "drained" message, so the next failure is drained again.
     message = conditions.drained_message(expiry) if failed else conditions.preserved_until_message(expiry)
     condition = conditions.condition_step(
@@ -554,13 +570,19 @@ def _node_steps_on_preserve(
     *,
     ca_patch: PatchNodeAnnotations,
     expiry: dt.datetime,
-) -> tuple[list[MachineStep], PreservationRecord]:
-    """The Node's annotations (the CA annotation, the value written back onto a Node that returned) and taint, and the
-    record's note of a gone Node removed once it is back; the record as they leave it."""
+) -> tuple[list[MachineStep], PreservationRecord, dict[str, str]]:
+    """The Node's annotations (the CA annotation, the preservation's fields, the value written back onto a Node that
+    returned) and taint, and the record's note of a gone Node removed once it is back; the record as they leave it,
+    and the fields they leave on the Node."""
     failed = verdict.phase == v.MachinePhase.FAILED
     steps: list[MachineStep] = []
+    current = node.metadata.annotations
+    # The record's note of a gone Node goes below; the fields mirror only since, until and by, which it leaves.
+    fields = node_fields.preserved_fields(record=record, expiry=expiry, failed=failed, current=current)
+    fields_patch = node_fields.fields_patch(current=current, wanted=fields)
     node_patch = PatchNodeAnnotations(
-        set={**ca_patch.set, **_value_back_on_node(context, verdict)}, remove=ca_patch.remove
+        set={**ca_patch.set, **fields_patch.set, **_value_back_on_node(context, verdict)},
+        remove=(*ca_patch.remove, *fields_patch.remove),
     )
     if not _is_empty(node_patch):
         steps.append(node_patch)
@@ -571,7 +593,7 @@ def _node_steps_on_preserve(
         record = dataclasses.replace(record, node_gone_since=None)
         steps.append(PatchMachineAnnotations(remove=(v.PRESERVED_NODE_GONE_SINCE_ANNOTATION,)))
         steps += events.node_returned(machine=context.machine, node=node, since=back_since, expiry=expiry)
-    return steps, record
+    return steps, record, fields
 
 
 def _drain_on_preserve(
@@ -579,6 +601,7 @@ def _drain_on_preserve(
     verdict: _Verdict,
     node: Node,
     record: PreservationRecord,
+    fields: dict[str, str],
     *,
     steps: list[MachineStep],
     announced: bool,
@@ -625,6 +648,7 @@ def _drain_on_preserve(
             timeout=timeout,
             evict=not gave_up,
             alongside=tuple(_acknowledged(alongside, announced)),
+            node_fields=fields,
         ),
         None,
     )
@@ -674,6 +698,8 @@ def _stop_or_idle(context: MachineContext, verdict: _Verdict) -> list[MachineSte
             )
             if not _is_empty(node_patch):
                 steps.append(node_patch)
+        elif leftovers := tuple(key for key in node_fields.STOP_REMOVES if key in node.metadata.annotations):
+            steps.append(PatchNodeAnnotations(remove=leftovers))  # no preservation: its fields never outlive it
         # Right after the annotations: the executor writes the two as one.
         if node.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT):
             steps.append(SetPreservedTaint(present=False))
@@ -740,6 +766,7 @@ def _node_annotations_on_stop(
         # someone took the annotation over since). MCM's marker counts too: an earlier version of the product
         # wrote it, or MCM's rollout did, which would remove the annotation itself once the rollout completes.
         remove += [key for key in (v.CA_SCALE_DOWN_DISABLED_ANNOTATION, *markers) if key in annotations]
+    remove += [key for key in node_fields.STOP_REMOVES if key in annotations]
     on_node = effective.node_raw and v.PRESERVE_ANNOTATION in annotations  # not a value only recorded for it
     if decision.remove_annotations and effective.source == ValueOrigin.NODE and on_node:
         remove.append(v.PRESERVE_ANNOTATION)

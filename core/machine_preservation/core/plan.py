@@ -92,6 +92,8 @@ class DrainNode:
     # become empty (someone removed the blocking pods) and evicts nothing.
     timeout: dt.timedelta | None = None
     evict: bool = True
+    # The Node's preservation fields (core.node_fields) as the plan's steps leave them, which the outcome's differ from.
+    node_fields: Mapping[str, str] = field(default_factory=dict)
     # Written in order while the evictions run, as they tell about the drain but nothing about it waits for them
     # (the "being drained" condition, the acknowledgement of a start's Events). A failure among them fails the
     # plan once the drain has ended: its outcome is not written, and the next plan starts over.
