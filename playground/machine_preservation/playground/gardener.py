@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -390,6 +391,29 @@ class GardenerWalkthrough:
             "delete, so MCM does not replace it"
         )
 
+    async def sre_view(self) -> str:
+        """What each shoot's SRE sees with `kubectl preservation` (the plugin the package installs, found by kubectl
+        on PATH): both shoots' preserved nodes, and the failed node's preservation and evidence."""
+        nodes = {}
+        for key, machine, value in (("a", self.now_preserved, "now"), ("b", self.when_failed_preserved, "when-failed")):
+            found, _ = await self.node_state(key, machine)
+            nodes[key] = machine_node(found) if found else ""
+            code, output = await self.land.kubectl(
+                "preservation", "list", kubeconfig=self.shoot(key).plane.kubeconfig, who=f"shoot {key}'s SRE"
+            )
+            row = next((line.split() for line in output.splitlines() if line.startswith(nodes[key] + " ")), [])
+            if code != 0 or row[1:2] != [value]:
+                raise StepFailed(f"shoot {key}: `kubectl preservation list` must show {nodes[key]} with {value}")
+        code, output = await self.land.kubectl(
+            "preservation", "show", nodes["b"], kubeconfig=self.shoot("b").plane.kubeconfig, who="shoot b's SRE"
+        )
+        if code != 0 or "Value:                 when-failed" not in output:
+            raise StepFailed(f"shoot b: `kubectl preservation show {nodes['b']}` must show its preservation")
+        return (
+            f"`kubectl preservation list` shows {nodes['a']} (now) in shoot a and {nodes['b']} (when-failed, Failed) "
+            "in shoot b; `show` gives the failed node's preservation and evidence"
+        )
+
     async def pool_settings(self) -> str:
         a = await self.record_of("a", self.now_preserved)
         b = await self.record_of("b", self.when_failed_preserved)
@@ -460,6 +484,7 @@ class GardenerWalkthrough:
             ("Bad preserve value denied by shoot a's API server", self.bad_value_denied),
             ("Shoot a: `now` on a healthy node", self.preserve_now),
             ("Shoot b: `when-failed`, then a failure", self.when_failed),
+            ("The SRE's view: `kubectl preservation`", self.sre_view),
             ("Pool settings: providerConfig (a), Shoot worker fields (b)", self.pool_settings),
             ("Disable the extension in shoot a", self.disable),
         ]
@@ -482,6 +507,8 @@ The Gardener playground is running: one seed, shoots a and b, the extension enab
   kubectl --kubeconfig=$SEED get extension -n {a.namespace} {gardener.EXTENSION_TYPE} -o yaml
   kubectl --kubeconfig=$SEED get machines -n {a.namespace}
   kubectl --kubeconfig=$SHOOT_A get nodes
+  kubectl preservation list --kubeconfig=$SHOOT_B                        # the SRE's view (kubectl-preservation
+  kubectl preservation show <node> --kubeconfig=$SHOOT_B                 #   is in {Path(sys.executable).parent})
   kubectl --kubeconfig=$SHOOT_A annotate node <node> {v.PRESERVE_ANNOTATION}=now
   kubectl --kubeconfig=$SHOOT_B annotate node <node> {v.PRESERVE_ANNOTATION}=when-failed
   kubectl --kubeconfig=$SHOOT_B patch node <node> --subresource=status \\

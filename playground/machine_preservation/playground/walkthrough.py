@@ -468,9 +468,12 @@ async def kubectl(
 ) -> tuple[int, str]:
     """Run kubectl with `kubeconfig` (as `who`, if said); echo the command and its output through `say`."""
     say(("(as " + who + ") " if who else "") + "$ kubectl " + " ".join(args))
-    env = {**os.environ, "KUBECACHEDIR": str(cache)}
+    # The virtualenv's scripts first: kubectl finds the package's plugin (`kubectl preservation`) there.
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    env = {**os.environ, "KUBECACHEDIR": str(cache), "PATH": path}
+    # The kubeconfig flag after the arguments: kubectl takes no flag before a plugin's name.
     process = await asyncio.create_subprocess_exec(
-        str(binary), f"--kubeconfig={kubeconfig}", *args,
+        str(binary), *args, f"--kubeconfig={kubeconfig}",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
     )  # fmt: skip
     output, _ = await process.communicate()
