@@ -642,7 +642,15 @@ def test_rbac_grants_exactly_the_verbs_used(rendered: dict[str, list[dict[str, A
     )
     node_events = find(documents, "Role", _unique(f"{CONTROLLER}-node-events"))
     assert node_events["metadata"]["namespace"] == "default"
-    assert _rules(documents, "Role", _unique(f"{CONTROLLER}-node-events")) == _expand("", "events", "create get patch")
+    assert _rules(documents, "Role", _unique(f"{CONTROLLER}-node-events")) == _expand(
+        "", "events", "create get list patch"
+    )
+    # The evidence of a failure (controller/preservation/evidence.py), in the target cluster's kube-system.
+    evidence = find(documents, "Role", _unique(f"{CONTROLLER}-evidence"))
+    assert evidence["metadata"]["namespace"] == "kube-system"
+    assert _rules(documents, "Role", _unique(f"{CONTROLLER}-evidence")) == _expand(
+        "", "configmaps", "create delete get list patch"
+    )
     # MCM's generation: its Deployment (above), its Machine and MachineSet CRDs; the controller and the webhook
     # each decide at start.
     # The controller also reads whether Gardener's Cluster CRD is there (then it watches the Cluster).
@@ -961,6 +969,8 @@ def test_registration_only_install_grants_the_remote_identities_exactly_their_wo
         "ClusterRoleBinding",
         "MutatingWebhookConfiguration",
         "Role",
+        "Role",
+        "RoleBinding",
         "RoleBinding",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
@@ -976,7 +986,10 @@ def test_registration_only_install_grants_the_remote_identities_exactly_their_wo
         rendered["default"], "ClusterRole", _unique(f"{CONTROLLER}-target")
     )
     assert _rules(documents, "Role", _unique("mp-machine-preservation-remote-controller-node-events")) == _expand(
-        "", "events", "create get patch"
+        "", "events", "create get list patch"
+    )
+    assert _rules(documents, "Role", _unique("mp-machine-preservation-remote-controller-evidence")) == _rules(
+        rendered["default"], "Role", _unique(f"{CONTROLLER}-evidence")
     )
     subjects = {
         b["metadata"]["name"]: b["subjects"] for b in documents if b["kind"] in ("RoleBinding", "ClusterRoleBinding")
@@ -989,6 +1002,9 @@ def test_registration_only_install_grants_the_remote_identities_exactly_their_wo
             {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "seed-controller"}
         ],
         _unique("mp-machine-preservation-remote-controller-node-events"): [
+            {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "seed-controller"}
+        ],
+        _unique("mp-machine-preservation-remote-controller-evidence"): [
             {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "seed-controller"}
         ],
     }

@@ -46,9 +46,13 @@ def test_gardener_walkthrough_passes_every_step_and_cleans_up(toolchain: Toolcha
     )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-4000:]
     table = result.stdout.split("#  use case", 1)[1]
-    assert table.count("passed") == 6, table
+    assert table.count("passed") == 7, table
     assert "Every use case behaved as documented." in result.stdout
     out = result.stdout
+    # The SRE's view of both shoots and of the failed node, through kubectl's plugin.
+    assert out.count("'s SRE) $ kubectl preservation list") == 2, out
+    assert "(as shoot b's SRE) $ kubectl preservation show " in out
+    assert "| Value:                 when-failed" in out
     # What the operator sees on both shoots once enabled: the Extension as gardenlet judges it, its
     # ControlPlaneHealthy condition, the ManagedResource's conditions.
     for shoot in ("a", "b"):

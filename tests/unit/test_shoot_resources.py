@@ -79,11 +79,24 @@ def test_rbac_grants_exactly_the_controllers_verbs() -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "machine-preservation", "namespace": "kube-system"}
     ]
-    events, events_binding = by_kind(objects, "Role"), by_kind(objects, "RoleBinding")
-    assert events["metadata"]["namespace"] == events_binding["metadata"]["namespace"] == "default"
-    assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "get", "patch"]}]
-    assert events_binding["roleRef"]["kind"] == "Role"
-    assert events_binding["subjects"] == binding["subjects"]
+    roles = {o["metadata"]["namespace"]: o for o in objects if o["kind"] == "Role"}
+    bindings = {o["metadata"]["namespace"]: o for o in objects if o["kind"] == "RoleBinding"}
+    assert set(roles) == set(bindings) == {"default", "kube-system"}
+    # Events about Nodes go to `default`; the evidence of a failure is listed from there.
+    assert roles["default"]["rules"] == [
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "get", "list", "patch"]}
+    ]
+    # The evidence ConfigMaps (controller/preservation/evidence.py).
+    assert roles["kube-system"]["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "delete", "get", "list", "patch"]}
+    ]
+    for namespace, role_binding in bindings.items():
+        assert role_binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": roles[namespace]["metadata"]["name"],
+        }
+        assert role_binding["subjects"] == binding["subjects"]
 
 
 def webhooks() -> dict[str, dict[str, Any]]:
@@ -146,6 +159,8 @@ def test_shoot_objects_are_everything() -> None:
         "ClusterRoleBinding",
         "MutatingWebhookConfiguration",
         "Role",
+        "Role",
+        "RoleBinding",
         "RoleBinding",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",

@@ -367,11 +367,19 @@ podAntiAffinity:
 {{- end -}}
 
 {{/* Events on Nodes: cluster-scoped objects, so they go to the `default` namespace (as the kubelet's do);
-     get+patch count a repeated event up. */}}
+     get+patch count a repeated event up; list reads a failed node's Events into the evidence of its failure. */}}
 {{- define "mp.controller.nodeEventRules" -}}
 - apiGroups: [""]
   resources: [events]
-  verbs: [create, get, patch]
+  verbs: [create, get, list, patch]
+{{- end -}}
+
+{{/* The evidence of a failure: a ConfigMap per preserved Failed node in kube-system, created, read back when one
+     is there already, patched (replaced, its expiry set or cleared), listed and deleted once expired. */}}
+{{- define "mp.controller.evidenceRules" -}}
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [create, delete, get, list, patch]
 {{- end -}}
 
 {{/* caBundle injection into this release's own webhook configurations, by name only. */}}

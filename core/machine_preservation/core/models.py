@@ -264,10 +264,27 @@ class MachineCurrentStatus(KubeModel):
     preserve_expiry_time: dt.datetime | None = None
 
 
+# The fields of MCM's `status.lastOperation` a Failed machine's evidence keeps (core.evidence), as strings.
+_LAST_OPERATION_FIELDS: Final = ("description", "state", "type", "lastUpdateTime")
+
+
 class MachineStatus(KubeModel):
     # Only what the product reads: every Machine of a seed is cached, and MCM copies its node's conditions (the
     # kubelet's messages) and its last operation's description into the rest.
     current_status: MachineCurrentStatus = Field(default_factory=MachineCurrentStatus)
+    # MCM's last operation, kept only while the machine is Failed (the few whose failure's evidence is recorded),
+    # each field a string cut at CACHED_VALUE_LIMIT characters.
+    last_operation: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _failed_only(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict) or "lastOperation" not in raw:
+            return raw
+        phase = mapping_of(raw.get("currentStatus")).get("phase")
+        operation = mapping_of(raw.get("lastOperation")) if phase == v.MachinePhase.FAILED else {}
+        kept = {key: _bounded(operation[key]) for key in _LAST_OPERATION_FIELDS if isinstance(operation.get(key), str)}
+        return {**raw, "lastOperation": kept}
 
 
 class MachineSpec(KubeModel):

@@ -25,6 +25,7 @@ from machine_preservation.controller.preservation.apply import (
     execute_machine_set_plan,
 )
 from machine_preservation.controller.preservation.drain import Drainer, DrainResult
+from machine_preservation.controller.preservation.evidence import EVIDENCE_WAIT, EvidenceKeeper
 from machine_preservation.controller.preservation.reader import (
     DEPLOYMENT_INDEX,
     MACHINE_SET_INDEX,
@@ -83,6 +84,8 @@ class MachineReconciler:
     live_nodes: LiveNodes
     # The pods of failed machines' nodes, the only ones a drain or its condition reads; the drainer's too.
     node_pods: NodePodReader
+    # The evidence of each Failed machine's failure, captured when its preservation is planned with a drain.
+    evidence: EvidenceKeeper
     config: PreservationConfig
     metrics: Metrics
     # MCM preserves machines itself: hand our preservations over and only observe (core.native).
@@ -110,6 +113,7 @@ class MachineReconciler:
         machine = self.caches.machines.get(key)
         if machine is None:
             self.node_pods.release(key)
+            self.evidence.forget(key)
             return None
         now = self.clock()
         node = not_deleted(self.caches.nodes.get(machine.node_name) if machine.node_name else None)
@@ -121,6 +125,8 @@ class MachineReconciler:
                 await self.node_pods.hold(key, node.metadata.name)
         else:
             self.node_pods.release(key)
+        if not failed or node is None:
+            self.evidence.forget(key)
         if self.native:
             plan = plan_native(machine=machine, node=node, config=self.config)
         else:
@@ -140,6 +146,9 @@ class MachineReconciler:
             )
         if plan.steps or plan.drain:
             logger.info("machine %s: %s", key, _describe(plan))
+        if plan.drain is not None and plan.drain.record is not None and node is not None:
+            # Read while the plan's steps are written: the preservation does not wait for it.
+            self.evidence.capture(key, machine=machine, node=node, since=plan.drain.record.since)
         snap = Snapshot(machine=machine, node=node)
         await execute_machine_plan(writer=self.writer, snap=snap, steps=plan.steps, now=now)
         drain = plan.drain
@@ -150,14 +159,19 @@ class MachineReconciler:
             await execute_machine_plan(writer=self.writer, snap=snap, steps=drain.alongside, now=now)
             logger.info("machine %s: drain deferred (slots busy); again in %s", key, self.drain_deferral)
             return self.drain_deferral
-        await self._drain_and_write_outcome(snap, node, drain, now=now)
+        await self._drain_and_write_outcome(key, snap, node, drain, now=now)
         return plan.requeue_after
 
     async def _drain_and_write_outcome(
-        self, snap: Snapshot, node: Node, drain: p.DrainNode, *, now: dt.datetime
+        self, key: str, snap: Snapshot, node: Node, drain: p.DrainNode, *, now: dt.datetime
     ) -> None:
         """One drain attempt with its `alongside` steps written meanwhile, then what the core says its outcome
-        writes."""
+        writes. The evidence of the failure is waited for (briefly) before the first eviction, and the Node pointed
+        at it where no other write to the Node is in flight: before the drain and after its outcome."""
+        if drain.evict:
+            async with self.slots.lent():
+                await self.evidence.settled(key, seconds=EVIDENCE_WAIT)
+        await self._point_at_evidence(key, snap, node)
         # Their writes and the evictions wait on different requests: the drain does not wait for them. The task
         # holds no reconcile slot of its own, and lends none (the slot is the reconcile's task's).
         alongside = asyncio.create_task(
@@ -181,6 +195,14 @@ class MachineReconciler:
             now=ended,
         )
         await execute_machine_plan(writer=self.writer, snap=snap, steps=after.steps, now=ended)
+        await self._point_at_evidence(key, snap, node)
+
+    async def _point_at_evidence(self, key: str, snap: Snapshot, node: Node) -> None:
+        """The Node's pointer to its evidence, at the snapshot's resourceVersion (which it advances, so the plan's
+        later writes still apply)."""
+        version = await self.evidence.annotate(key, node, version=snap.node_version)
+        if version is not None:
+            snap.node_version = version
 
     def _drain_slot_free(self, node: Node) -> bool:
         """One drain per node (two machines may name the same node) and at most max_concurrent_drains."""

@@ -10,9 +10,10 @@ In the shoot namespace of the seed:
 
 In the shoot (through the ManagedResource):
 - RBAC for that ServiceAccount with exactly what the controller does there: list/watch/patch Nodes, patch
-  nodes/status, list/watch Pods, create pods/eviction (drain), and create/get/patch Events in `default`
-  (events about Nodes, cluster-scoped objects, go there as the kubelet's do). The same verbs as the standalone
-  chart's remote-access RBAC (`mp.controller.targetRules`, `mp.controller.nodeEventRules`);
+  nodes/status, list/watch Pods, create pods/eviction (drain), create/get/list/patch Events in `default`
+  (events about Nodes, cluster-scoped objects, go there as the kubelet's do), and the evidence ConfigMaps of
+  failures in `kube-system`. The same verbs as the standalone chart's remote-access RBAC
+  (`mp.controller.targetRules`, `mp.controller.nodeEventRules`, `mp.controller.evidenceRules`);
 - the node webhook configurations, in url mode pointing at the extension's webhook Service in the seed (the
   shoot's kube-apiserver runs in the seed), with the CA, `failurePolicy: Ignore`, `timeoutSeconds` ≤ 5 and
   `matchConditions` that leave out kubelets, MCM and the controller;
@@ -124,8 +125,14 @@ TARGET_RULES: Final[Sequence[Mapping[str, Any]]] = (
     _rule("", ["pods"], ["list", "watch"]),
     _rule("", ["pods/eviction"], ["create"]),
 )
-# Events about Nodes (events.py): created, read and patched to count a repeat up.
-NODE_EVENT_RULES: Final[Sequence[Mapping[str, Any]]] = (_rule("", ["events"], ["create", "get", "patch"]),)
+# Events about Nodes (events.py): created, read and patched to count a repeat up; listed for the evidence of a
+# failure (preservation/evidence.py).
+NODE_EVENT_RULES: Final[Sequence[Mapping[str, Any]]] = (_rule("", ["events"], ["create", "get", "list", "patch"]),)
+# The evidence ConfigMaps in EVIDENCE_NAMESPACE (preservation/evidence.py): created, read back when one is there
+# already, patched (replaced, its expiry set or cleared), listed and deleted by the sweep.
+EVIDENCE_RULES: Final[Sequence[Mapping[str, Any]]] = (
+    _rule("", ["configmaps"], ["create", "delete", "get", "list", "patch"]),
+)
 
 _SUBJECT: Final[Mapping[str, str]] = {
     "kind": "ServiceAccount",
@@ -142,8 +149,8 @@ def _metadata(name: str, namespace: str | None = None) -> dict[str, Any]:
 
 
 def rbac_objects() -> list[dict[str, Any]]:
-    """ClusterRole + ClusterRoleBinding, Role + RoleBinding (events in `default`) for the controller's
-    ServiceAccount in the shoot."""
+    """ClusterRole + ClusterRoleBinding, Role + RoleBinding (events in `default`; the evidence ConfigMaps in
+    EVIDENCE_NAMESPACE) for the controller's ServiceAccount in the shoot."""
     role_ref = {"apiGroup": "rbac.authorization.k8s.io", "name": SHOOT_OBJECT_NAME}
     return [
         {
@@ -169,6 +176,19 @@ def rbac_objects() -> list[dict[str, Any]]:
             "apiVersion": RBAC_API_VERSION,
             "kind": "RoleBinding",
             "metadata": _metadata(SHOOT_OBJECT_NAME, NODE_EVENT_NAMESPACE),
+            "roleRef": {**role_ref, "kind": "Role"},
+            "subjects": [dict(_SUBJECT)],
+        },
+        {
+            "apiVersion": RBAC_API_VERSION,
+            "kind": "Role",
+            "metadata": _metadata(SHOOT_OBJECT_NAME, v.EVIDENCE_NAMESPACE),
+            "rules": [dict(rule) for rule in EVIDENCE_RULES],
+        },
+        {
+            "apiVersion": RBAC_API_VERSION,
+            "kind": "RoleBinding",
+            "metadata": _metadata(SHOOT_OBJECT_NAME, v.EVIDENCE_NAMESPACE),
             "roleRef": {**role_ref, "kind": "Role"},
             "subjects": [dict(_SUBJECT)],
         },
