@@ -19,6 +19,7 @@ from machine_preservation.controller.machinery.events import NODE_EVENT_NAMESPAC
 from machine_preservation.controller.machinery.metrics import Metrics
 from machine_preservation.controller.preservation.apply import Writer
 from machine_preservation.controller.preservation.drain import Drainer
+from machine_preservation.controller.preservation.evidence import EvidenceKeeper
 from machine_preservation.controller.preservation.node_pods import NodePods
 from machine_preservation.controller.preservation.reader import CacheReader
 from machine_preservation.controller.preservation.reconcile import LiveNodes, MachineReconciler
@@ -283,6 +284,7 @@ def machine_reconciler(
         drainer=Drainer(target=api, pods=node_pods),
         live_nodes=LiveNodes(target=api),
         node_pods=node_pods,
+        evidence=EvidenceKeeper(target=api, recorder=recorder),
         metrics=Metrics(),
         **{"config": PreservationConfig(), **options},
     )

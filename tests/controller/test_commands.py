@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from machine_preservation.cli.main import build_parser
-from machine_preservation.controller.commands import options_from, run
+from machine_preservation.controller.commands import options_from, run, seed_options_from
 
 
 def test_defaults() -> None:
@@ -20,6 +20,7 @@ def test_defaults() -> None:
     assert options.runtime.preservation.drain_timeout == dt.timedelta(hours=2)
     assert options.runtime.preservation.drain_retry_interval == dt.timedelta(minutes=1)
     assert options.runtime.max_drain_attempt == dt.timedelta(minutes=2)
+    assert options.runtime.evidence_grace == dt.timedelta(hours=24)
     assert options.leader_elect is True
     assert options.leader_election_namespace is None
     assert (options.lease_duration, options.renew_deadline, options.retry_period) == (15, 10.0, 2.0)
@@ -38,6 +39,7 @@ def test_overrides() -> None:
             "--machine-drain-timeout=10m",
             "--drain-attempt-timeout=30s",
             "--drain-retry-interval=5m",
+            "--evidence-grace=0s",
             "--no-leader-elect",
             "--leader-election-namespace=garden",
             "--metrics-port=9090",
@@ -54,6 +56,7 @@ def test_overrides() -> None:
         dt.timedelta(seconds=30),
         dt.timedelta(minutes=5),
     )
+    assert options.runtime.evidence_grace == dt.timedelta(0)
     assert options.leader_elect is False
     assert options.leader_election_namespace == "garden"
     assert (options.metrics_host, options.metrics_port, options.runtime.workers) == ("0.0.0.0", 9090, 8)
@@ -66,6 +69,7 @@ def test_overrides() -> None:
         "--machine-drain-timeout=soon",
         "--drain-attempt-timeout=x",
         "--drain-retry-interval=1",
+        "--evidence-grace=1 day",
     ],
 )
 def test_a_bad_duration_is_a_usage_error(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -87,3 +91,17 @@ def test_a_timeout_out_of_range_is_refused(flag: str, message: str, capsys: pyte
     code = run(build_parser().parse_args(["controller", "--namespace=ns", flag]))
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_negative_evidence_grace_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["controller", "--namespace=ns", "--evidence-grace=-1h"])
+    assert exited.value.code == 2
+    assert "must not be negative: -1h" in capsys.readouterr().err
+
+
+def test_the_extension_takes_the_evidence_grace() -> None:
+    args = build_parser().parse_args(
+        ["extension", "--namespace=ns", "--webhook-url=https://w", "--ca-secret=ns/ca", "--evidence-grace=90m"]
+    )
+    assert seed_options_from(args).runtime.evidence_grace == dt.timedelta(minutes=90)

@@ -50,9 +50,14 @@ def test_controller_rbac_matches_the_charts_remote_access(chart: list[dict[str, 
     remote_events = next(
         d for d in chart if d["kind"] == "Role" and "-remote-controller-node-events" in d["metadata"]["name"]
     )
+    remote_evidence = next(
+        d for d in chart if d["kind"] == "Role" and "-remote-controller-evidence" in d["metadata"]["name"]
+    )
+    roles = {d["metadata"]["namespace"]: d for d in objects if d["kind"] == "Role"}
     assert find(objects, "ClusterRole")["rules"] == remote_role["rules"]
-    assert find(objects, "Role")["rules"] == remote_events["rules"]
-    assert find(objects, "Role")["metadata"]["namespace"] == remote_events["metadata"]["namespace"]
+    assert roles[remote_events["metadata"]["namespace"]]["rules"] == remote_events["rules"]
+    assert roles[remote_evidence["metadata"]["namespace"]]["rules"] == remote_evidence["rules"]
+    assert set(roles) == {remote_events["metadata"]["namespace"], remote_evidence["metadata"]["namespace"]}
 
 
 def test_node_webhooks_match_the_chart(chart: list[dict[str, Any]]) -> None:

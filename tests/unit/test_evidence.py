@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 from machine_preservation.core import evidence as e
 from machine_preservation.core import vocabulary as v
+from machine_preservation.core.models import Machine
+from machine_preservation.core.preservation_record import format_timestamp
 
 NOW = dt.datetime(2026, 11, 29, 10, tzinfo=dt.UTC)
 
@@ -422,3 +424,172 @@ def test_any_node_gets_a_valid_configmap_name(node: str) -> None:
     name = e.evidence_name(node)
     assert len(name) <= 253
     assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", name)
+
+
+# --- keeping it -----------------------------------------------------------------------------------------------
+
+NODE = "ip-10-0-1-2.ec2.internal"
+
+
+def metadata(**changes: Any) -> dict[str, Any]:
+    """An evidence ConfigMap's metadata as the controller writes it (then `changes`)."""
+    written = e.evidence_config_map(node_name=NODE, node_uid="uid-1", evidence=build())["metadata"]
+    return written | {"resourceVersion": "7"} | changes
+
+
+def test_the_configmap_is_labelled_annotated_named_and_owned_by_the_node() -> None:
+    evidence = build(node_name=NODE)
+    config_map = e.evidence_config_map(node_name=NODE, node_uid="uid-1", evidence=evidence)
+    assert config_map["metadata"] == {
+        "name": v.EVIDENCE_NAME_PREFIX + NODE,
+        "namespace": v.EVIDENCE_NAMESPACE,
+        "labels": {v.EVIDENCE_LABEL: "true"},
+        "annotations": {v.EVIDENCE_NODE_KEY: NODE},
+        "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "uid-1"}],
+    }
+    assert config_map["data"] == {v.EVIDENCE_DATA_KEY: e.to_json(evidence)}
+    assert e.evidence_reference(NODE) == f"kube-system/{v.EVIDENCE_NAME_PREFIX}{NODE}"
+
+
+def test_the_controllers_own_configmap_is_read_back() -> None:
+    expires = "2026-11-30T10:00:00Z"
+    found = e.stored_evidence(metadata(annotations={v.EVIDENCE_NODE_KEY: NODE, v.EVIDENCE_EXPIRES_KEY: expires}))
+    assert found == e.StoredEvidence(
+        name=v.EVIDENCE_NAME_PREFIX + NODE,
+        node=NODE,
+        resource_version="7",
+        expires=dt.datetime(2026, 11, 30, 10, tzinfo=dt.UTC),
+    )
+    assert e.stored_evidence(metadata(annotations={v.EVIDENCE_NODE_KEY: NODE, v.EVIDENCE_EXPIRES_KEY: "soon"})) == (
+        e.StoredEvidence(name=v.EVIDENCE_NAME_PREFIX + NODE, node=NODE, resource_version="7", expires=None)
+    )
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"labels": {}},
+        {"labels": {v.EVIDENCE_LABEL: "yes"}},
+        {"annotations": {}},
+        {"annotations": {v.EVIDENCE_NODE_KEY: 5}},
+        {"annotations": {v.EVIDENCE_NODE_KEY: "another-node"}},  # not named after its node
+        {"name": "machine-preservation-evidence-x"},
+        {"namespace": "default"},
+        {"ownerReferences": []},
+        {"ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": "another-node"}]},
+        {"ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": NODE}]},
+        {"ownerReferences": "Node"},
+    ],
+)
+def test_a_configmap_not_the_controllers_is_left_alone(changes: dict[str, Any]) -> None:
+    assert e.stored_evidence(metadata(**changes)) is None
+
+
+@pytest.mark.parametrize("value", [None, [], "metadata", 1])
+def test_malformed_metadata_is_left_alone(value: object) -> None:
+    assert e.stored_evidence(value) is None
+
+
+def stored_evidence(node: str, expires: dt.datetime | None = None) -> e.StoredEvidence:
+    return e.StoredEvidence(name=e.evidence_name(node), node=node, resource_version="1", expires=expires)
+
+
+GRACE = dt.timedelta(hours=24)
+
+
+def test_the_sweep_keeps_the_evidence_of_a_preserved_node() -> None:
+    assert e.plan_sweep([stored_evidence("a")], preserved={"a"}, now=NOW, grace=GRACE) == []
+
+
+def test_the_sweep_sets_the_expiry_once_the_preservation_ended() -> None:
+    (sweep,) = e.plan_sweep([stored_evidence("a")], preserved=set(), now=NOW, grace=GRACE)
+    assert sweep == e.Sweep(e.SweepAction.EXPIRE, stored_evidence("a"), expires=NOW + GRACE)
+
+
+def test_the_sweep_waits_for_the_expiry_then_deletes() -> None:
+    expiring = stored_evidence("a", expires=NOW + dt.timedelta(seconds=1))
+    assert e.plan_sweep([expiring], preserved=set(), now=NOW, grace=GRACE) == []
+    expired = stored_evidence("a", expires=NOW)
+    assert e.plan_sweep([expired], preserved=set(), now=NOW, grace=GRACE) == [e.Sweep(e.SweepAction.DELETE, expired)]
+
+
+def test_a_node_preserved_again_clears_the_expiry() -> None:
+    expired = stored_evidence("a", expires=NOW - dt.timedelta(hours=1))
+    assert e.plan_sweep([expired], preserved={"a"}, now=NOW, grace=GRACE) == [e.Sweep(e.SweepAction.RENEW, expired)]
+
+
+def test_a_zero_grace_deletes_once_the_preservation_ended() -> None:
+    ended = stored_evidence("a")
+    assert e.plan_sweep([ended], preserved=set(), now=NOW, grace=dt.timedelta(0)) == [
+        e.Sweep(e.SweepAction.DELETE, ended)
+    ]
+
+
+def test_the_sweep_judges_each_configmap_on_its_own() -> None:
+    kept, ended = stored_evidence("kept"), stored_evidence("ended")
+    expired = stored_evidence("expired", expires=NOW - dt.timedelta(seconds=1))
+    sweeps = e.plan_sweep([kept, ended, expired], preserved={"kept"}, now=NOW, grace=GRACE)
+    assert [(s.action, s.evidence.node) for s in sweeps] == [
+        (e.SweepAction.EXPIRE, "ended"),
+        (e.SweepAction.DELETE, "expired"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("grace", "period"),
+    [
+        (dt.timedelta(hours=24), dt.timedelta(minutes=1)),
+        (dt.timedelta(minutes=5), dt.timedelta(seconds=30)),
+        (dt.timedelta(seconds=3), dt.timedelta(seconds=1)),
+        (dt.timedelta(0), dt.timedelta(minutes=1)),
+    ],
+)
+def test_the_sweep_period_follows_the_grace(grace: dt.timedelta, period: dt.timedelta) -> None:
+    assert e.sweep_period(grace) == period
+
+
+def machine(node: str, *, record: bool = False, expiry: dt.datetime | None = None) -> Machine:
+    annotations = (
+        {
+            v.PRESERVED_SINCE_ANNOTATION: "2026-11-29T09:00:00Z",
+            v.PRESERVED_UNTIL_ANNOTATION: "2026-11-30T09:00:00Z",
+            v.PRESERVED_BY_ANNOTATION: v.PreservedBy.USER.value,
+        }
+        if record
+        else {}
+    )
+    status = {"currentStatus": {"preserveExpiryTime": format_timestamp(expiry)}} if expiry else {}
+    return Machine.model_validate(
+        {"metadata": {"labels": {v.NODE_LABEL: node}, "annotations": annotations}, "status": status}
+    )
+
+
+def test_preserved_nodes_are_those_with_our_record_or_mcms_expiry_when_native() -> None:
+    machines = [
+        machine("ours", record=True),
+        machine("mcms", expiry=NOW + dt.timedelta(hours=1)),
+        machine("mcms-ended", expiry=NOW - dt.timedelta(seconds=1)),
+        machine("none"),
+        machine("", record=True),
+    ]
+    assert e.preserved_nodes(machines, now=NOW, native=True) == {"ours", "mcms"}
+    assert e.preserved_nodes(machines, now=NOW, native=False) == {"ours"}
+
+
+def test_evidence_captured_during_the_preservation_is_kept() -> None:
+    since = NOW - dt.timedelta(minutes=5)
+    assert e.captured_since(e.to_json(build()), since=since)
+    assert e.captured_since(e.to_json(build()), since=NOW)
+    assert not e.captured_since(e.to_json(build()), since=NOW + dt.timedelta(seconds=1))
+
+
+@pytest.mark.parametrize("data", [None, 5, "", "not json", "[]", '{"capturedAt": "yesterday"}', "x" * 600_000])
+def test_evidence_that_does_not_say_when_it_was_captured_is_replaced(data: object) -> None:
+    assert not e.captured_since(data, since=NOW)
+
+
+def test_an_objects_resource_version() -> None:
+    assert e.resource_version({"metadata": {"resourceVersion": "42"}}) == "42"
+    for obj in ({}, {"metadata": {"resourceVersion": 42}}, {"metadata": {"resourceVersion": ""}}, None):
+        with pytest.raises(ValueError, match="resourceVersion"):
+            e.resource_version(obj)

@@ -17,7 +17,11 @@ from typing import Any
 from machine_preservation.controller.gardener.seed import DEFAULT_NODE_BUDGET, SeedController, SeedOptions
 from machine_preservation.controller.machinery.heap import keep_heap
 from machine_preservation.controller.preservation.crd_check import CrdCheckFailed
-from machine_preservation.controller.preservation.runtime import DEFAULT_DRAIN_ATTEMPT_TIMEOUT, RuntimeOptions
+from machine_preservation.controller.preservation.runtime import (
+    DEFAULT_DRAIN_ATTEMPT_TIMEOUT,
+    DEFAULT_EVIDENCE_GRACE,
+    RuntimeOptions,
+)
 from machine_preservation.controller.standalone import Controller, ControllerOptions
 from machine_preservation.core.config import (
     DEFAULT_DRAIN_RETRY_INTERVAL,
@@ -52,6 +56,7 @@ def _runtime_from(args: argparse.Namespace, *, node_budget: int | None = None) -
         ),
         native_preservation=args.mcm_native_preservation,
         max_drain_attempt=args.drain_attempt_timeout,
+        evidence_grace=args.evidence_grace,
         workers=args.workers,
         node_budget=node_budget,
     )
@@ -130,6 +135,14 @@ def _add_lifecycle_arguments(parser: argparse.ArgumentParser) -> None:
         type=go_duration_argument(accept="any"),
         default=DEFAULT_DRAIN_RETRY_INTERVAL,
         help=f"pause between two drain attempts (default {format_go_duration(DEFAULT_DRAIN_RETRY_INTERVAL)})",
+    )
+    parser.add_argument(
+        "--evidence-grace",
+        type=go_duration_argument(accept="not negative"),
+        default=DEFAULT_EVIDENCE_GRACE,
+        help="how long the evidence of a failure (the ConfigMap kube-system/machine-preservation-evidence-<node> in "
+        "the target cluster) is kept after its preservation ended; 0 deletes it then "
+        f"(default {format_go_duration(DEFAULT_EVIDENCE_GRACE)})",
     )
 
 

@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Final, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from machine_preservation.core import vocabulary as v
+from machine_preservation.core.models import Machine
 
 EVIDENCE_VERSION: Final = 1
 
@@ -417,3 +421,139 @@ _EPOCH: Final = dt.datetime.min.replace(tzinfo=dt.UTC)
 
 def _seconds(moment: dt.datetime | None) -> float:
     return (moment - _EPOCH).total_seconds() if moment is not None else float("-inf")
+
+
+# --- keeping it: the ConfigMap, and when it goes --------------------------------------------------------------
+
+
+def evidence_reference(node_name: str) -> str:
+    """The Node's PRESERVED_EVIDENCE_ANNOTATION value: `namespace/name` of its evidence ConfigMap."""
+    return f"{v.EVIDENCE_NAMESPACE}/{evidence_name(node_name)}"
+
+
+def evidence_config_map(*, node_name: str, node_uid: str, evidence: Evidence) -> dict[str, Any]:
+    """The ConfigMap that keeps `evidence`: labelled, annotated with its node, owned by the Node (the garbage
+    collector deletes it with the Node)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": evidence_name(node_name),
+            "namespace": v.EVIDENCE_NAMESPACE,
+            "labels": {v.EVIDENCE_LABEL: "true"},
+            "annotations": {v.EVIDENCE_NODE_KEY: node_name},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid}],
+        },
+        "data": {v.EVIDENCE_DATA_KEY: to_json(evidence)},
+    }
+
+
+@dataclass(frozen=True)
+class StoredEvidence:
+    """An evidence ConfigMap as listed (its metadata)."""
+
+    name: str
+    node: str
+    resource_version: str
+    expires: dt.datetime | None  # None: not set, or not a timestamp
+
+
+def stored_evidence(metadata: object) -> StoredEvidence | None:
+    """An evidence ConfigMap's metadata, if it is one the controller wrote: labelled, annotated with a node, named
+    after it and owned by that Node. None for anything else (a shoot's owner may label ConfigMaps as ours: those
+    are left alone)."""
+    node = _path(metadata, "annotations", v.EVIDENCE_NODE_KEY)
+    name = _path(metadata, "name")
+    if _path(metadata, "labels", v.EVIDENCE_LABEL) != "true" or not isinstance(node, str) or not node:
+        return None
+    if name != evidence_name(node) or _path(metadata, "namespace") != v.EVIDENCE_NAMESPACE:
+        return None
+    owners = _items(_path(metadata, "ownerReferences"), 16)
+    if not any(
+        _path(o, "kind") == "Node" and _path(o, "apiVersion") == "v1" and _path(o, "name") == node for o in owners
+    ):
+        return None
+    version = _path(metadata, "resourceVersion")
+    return StoredEvidence(
+        name=name,
+        node=node,
+        resource_version=version if isinstance(version, str) else "",
+        expires=_time(_path(metadata, "annotations", v.EVIDENCE_EXPIRES_KEY)),
+    )
+
+
+class SweepAction(StrEnum):
+    EXPIRE = "expire"  # the preservation ended: set EVIDENCE_EXPIRES_KEY
+    RENEW = "renew"  # preserved again: remove EVIDENCE_EXPIRES_KEY
+    DELETE = "delete"  # past its expiry
+
+
+@dataclass(frozen=True)
+class Sweep:
+    action: SweepAction
+    evidence: StoredEvidence
+    expires: dt.datetime | None = None  # for EXPIRE
+
+
+def preserved_nodes(machines: Iterable[Machine], *, now: dt.datetime, native: bool) -> set[str]:
+    """The nodes whose evidence is kept: those of machines preserved by our record, or (MCM preserving natively)
+    by MCM's expiry."""
+    return {
+        machine.node_name
+        for machine in machines
+        if machine.node_name
+        and (
+            machine.preservation is not None
+            or (native and machine.mirrored_expiry is not None and machine.mirrored_expiry > now)
+        )
+    }
+
+
+def plan_sweep(
+    stored: Sequence[StoredEvidence], *, preserved: Collection[str], now: dt.datetime, grace: dt.timedelta
+) -> list[Sweep]:
+    """What becomes of each evidence ConfigMap: kept while its node is preserved (`preserved`: node names), kept
+    `grace` after the preservation ended (seen ended first at `now`), then deleted; a node preserved again keeps
+    it again. A zero grace deletes it once the preservation ended."""
+    sweeps = []
+    for evidence in stored:
+        if evidence.node in preserved:
+            if evidence.expires is not None:
+                sweeps.append(Sweep(SweepAction.RENEW, evidence))
+        elif evidence.expires is None and grace > dt.timedelta(0):
+            sweeps.append(Sweep(SweepAction.EXPIRE, evidence, expires=now + grace))
+        elif evidence.expires is None or evidence.expires <= now:
+            sweeps.append(Sweep(SweepAction.DELETE, evidence))
+    return sweeps
+
+
+def sweep_period(grace: dt.timedelta) -> dt.timedelta:
+    """How often the evidence ConfigMaps are looked at: a tenth of the grace, between a second and a minute (an
+    evidence outlives its grace by at most this)."""
+    if grace <= dt.timedelta(0):
+        return SWEEP_PERIOD_MAX
+    return min(max(grace / 10, SWEEP_PERIOD_MIN), SWEEP_PERIOD_MAX)
+
+
+SWEEP_PERIOD_MIN: Final = dt.timedelta(seconds=1)
+SWEEP_PERIOD_MAX: Final = dt.timedelta(minutes=1)
+
+
+def captured_since(data: object, *, since: dt.datetime) -> bool:
+    """Whether a stored evidence document (EVIDENCE_DATA_KEY's value) was captured at or after `since` (during the
+    preservation that started then); not for a document that does not say when it was captured."""
+    if not isinstance(data, str) or len(data) > 2 * v.EVIDENCE_MAX_BYTES:
+        return False
+    try:
+        captured = _time(_path(json.loads(data), "capturedAt"))
+    except ValueError:  # not JSON
+        return False
+    return captured is not None and captured >= since
+
+
+def resource_version(obj: object) -> str:
+    """An object's `metadata.resourceVersion` as read (ValueError when it has none)."""
+    version = _path(obj, "metadata", "resourceVersion")
+    if not isinstance(version, str) or not version:
+        raise ValueError("the object has no resourceVersion")
+    return version

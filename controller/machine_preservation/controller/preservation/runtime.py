@@ -32,6 +32,7 @@ from machine_preservation.controller.preservation.apply import Writer
 from machine_preservation.controller.preservation.caches import Caches, new_caches, shoot_caches
 from machine_preservation.controller.preservation.crd_check import ControlFacts, CrdFacts
 from machine_preservation.controller.preservation.drain import Drainer
+from machine_preservation.controller.preservation.evidence import EvidenceKeeper, EvidenceSweeper
 from machine_preservation.controller.preservation.handlers import Queues, wire_handlers
 from machine_preservation.controller.preservation.node_pods import NodePods
 from machine_preservation.controller.preservation.pools import PoolSettingsReader
@@ -46,6 +47,7 @@ from machine_preservation.core import conditions
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.clock import system_clock
 from machine_preservation.core.config import PreservationConfig
+from machine_preservation.core.evidence import preserved_nodes
 from machine_preservation.core.mcm_evidence import MCM_DEPLOYMENT, mcm_image
 from machine_preservation.core.mcm_generation import (
     ClusterEvidence,
@@ -60,6 +62,8 @@ from machine_preservation.kube.api_errors import ApiError, read_json
 logger = logging.getLogger(__name__)
 
 DEFAULT_DRAIN_ATTEMPT_TIMEOUT = dt.timedelta(minutes=2)
+# How long the evidence of a failure is kept after its preservation ended: a day, for the SRE to look the next morning.
+DEFAULT_EVIDENCE_GRACE = dt.timedelta(hours=24)
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,8 @@ class RuntimeOptions:
     # How many bytes of JSON the shoot's Nodes may come to (None: no budget); see `caches.shoot_caches`.
     node_budget: int | None = None
     max_drain_attempt: dt.timedelta = DEFAULT_DRAIN_ATTEMPT_TIMEOUT
+    # How long the evidence of a failure is kept once its preservation ended (0: deleted then).
+    evidence_grace: dt.timedelta = DEFAULT_EVIDENCE_GRACE
     shutdown_grace: float = 30.0
 
 
@@ -186,6 +192,10 @@ class ShootRuntime:
             if not serves:
                 queue.shutdown()
         node_pods = NodePods(target=self.target, resync_period=options.resync_period)
+        recorder = EventRecorder(
+            control=self.control, target=self.target, machine_namespace=self.namespace, instance=options.identity
+        )
+        evidence = EvidenceKeeper(target=self.target, recorder=recorder)
         # Handlers first: the initial lists enqueue every object; workers start once all caches synced.
         wire_handlers(caches=caches, node_pods=node_pods, queues=queues)
         loop = Loop(
@@ -206,11 +216,12 @@ class ShootRuntime:
                 len(caches.nodes),
             )
             unwatch.append(self._watch_preserved())
-            return self._start_workers(queues, node_pods)
+            return self._start_workers(queues, node_pods, recorder, evidence)
 
         try:
-            return await loop.run(stop=stop, lost=lost, start=start)
+            return await loop.run(stop=stop, lost=lost, start=start, companions=[self._sweep_evidence])
         finally:
+            await evidence.stop()
             await node_pods.stop()
             caches.close()
             for forget in unwatch:
@@ -234,12 +245,23 @@ class ShootRuntime:
             lambda: preserved_nodes_gone(caches.machines.values(), now=system_clock(), config=config),
         )
 
-    def _start_workers(self, queues: Queues, node_pods: NodePods) -> list[asyncio.Task[None]]:
+    async def _sweep_evidence(self) -> None:
+        """Once the caches synced (the Machines tell which nodes are preserved), remove the evidence of ended
+        preservations after the grace period."""
+        assert self.caches is not None
+        caches, native = self.caches, self.native
+        await asyncio.gather(*(cache.wait_synced() for cache in caches.all))
+
+        def preserved() -> set[str]:
+            return preserved_nodes(caches.machines.values(), now=system_clock(), native=native)
+
+        await EvidenceSweeper(target=self.target, grace=self.options.evidence_grace, preserved=preserved).run()
+
+    def _start_workers(
+        self, queues: Queues, node_pods: NodePods, recorder: EventRecorder, evidence: EvidenceKeeper
+    ) -> list[asyncio.Task[None]]:
         assert self.caches is not None
         options, caches = self.options, self.caches
-        recorder = EventRecorder(
-            control=self.control, target=self.target, machine_namespace=self.namespace, instance=options.identity
-        )
         writer = Writer(
             control=self.control, target=self.target, namespace=self.namespace, recorder=recorder, slots=self.slots
         )
@@ -249,6 +271,7 @@ class ShootRuntime:
             drainer=Drainer(target=self.target, pods=node_pods),
             live_nodes=LiveNodes(target=self.target),
             node_pods=node_pods,
+            evidence=evidence,
             config=self.preservation,
             metrics=self.metrics,
             native=self.native,
