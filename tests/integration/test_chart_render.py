@@ -639,6 +639,7 @@ def test_rbac_grants_exactly_the_verbs_used(rendered: dict[str, list[dict[str, A
         | _expand("", "nodes/status", "patch")
         | _expand("", "pods", "list watch")
         | _expand("", "pods/eviction", "create")
+        | _expand("policy", "poddisruptionbudgets", "list")
     )
     node_events = find(documents, "Role", _unique(f"{CONTROLLER}-node-events"))
     assert node_events["metadata"]["namespace"] == "default"

@@ -99,6 +99,7 @@ async def test_a_pdb_allowing_no_disruption_blocks_and_the_blocking_pods_are_nam
 
     assert not result.drained
     assert result.blocking == (f"{namespace}/guarded-a", f"{namespace}/guarded-b")
+    assert result.blocked_by == (f"{namespace}/guard",), "the budget that refused, from its selector"
     assert await pod_state(core, namespace, "guarded-a") == "running"
     assert await pod_state(core, namespace, "guarded-b") == "running"
 
@@ -225,3 +226,34 @@ async def test_a_pod_whose_eviction_was_accepted_is_not_evicted_again_while_the_
     assert not result.drained, "the lagging cache never shows them gone"
     assert sorted(evictions) == sorted(f"/api/v1/namespaces/{namespace}/pods/web-{i}/eviction" for i in range(5))
     assert {await pod_state(core, namespace, f"web-{i}") for i in range(5)} <= {"terminating", "gone"}
+
+
+async def test_the_refusing_budget_is_named_from_one_list_of_its_namespace_as_the_charts_controller(
+    api: client.ApiClient, control_plane: ControlPlane, namespace: str, pods: NodePods, node_names: list[str]
+) -> None:
+    core, policy = client.CoreV1Api(api), client.PolicyV1Api(api)
+    node = await new_node(api, node_names, ready=False)
+    await guarded_pods(api, namespace, node, "guarded-a", "guarded-b")
+    # A budget of the same namespace that covers other pods: not named.
+    others = {"metadata": {"name": "others"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "x"}}}}
+    await policy.create_namespaced_pod_disruption_budget(namespace, others)
+    await pods.hold("test", node)
+    await eventually_async(lambda: len(pods.by_index(POD_NODE_INDEX, node)) == 2)
+    listings: list[str] = []
+
+    async def on_request_end(_session: object, _context: object, params: aiohttp.TraceRequestEndParams) -> None:
+        if params.url.path.endswith("/poddisruptionbudgets"):
+            listings.append(params.url.path)
+
+    tracing = aiohttp.TraceConfig()
+    tracing.on_request_end.append(on_request_end)
+    identity = await chart_identity(control_plane.kubeconfig, namespace, leader_election=False)
+    target = await new_api_client(kubeconfig=identity, trace_configs=[tracing])  # the chart's RBAC lets it list
+    try:
+        drainer = Drainer(target=target, pods=pods, poll_interval=0.05)
+        result = await drainer.drain(node=await read_node_model(core, node), time_limit=2, max_evict_retries=50)
+    finally:
+        await target.close()
+    assert not result.drained
+    assert result.blocked_by == (f"{namespace}/guard",)
+    assert listings == [f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"], "once per attempt"

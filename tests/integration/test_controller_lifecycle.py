@@ -19,6 +19,8 @@ from machine_preservation.controller.standalone import Controller
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.models import Machine, Node
+from machine_preservation.core.node_fields import STOP_REMOVES
+from machine_preservation.core.preservation_record import format_timestamp
 from machine_preservation.localcluster.controlplane import ControlPlane
 from tests.controller.running import running_controller
 from tests.controller.support import (
@@ -439,6 +441,48 @@ async def test_a_blocked_drain_names_the_blocking_pod_and_is_reported(
         assert f"pods blocking: {namespace}/guarded" in (failures[0].message or "")
         # Stamped when the attempt ended (as the record's attempt is), not when it was planned 3 s earlier.
         assert failures[0].first_timestamp == record.drain.last_attempt
+
+
+async def test_the_node_tells_a_blocked_drain_in_fields_and_loses_them_with_the_preservation(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str]
+) -> None:
+    # What an SRE with access to the shoot only reads: the Node's fields, never the messages.
+    node_name = await failed_machine_on_a_blocked_node(api, namespace, node_names)
+    async with running_controller(
+        kubeconfig=control_plane.kubeconfig, namespace=namespace, max_drain_attempt=dt.timedelta(seconds=3)
+    ):
+
+        async def drain_state() -> str:
+            return (await node(api, node_name)).metadata.annotations.get(v.PRESERVED_DRAIN_ANNOTATION, "")
+
+        # While the first attempt runs (up to 3 s).
+        assert await eventually_async(drain_state, limit=60, interval=0.05) == "draining"
+
+        async def failed() -> dict[str, str]:
+            annotations = (await node(api, node_name)).metadata.annotations
+            return annotations if annotations.get(v.PRESERVED_DRAIN_ANNOTATION) == "failed" else {}
+
+        annotations = await eventually_async(failed, limit=60)
+        record = (await machine(api, namespace, "m")).preservation
+        assert record is not None
+        assert {key: annotations[key] for key in v.NODE_PRESERVATION_ANNOTATIONS} == {
+            v.PRESERVED_SINCE_ANNOTATION: format_timestamp(record.since),
+            v.PRESERVED_UNTIL_ANNOTATION: format_timestamp(record.until),
+            v.PRESERVED_BY_ANNOTATION: "user",
+            v.PRESERVED_DRAIN_ANNOTATION: "failed",
+        }
+        assert annotations[v.PRESERVED_DRAIN_PODS_LEFT_ANNOTATION] == "1"
+        assert annotations[v.PRESERVED_DRAIN_BLOCKED_BY_ANNOTATION] == f"{namespace}/guard"
+
+        # `false` ends the Failed machine's preservation: the Node forgets it before the Machine goes.
+        await annotate_machine(api, namespace, "m", {P: "false"})
+
+        async def machine_gone() -> bool:
+            return await machine_model(api, namespace, "m") is None
+
+        await eventually_async(machine_gone, limit=60)
+        left = (await node(api, node_name)).metadata.annotations
+        assert not set(left) & set(STOP_REMOVES), left
 
 
 async def test_evictions_stop_at_the_drain_timeout_and_an_emptied_node_still_counts_as_drained(

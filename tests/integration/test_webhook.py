@@ -310,6 +310,26 @@ def test_controller_markers_are_the_controllers(env: Env) -> None:
     env.ok(CONTROLLER, "annotate", "node", node, f"{v.LAST_MACHINE_PRIORITY_ANNOTATION}=5")
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        (v.PRESERVED_DRAIN_BLOCKED_BY_ANNOTATION, "shop/web"),
+        (v.PRESERVED_DRAIN_PODS_LEFT_ANNOTATION, "0"),
+        (v.PRESERVED_DRAIN_ANNOTATION, "drained"),
+        (v.PRESERVED_UNTIL_ANNOTATION, "2030-01-01T00:00:00Z"),
+        (v.PRESERVED_EVIDENCE_ANNOTATION, "kube-system/elsewhere"),
+    ],
+)
+def test_the_nodes_preservation_fields_are_the_controllers(env: Env, key: str, value: str) -> None:
+    # What an SRE reads on the Node must come from the controller: the registration sends these keys to the webhook.
+    node = env.create_node(key.rpartition("/")[2])
+    stderr = env.denied(ALICE, "annotate", "node", node, f"{key}={value}")
+    assert f"metadata.annotations[{key}]: Forbidden: only the preservation controller" in stderr
+    env.ok(CONTROLLER, "annotate", "node", node, f"{key}={value}")
+    assert env.node_annotations(node)[key] == value
+    env.denied(ALICE, "annotate", "node", node, f"{key}-")
+
+
 def test_kubelets_mcm_and_the_controller_are_not_sent_to_the_webhook(env: Env) -> None:
     node = env.create_node("exempt")
     before = env.server.requests("validate-preserve-annotation")

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.models import Pod
+from machine_preservation.core.models import CACHED_POD_LABELS_LIMIT, Pod
 
 
 def served(
@@ -84,3 +84,30 @@ def test_malformed_parts_never_raise_anything_but_a_validation_error(raw: dict[s
     except ValidationError:
         return
     assert (pod.mirror, pod.controller_kind) == (False, "")
+
+
+def test_a_served_pod_keeps_its_labels_for_the_budgets_that_cover_it() -> None:
+    pod = Pod.model_validate(served(labels={"app": "web", "pod-template-hash": "5d8f"}))
+    assert pod.labels == {"app": "web", "pod-template-hash": "5d8f"}
+    assert Pod.model_validate({"metadata": {"name": "p"}}).labels == {}
+    assert Pod.model_validate({"metadata": {"name": "p", "labels": None}}).labels == {}
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        {f"k{i}": "v" for i in range(CACHED_POD_LABELS_LIMIT + 1)},  # a shoot owner's pod with too many
+        {"app": "x" * 64},  # a value Kubernetes would not accept
+        {"p" * 254 + "/" + "n" * 63: "v"},  # a key Kubernetes would not accept
+        {"app": 3},
+    ],
+    ids=["too-many", "long-value", "long-key", "not-a-string"],
+)
+def test_labels_that_could_not_be_kept_whole_are_not_kept(labels: dict[str, Any]) -> None:
+    # None, not a part of them: a budget's selector matched against some of a pod's labels could be wrong.
+    assert Pod.model_validate(served(labels=labels)).labels is None
+
+
+def test_the_most_labels_kept_are_kept_whole() -> None:
+    labels = {f"k{i}": "v" * 63 for i in range(CACHED_POD_LABELS_LIMIT)}
+    assert Pod.model_validate(served(labels=labels)).labels == labels

@@ -226,6 +226,9 @@ request.operation != 'UPDATE' || {{ include "mp.cel.poolSettings" "object" }} !=
   "node.machine.sapcloud.io/preserved-drain-last-attempt"
   "node.machine.sapcloud.io/preserved-announcement-pending"
   "node.machine.sapcloud.io/preserved-node-gone-since"
+  "node.machine.sapcloud.io/preserved-drain-pods-left"
+  "node.machine.sapcloud.io/preserved-drain-blocked-by"
+  "node.machine.sapcloud.io/preserved-evidence"
   "node.machine.sapcloud.io/last-applied-node-preserve-value"
   "cluster-autoscaler.kubernetes.io/scale-down-disabled-by-mcm"
   "node.machine.sapcloud.io/scale-down-disabled-by-preservation"
@@ -364,6 +367,10 @@ podAntiAffinity:
 - apiGroups: [""]
   resources: [pods/eviction]
   verbs: [create]
+# list: the PodDisruptionBudgets of a namespace where one refused an eviction, named on the preserved Node.
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [list]
 {{- end -}}
 
 {{/* Events on Nodes: cluster-scoped objects, so they go to the `default` namespace (as the kubelet's do);

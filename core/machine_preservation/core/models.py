@@ -362,11 +362,20 @@ class MachineDeployment(KubeModel):
     status: MachineDeploymentStatus = Field(default_factory=MachineDeploymentStatus)
 
 
+# The labels a cached Pod keeps, at most (a pod's labels are its owner's input, unbounded in number): enough for
+# every workload seen, whose controllers add two or three to the app's own.
+CACHED_POD_LABELS_LIMIT: Final = 32
+# Kubernetes' bounds of a label's key (prefix and name) and value: a longer one is not from a valid Pod.
+_LABEL_KEY_LIMIT: Final = 253 + 1 + 63
+_LABEL_VALUE_LIMIT: Final = 63
+
+
 class Pod(KubeModel):
     """A Pod reduced to what a drain reads: where it runs, whether it is going away, whether it stays (mirror or
-    DaemonSet pod). The controller caches the pods of failed machines' nodes (`node_pods`), as many as fail at
-    once, so the object is boiled down on parsing into one flat model: ~1.2 KB per cached pod, against ~3.8 KB
-    with full metadata (benchmarks/pod_cache_memory.py)."""
+    DaemonSet pod), and its labels, which tell the PodDisruptionBudgets that cover it. The controller caches the
+    pods of failed machines' nodes (`node_pods`), as many as fail at once, so the object is boiled down on parsing
+    into one flat model: ~630 bytes per cached pod with three labels (~510 without), against ~3.8 KB with full
+    metadata (benchmarks/pod_cache_memory.py, 2026-11-29)."""
 
     name: str = ""
     namespace: str = ""
@@ -375,6 +384,8 @@ class Pod(KubeModel):
     deletion_timestamp: dt.datetime | None = None
     mirror: bool = False  # a static pod's mirror (annotation kubernetes.io/config.mirror)
     controller_kind: str = ""  # the kind of the controlling owner reference, if any
+    # None: more labels than CACHED_POD_LABELS_LIMIT, or one Kubernetes would not accept (not known, so not matched).
+    labels: dict[str, str] | None = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -395,7 +406,24 @@ class Pod(KubeModel):
             "deletionTimestamp": metadata.get("deletionTimestamp"),
             "mirror": v.MIRROR_POD_ANNOTATION in annotations,
             "controllerKind": controller.get("kind") or "",
+            "labels": _pod_labels(metadata.get("labels")),
         }
+
+
+def _pod_labels(raw: Any) -> dict[str, str] | None:
+    """The labels as a cached Pod keeps them (keys interned: pods share them), or None where they are not kept."""
+    labels = mapping_of(raw)
+    if len(labels) > CACHED_POD_LABELS_LIMIT:
+        return None
+    if not all(
+        isinstance(key, str)
+        and isinstance(value, str)
+        and len(key) <= _LABEL_KEY_LIMIT
+        and len(value) <= _LABEL_VALUE_LIMIT
+        for key, value in labels.items()
+    ):
+        return None
+    return {sys.intern(key): value for key, value in labels.items()}
 
 
 def mapping_of(value: Any) -> dict[str, Any]:

@@ -10,7 +10,10 @@
   its grace period has run out (`deletionTimestamp` in the past) — Cluster API's rule for unreachable
   nodes. On a Ready node the drain waits for the kubelet to delete the pod.
 
-The result names the pods still blocking, for the Preserved condition's message. Once the drain has been
+The result names the pods still blocking, for the Preserved condition's message, and the PodDisruptionBudgets
+that refused their evictions, for the Node's fields: an attempt that ends with refused pods lists the budgets of
+their namespaces (one list per namespace and attempt) and matches the budgets' selectors with the pods' labels
+(core.disruption_budgets); the 429's message is never parsed. Once the drain has been
 failing for the drain timeout the core stops asking for evictions and `look` only checks whether the node has
 become empty: pods are never forced out past their PDB (upstream MCM force-deletes them).
 """
@@ -27,18 +30,36 @@ from dataclasses import dataclass, field
 from kubernetes.aio import client
 
 from machine_preservation.controller.preservation.reader import POD_NODE_INDEX, NodePodReader
+from machine_preservation.core import vocabulary as v
 from machine_preservation.core.clock import Clock, system_clock
+from machine_preservation.core.disruption_budgets import PodDisruptionBudget, refusing_budgets
 from machine_preservation.core.models import Node, Pod
-from machine_preservation.kube.api_errors import Failed, NotFound, TooManyRequests, call
+from machine_preservation.kube.api_errors import (
+    Failed,
+    NoAnswer,
+    NotFound,
+    TooManyRequests,
+    api_call,
+    call,
+    read_json,
+)
 from machine_preservation.kube.backoff import Backoff
 
 logger = logging.getLogger(__name__)
+
+# The PodDisruptionBudgets of one namespace read to name a refusal, at most (a page of the list, never continued):
+# a refusing budget past them goes unnamed.
+BUDGETS_LISTED_LIMIT = 500
+# How long a list of budgets may take: naming them must not hold up the drain's outcome.
+BUDGETS_LIST_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True)
 class DrainResult:
     drained: bool
     blocking: tuple[str, ...] = ()  # "namespace/name" of the pods still on the node
+    # "namespace/name" of the PodDisruptionBudgets that refused evictions (at most DRAIN_BLOCKED_BY_LIMIT).
+    blocked_by: tuple[str, ...] = ()
 
 
 def stays_on_node(pod: Pod) -> bool:
@@ -103,13 +124,38 @@ class Drainer:
             # A few at once: a node's 30 pods one after another took ~0.2 s of a preservation's time.
             await asyncio.gather(*(evictions.evict(pod) for pod in evictions.due(remaining)))
             if evictions.exhausted(remaining) or loop.time() >= deadline:
-                return DrainResult(drained=False, blocking=tuple(sorted(pod_name(pod) for pod in remaining)))
+                return DrainResult(
+                    drained=False,
+                    blocking=tuple(sorted(pod_name(pod) for pod in remaining)),
+                    blocked_by=await self._refusing_budgets(evictions.refused(remaining)),
+                )
             # Woken by the next change to the node's pods (an evicted pod gone), else after the poll interval
             # (a grace period running out, a refused eviction's backoff).
             wait = min(self.poll_interval, max(deadline - loop.time(), 0.0))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await self.pods.wait_for_change(node.metadata.name, since=seen)
+
+    async def _refusing_budgets(self, refused: list[Pod]) -> tuple[str, ...]:
+        """The budgets that cover the refused pods, from one list per namespace, of at most DRAIN_BLOCKED_BY_LIMIT
+        namespaces (each with a refused pod has a budget to name); none of a namespace whose list failed (naming
+        them is for people: the drain's outcome does not wait for it)."""
+        policy = client.PolicyV1Api(self.target)
+        budgets: list[PodDisruptionBudget] = []
+        for namespace in sorted({pod.namespace for pod in refused})[: v.DRAIN_BLOCKED_BY_LIMIT]:
+            try:
+                with api_call():
+                    listed = await read_json(
+                        await policy.list_namespaced_pod_disruption_budget_without_preload_content(
+                            namespace, limit=BUDGETS_LISTED_LIMIT, _request_timeout=BUDGETS_LIST_TIMEOUT
+                        ),
+                        absent=frozenset(),
+                    )
+                items = listed.get("items") if isinstance(listed, dict) else None
+                budgets += [PodDisruptionBudget.model_validate(i) for i in items or [] if isinstance(i, dict)]
+            except (Failed, NoAnswer, ValueError) as error:  # ValueError: an answer that is no list of budgets
+                logger.warning("PodDisruptionBudgets of %s not listed: %s", namespace, error)
+        return refusing_budgets(refused, budgets, limit=v.DRAIN_BLOCKED_BY_LIMIT)
 
 
 @dataclass
@@ -128,6 +174,7 @@ class _Evictions:
     # Pods whose eviction was accepted (or found them gone): the cache may show them a moment longer, until
     # their deletion is seen; evicting them again would only cost the API server another request.
     answered: set[tuple[str, str]] = field(default_factory=set)
+    budget_refused: set[str] = field(default_factory=set)  # pods a 429 answered
 
     def due(self, remaining: list[Pod]) -> list[Pod]:
         now = self.clock()
@@ -139,6 +186,10 @@ class _Evictions:
             and now >= self.waiting_until.get(pod_name(pod), 0.0)
             and self.refusals.get(pod_name(pod), 0) <= self.max_retries
         ]
+
+    def refused(self, remaining: list[Pod]) -> list[Pod]:
+        """The pods left whose eviction a PodDisruptionBudget refused (429) in this attempt."""
+        return [pod for pod in remaining if pod_name(pod) in self.budget_refused]
 
     def exhausted(self, remaining: list[Pod]) -> bool:
         """Every pod left was refused more often than allowed."""
@@ -162,6 +213,7 @@ class _Evictions:
             except NotFound:
                 self.answered.add((key, pod.uid))
             except TooManyRequests:
+                self.budget_refused.add(key)
                 self.refusals[key] = self.refusals.get(key, 0) + 1
                 self.waiting_until[key] = self.clock() + self.backoff.delay(self.refusals[key])
                 logger.info("eviction of %s refused by a PodDisruptionBudget (%d)", key, self.refusals[key])

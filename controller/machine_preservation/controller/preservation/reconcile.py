@@ -193,6 +193,7 @@ class MachineReconciler:
             drained=result.drained,
             blocking_pods=result.blocking,
             now=ended,
+            blocked_by=result.blocked_by,
         )
         await execute_machine_plan(writer=self.writer, snap=snap, steps=after.steps, now=ended)
         await self._point_at_evidence(key, snap, node)

@@ -118,12 +118,14 @@ def _rule(group: str, resources: Sequence[str], verbs: Sequence[str]) -> dict[st
 
 
 # What the controller does in the shoot: informers on Nodes and Pods (caches.py), a Node read past the cache
-# (reconcile.LiveNodes), Node and Node status patches (apply.py), evictions (drain.py).
+# (reconcile.LiveNodes), Node and Node status patches (apply.py), evictions and the PodDisruptionBudgets of a
+# refused one's namespace, listed to name them on the Node (drain.py).
 TARGET_RULES: Final[Sequence[Mapping[str, Any]]] = (
     _rule("", ["nodes"], ["get", "list", "watch", "patch"]),
     _rule("", ["nodes/status"], ["patch"]),
     _rule("", ["pods"], ["list", "watch"]),
     _rule("", ["pods/eviction"], ["create"]),
+    _rule("policy", ["poddisruptionbudgets"], ["list"]),
 )
 # Events about Nodes (events.py): created, read and patched to count a repeat up; listed for the evidence of a
 # failure (preservation/evidence.py).
