@@ -387,6 +387,27 @@ def test_a_bad_kubeconfig_exits_1_and_bad_usage_exits_2(env: Env, tmp_path: Path
     assert "--namespace needs --seed" in usage.stderr
 
 
+def test_an_unknown_identity_exits_4_and_an_unreachable_server_exits_1(env: Env, tmp_path: Path) -> None:
+    document = yaml.safe_load(env.kubeconfigs["sre"].read_text())
+    document["users"] = [{"name": "stranger", "user": {"token": "not-a-token"}}]
+    for context in document["contexts"]:
+        context["context"]["user"] = "stranger"
+    stranger = tmp_path / "stranger.kubeconfig"
+    stranger.write_text(yaml.safe_dump(document))
+    result = subprocess.run([*PLUGIN, "list", f"--kubeconfig={stranger}"], capture_output=True, text=True, check=False)
+    assert result.returncode == 4
+    assert result.stderr == "error: you must be logged in to the server (Unauthorized)\n"
+    for cluster in document["clusters"]:
+        cluster["cluster"]["server"] = "https://127.0.0.1:9"
+    unreachable = tmp_path / "unreachable.kubeconfig"
+    unreachable.write_text(yaml.safe_dump(document))
+    result = subprocess.run(
+        [*PLUGIN, "show", "n1", f"--kubeconfig={unreachable}"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: the server could not be reached: ")
+
+
 # --- now, when-failed, release -----------------------------------------------------------------------------
 
 

@@ -281,6 +281,54 @@ def test_the_list_table_and_a_watch_line() -> None:
     assert view.change_line(row, wide=False, deleted=True).split("\t")[5] == "deleted"
 
 
+def event(kind: str, obj: dict[str, Any], version: str = "7") -> dict[str, Any]:
+    obj["metadata"]["resourceVersion"] = version
+    return {"type": kind, "object": obj}
+
+
+def test_a_watch_prints_a_row_only_when_a_column_changes() -> None:
+    shown: dict[str, view.NodeRow] = {}
+    version, change = view.follow(event("ADDED", node("a")), shown, "1", NOW)
+    assert (version, change, shown) == ("7", None, {})  # not marked: nothing to show
+    version, change = view.follow(event("MODIFIED", node("a", {P: "now"}), "8"), shown, version, NOW)
+    assert version == "8"
+    assert change is not None
+    assert (change.kind, change.row.value) == ("ADDED", "now")
+    marked = node("a", {P: "now"})
+    marked["metadata"]["labels"]["unrelated"] = "x"
+    assert view.follow(event("MODIFIED", marked, "9"), shown, version, NOW) == ("9", None)
+    version, change = view.follow(event("MODIFIED", node("a", {P: "when-failed"}), "10"), shown, "9", NOW)
+    assert change is not None
+    assert (change.kind, change.row.value) == ("MODIFIED", "when-failed")
+    version, change = view.follow(event("MODIFIED", node("a"), "11"), shown, version, NOW)
+    assert change is not None
+    assert (change.kind, change.row.value, shown) == ("MODIFIED", None, {})  # no longer marked: said once
+    assert view.follow(event("MODIFIED", node("a"), "12"), shown, version, NOW) == ("12", None)
+
+
+def test_a_watch_says_deleted_and_follows_bookmarks_and_errors() -> None:
+    shown = {"a": view.node_row(node("a", {P: "now"}), NOW)}
+    version, change = view.follow(event("DELETED", node("a", {P: "now"}), "20"), shown, "19", NOW)
+    assert change is not None
+    assert (version, change.kind, shown) == ("20", "DELETED", {})
+    assert view.follow(event("DELETED", node("b"), "21"), shown, version, NOW) == ("21", None)
+    bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "30"}}}
+    assert view.follow(bookmark, shown, "21", NOW) == ("30", None)
+    gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410}}
+    assert view.follow(gone, shown, "30", NOW) == ("", None)
+    assert view.follow({"type": "MODIFIED", "object": None}, shown, "30", NOW) == ("30", None)
+
+
+def test_a_new_list_reports_what_changed_meanwhile() -> None:
+    kept, changed, gone = (view.node_row(node(n, {P: "now"}), NOW) for n in ("a", "b", "c"))
+    shown = {"a": kept, "b": changed, "c": gone}
+    new_b = view.node_row(node("b", {P: "false"}), NOW)
+    new_d = view.node_row(node("d", {P: "now"}), NOW)
+    changes = view.relisted(shown, [kept, new_b, new_d])
+    assert [(c.kind, c.row.node) for c in changes] == [("MODIFIED", "b"), ("MODIFIED", "d"), ("DELETED", "c")]
+    assert shown == {"a": kept, "b": new_b, "d": new_d}
+
+
 def test_registers_webhook_looks_at_every_configuration() -> None:
     names = frozenset({"w.example"})
     assert view.registers_webhook([{"webhooks": [{"name": "other"}]}, {"webhooks": [{"name": "w.example"}]}], names)

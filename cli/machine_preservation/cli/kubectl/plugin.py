@@ -133,52 +133,26 @@ def watch_nodes(api: Api, shown: dict[str, view.NodeRow], version: str, output: 
     deleted), until interrupted. Only the marked nodes' rows are kept."""
     while True:
         if not version:  # the watch's version is too old: list again, print what changed meanwhile
-            version = _relist(api, shown, output)
+            now, listed = _now(), []
+            for page, listed_version in api.pages(NODES, resource="nodes"):
+                listed += view.marked_rows(page, now)
+                version = listed_version
+            for change in view.relisted(shown, listed):
+                _print_change(change, output)
         for event in api.watch(NODES, version):
-            version = _follow(event, shown, output, version)
+            version, followed = view.follow(event, shown, version, _now())
+            if followed is not None:
+                _print_change(followed, output)
             if not version:
                 break
 
 
-def _relist(api: Api, shown: dict[str, view.NodeRow], output: str) -> str:
-    now, current, version = _now(), {}, ""
-    for page, listed in api.pages(NODES, resource="nodes"):
-        current.update({row.node: row for row in view.marked_rows(page, now)})
-        version = listed
-    for name, row in sorted(current.items()):
-        if shown.get(name) != row:
-            _print_change("MODIFIED", row, output)
-    shown.clear()
-    shown.update(current)
-    return version
-
-
-def _follow(event: Mapping[str, Any], shown: dict[str, view.NodeRow], output: str, version: str) -> str:
-    """Apply one watch event; the resourceVersion to go on from ("" when the watch must list again)."""
-    kind, obj = event.get("type"), event.get("object")
-    obj = obj if isinstance(obj, dict) else {}
-    if kind == "ERROR":  # 410 Gone, or the server's own trouble: list again
-        return ""
-    metadata = obj.get("metadata")
-    version = str(metadata.get("resourceVersion") or version) if isinstance(metadata, dict) else version
-    if kind == "BOOKMARK":
-        return version
-    name, row = view.name_of(obj), view.node_row(obj, _now())
-    if kind == "DELETED" or not view.is_marked(obj):
-        if shown.pop(name, None) is not None:
-            _print_change("DELETED" if kind == "DELETED" else "MODIFIED", row, output)
-        return version
-    if shown.get(name) != row:
-        shown[name] = row
-        _print_change(str(kind), row, output)
-    return version
-
-
-def _print_change(kind: str, row: view.NodeRow, output: str) -> None:
+def _print_change(change: view.Change, output: str) -> None:
     if output in ("json", "yaml"):
-        _out(_dump({"event": kind, "item": row.structure()}, output) + ("" if output == "json" else "\n---"))
+        document = {"event": change.kind, "item": change.row.structure()}
+        _out(_dump(document, output) + ("" if output == "json" else "\n---"))
     else:
-        _out(view.change_line(row, wide=output == "wide", deleted=kind == "DELETED"))
+        _out(view.change_line(change.row, wide=output == "wide", deleted=change.kind == "DELETED"))
 
 
 # --- list --seed -------------------------------------------------------------------------------------------

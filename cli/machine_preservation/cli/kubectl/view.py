@@ -317,6 +317,48 @@ def change_line(row: NodeRow, *, wide: bool, deleted: bool) -> str:
     return "\t".join(cells)
 
 
+@dataclass(frozen=True)
+class Change:
+    """A row `--watch` prints: ADDED, MODIFIED (also when a node stops being marked) or DELETED."""
+
+    kind: str
+    row: NodeRow
+
+
+def follow(
+    event: Mapping[str, Any], shown: dict[str, NodeRow], version: str, now: dt.datetime
+) -> tuple[str, Change | None]:
+    """One watch event applied to the rows shown (`shown`, updated): the resourceVersion to watch on from (""
+    when the watch must list again: an ERROR such as 410 Gone), and the change to print, if any."""
+    kind, obj = event.get("type"), _mapping(event.get("object"))
+    if kind == "ERROR":
+        return "", None
+    found = _mapping(obj.get("metadata")).get("resourceVersion")
+    version = found if isinstance(found, str) and found else version
+    if kind not in ("ADDED", "MODIFIED", "DELETED"):  # BOOKMARK: only the version moves
+        return version, None
+    name, row = name_of(obj), node_row(obj, now)
+    if kind == "DELETED" or not is_marked(obj):
+        gone = shown.pop(name, None) is not None
+        return version, Change("DELETED" if kind == "DELETED" else "MODIFIED", row) if gone else None
+    if shown.get(name) == row:
+        return version, None  # a change to what no column shows
+    changed = Change("MODIFIED" if name in shown else "ADDED", row)
+    shown[name] = row
+    return version, changed
+
+
+def relisted(shown: dict[str, NodeRow], listed: Iterable[NodeRow]) -> list[Change]:
+    """After a new list (`listed`): the rows that changed meanwhile, and as DELETED those no longer listed (gone, or
+    no longer marked); `shown` replaced by the new rows."""
+    current = {row.node: row for row in listed}
+    changes = [Change("MODIFIED", row) for name, row in sorted(current.items()) if shown.get(name) != row]
+    changes += [Change("DELETED", row) for name, row in sorted(shown.items()) if name not in current]
+    shown.clear()
+    shown.update(current)
+    return changes
+
+
 def registers_webhook(configurations: Iterable[Mapping[str, Any]], names: frozenset[str]) -> bool:
     """Whether one of the ValidatingWebhookConfigurations registers a webhook named in `names`."""
     for configuration in configurations:
