@@ -17,6 +17,7 @@ from kubernetes.aio.client.exceptions import ApiException
 from machine_preservation.controller.machinery.events import NODE_EVENT_NAMESPACE
 from machine_preservation.core import evidence as e
 from machine_preservation.core import vocabulary as v
+from machine_preservation.core.mcm_generation import NativePreservationMode
 from machine_preservation.core.preservation_record import format_timestamp
 from machine_preservation.localcluster.controlplane import ControlPlane
 from tests.controller.running import chart_identity, running_controller
@@ -269,3 +270,37 @@ async def test_evidence_the_controller_may_not_write_is_told_and_the_preservatio
     assert (
         v.PRESERVED_EVIDENCE_ANNOTATION not in (await read_node_model(client.CoreV1Api(api), node)).metadata.annotations
     )
+
+
+async def test_mcms_own_preservation_of_a_failed_machine_is_captured_as_soon_as_seen(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str]
+) -> None:
+    custom = client.CustomObjectsApi(api)
+    node = await new_node(api, node_names, ready=False)
+    await failed_machine(api, namespace, node)
+    try:
+        async with running_controller(
+            kubeconfig=control_plane.kubeconfig,
+            namespace=namespace,
+            native_preservation=NativePreservationMode.TRUE,
+            resync_period=0.5,
+        ):
+            assert await stored(api, node) is None, "not preserved by MCM yet"
+            expiry = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=3)).replace(microsecond=0)
+            await custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                namespace,
+                "machines",
+                "m",
+                {"status": {"currentStatus": {"preserveExpiryTime": format_timestamp(expiry)}}},
+                _content_type=MERGE,
+            )
+            await eventually_async(lambda: stored(api, node), limit=30)
+            config_map = await stored(api, node)
+            assert config_map is not None
+            evidence = e.Evidence.model_validate_json(config_map["data"][v.EVIDENCE_DATA_KEY])
+            assert (evidence.node, evidence.machine.phase) == (node, "Failed")
+            assert evidence.machine.last_operation.type == "HealthCheck"
+    finally:
+        await delete_evidence(api, node)

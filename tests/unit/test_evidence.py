@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from machine_preservation.core import evidence as e
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.models import Machine
+from machine_preservation.core.models import Machine, Node
 from machine_preservation.core.preservation_record import format_timestamp
 
 NOW = dt.datetime(2026, 11, 29, 10, tzinfo=dt.UTC)
@@ -593,3 +593,39 @@ def test_an_objects_resource_version() -> None:
     for obj in ({}, {"metadata": {"resourceVersion": 42}}, {"metadata": {"resourceVersion": ""}}, None):
         with pytest.raises(ValueError, match="resourceVersion"):
             e.resource_version(obj)
+
+
+def native_machine(phase: str, expiry: dt.datetime | None) -> Machine:
+    current: dict[str, Any] = {"phase": phase}
+    if expiry is not None:
+        current["preserveExpiryTime"] = format_timestamp(expiry)
+    return Machine.model_validate({"status": {"currentStatus": current}})
+
+
+def preserved_node(condition: dict[str, Any] | None) -> Node:
+    return Node.model_validate({"metadata": {"name": "n"}, "status": {"conditions": [condition] if condition else []}})
+
+
+SHOWN = {"type": v.PRESERVED_CONDITION_TYPE, "status": "True", "lastTransitionTime": "2026-11-29T09:30:00Z"}
+
+
+def test_mcms_preservation_started_when_its_condition_turned() -> None:
+    machine = native_machine("Failed", NOW + dt.timedelta(hours=1))
+    assert e.natively_preserved_since(machine, preserved_node(SHOWN), now=NOW) == dt.datetime(
+        2026, 11, 29, 9, 30, tzinfo=dt.UTC
+    )
+    assert e.natively_preserved_since(machine, preserved_node(None), now=NOW) == NOW  # not shown yet
+    stopped = SHOWN | {"status": "False", "reason": v.ConditionReason.PRESERVATION_STOPPED.value}
+    assert e.natively_preserved_since(machine, preserved_node(stopped), now=NOW) == NOW
+
+
+@pytest.mark.parametrize(
+    "machine",
+    [
+        native_machine("Running", NOW + dt.timedelta(hours=1)),  # preserved, not failed: nothing to capture
+        native_machine("Failed", None),
+        native_machine("Failed", NOW),  # expired
+    ],
+)
+def test_no_capture_without_mcms_preservation_of_a_failed_machine(machine: Machine) -> None:
+    assert e.natively_preserved_since(machine, preserved_node(SHOWN), now=NOW) is None

@@ -22,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.models import Machine
+from machine_preservation.core.conditions import shows_preservation
+from machine_preservation.core.models import Machine, Node
 
 EVIDENCE_VERSION: Final = 1
 
@@ -557,3 +558,15 @@ def resource_version(obj: object) -> str:
     if not isinstance(version, str) or not version:
         raise ValueError("the object has no resourceVersion")
     return version
+
+
+def natively_preserved_since(machine: Machine, node: Node, *, now: dt.datetime) -> dt.datetime | None:
+    """When MCM's own preservation (v0.62+) of this Failed machine started, if MCM preserves it now: its expiry is
+    ahead; it started when the node's Preserved condition last turned (else, not shown yet, now). None otherwise."""
+    expiry = machine.mirrored_expiry
+    if machine.phase != v.MachinePhase.FAILED or expiry is None or expiry <= now:
+        return None
+    condition = node.preserved_condition
+    if shows_preservation(condition) and condition is not None and condition.last_transition_time is not None:
+        return min(condition.last_transition_time, now)
+    return now

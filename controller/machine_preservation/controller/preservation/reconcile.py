@@ -38,6 +38,7 @@ from machine_preservation.core import vocabulary as v
 from machine_preservation.core.auto_preservation import is_being_replaced, plan_machine_deployment, plan_machine_set
 from machine_preservation.core.clock import Clock, system_clock
 from machine_preservation.core.config import PreservationConfig
+from machine_preservation.core.evidence import natively_preserved_since
 from machine_preservation.core.lifecycle import (
     MachineContext,
     health_to_confirm,
@@ -129,6 +130,9 @@ class MachineReconciler:
             self.evidence.forget(key)
         if self.native:
             plan = plan_native(machine=machine, node=node, config=self.config)
+            if node is not None and (since := natively_preserved_since(machine, node, now=now)) is not None:
+                # MCM drains at once: captured as soon as seen, racing its evictions (best effort).
+                self.evidence.capture(key, machine=machine, node=node, since=since)
         else:
             plan = plan_machine(
                 MachineContext(
