@@ -385,6 +385,9 @@ def test_a_bad_kubeconfig_exits_1_and_bad_usage_exits_2(env: Env, tmp_path: Path
     usage = env.plugin("sre", "list", "--namespace", "x")
     assert usage.returncode == 2
     assert "--namespace needs --seed" in usage.stderr
+    traversal = env.plugin("sre", "now", "../namespaces/kube-system")
+    assert traversal.returncode == 2
+    assert "'../namespaces/kube-system' is not a valid node name" in traversal.stderr
 
 
 def test_an_unknown_identity_exits_4_and_an_unreachable_server_exits_1(env: Env, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from machine_preservation.cli.kubectl import evidence_view, view
 from machine_preservation.cli.kubectl.outcomes import ExitCode, answer_error, cut, denial, status_message
-from machine_preservation.cli.kubectl.plugin import build_parser
+from machine_preservation.cli.kubectl.plugin import build_parser, run
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.evidence import build_evidence, to_json
 from machine_preservation.core.gardener.cluster import ClusterView
@@ -237,6 +237,32 @@ def test_marked_nodes_carry_a_value_or_a_controller_field() -> None:
         assert view.is_marked(node(annotations={key: ""})), key
     rows = view.marked_rows([node("a", {P: "now"}), node("b"), node("c", preserved())], NOW)
     assert [r.node for r in rows] == ["a", "c"]
+
+
+@pytest.mark.parametrize(
+    ("name", "valid"),
+    [
+        ("n1", True),
+        ("ip-10-0-0-1.eu-west-1.compute.internal", True),
+        ("shoot--p--s", True),
+        ("a" * 253, True),
+        ("a" * 254, False),
+        ("", False),
+        ("../namespaces/kube-system/secrets/x", False),
+        ("n1?dryRun=All", False),
+        ("N1", False),
+        ("-n1", False),
+    ],
+)
+def test_only_object_names_go_into_a_url(name: str, valid: bool) -> None:
+    assert view.is_object_name(name) is valid
+
+
+def test_the_command_line_refuses_what_is_no_object_name(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        run(["show", "../secrets"])
+    assert exit_info.value.code == ExitCode.USAGE
+    assert "'../secrets' is not a valid node name" in capsys.readouterr().err
 
 
 def test_machine_of_needs_mcms_label() -> None:

@@ -354,6 +354,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     command: Command = args.run
+    for what, name in (("node", getattr(args, "node", None)), ("namespace", getattr(args, "namespace", None))):
+        if name is not None and not view.is_object_name(name):
+            parser.error(f"{name!r} is not a valid {what} name")
     if command is list_nodes and args.seed:
         if args.watch or args.sort_by != "name" or args.output == "wide":
             parser.error("--seed takes none of --watch, --sort-by, -o wide")

@@ -9,6 +9,7 @@ defensively (a malformed one shows as written, cut; it never raises) and cut to 
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -50,6 +51,14 @@ def labels_of(obj: Mapping[str, Any]) -> dict[str, str]:
 def name_of(obj: Mapping[str, Any]) -> str:
     name = _mapping(obj.get("metadata")).get("name")
     return name if isinstance(name, str) else ""
+
+
+_SUBDOMAIN: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def is_object_name(name: str) -> bool:
+    """Whether `name` can name a Node or a namespace (a DNS subdomain): anything else is not put in a URL path."""
+    return len(name) <= 253 and _SUBDOMAIN.fullmatch(name) is not None
 
 
 def machine_of(node: Mapping[str, Any]) -> str | None:
