@@ -370,6 +370,31 @@ def test_list_through_kubectl_finds_the_plugin_on_path(env: Env, tmp_path: Path)
     assert node in result.stdout
 
 
+def test_the_kubeconfig_is_read_as_kubectl_reads_it(env: Env, tmp_path: Path) -> None:
+    """$KUBECONFIG (several files, merged), its current context, and `--context` for another one."""
+    node = env.create_node("contexts", {P: "when-failed"})
+    sre = yaml.safe_load(env.kubeconfigs["sre"].read_text())
+    nobody = yaml.safe_load(env.kubeconfigs["nobody"].read_text())
+    for document, name in ((sre, "sre"), (nobody, "nobody")):
+        document["users"][0]["name"] = name
+        document["contexts"] = [{"name": name, "context": {"cluster": document["clusters"][0]["name"], "user": name}}]
+        document["current-context"] = name
+    (tmp_path / "nobody").write_text(yaml.safe_dump(nobody))
+    (tmp_path / "sre").write_text(yaml.safe_dump(sre))
+    merged = {**os.environ, "KUBECONFIG": os.pathsep.join([str(tmp_path / "nobody"), str(tmp_path / "sre")])}
+
+    def plugin(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*PLUGIN, *args], capture_output=True, text=True, env=merged, timeout=60, check=False)
+
+    assert plugin("list").returncode == 4  # the first file's current context: nobody
+    chosen = plugin("list", "--context", "sre")
+    assert chosen.returncode == 0, chosen.stderr
+    assert node in chosen.stdout
+    missing = plugin("list", "--context", "absent")
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("error: cannot load the kubeconfig: ")
+
+
 def test_list_as_a_user_without_rights_exits_4_naming_the_verb_and_resource(env: Env) -> None:
     result = env.plugin("nobody", "list")
     assert result.returncode == 4

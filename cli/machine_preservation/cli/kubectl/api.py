@@ -6,11 +6,14 @@ failure raised as its `PluginError`.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 import urllib3
+import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
@@ -49,8 +52,26 @@ def _warnings(headers: Any) -> tuple[str, ...]:
     return tuple(found)
 
 
+def kubectl_context(kubeconfig: str | None, context: str | None) -> str | None:
+    """The context kubectl would use: `--context`; else, for several files in $KUBECONFIG, the current context of
+    the first that names one (kubectl's rule: the first file to set a key wins; the kubernetes client lets the
+    last win)."""
+    if context is not None or kubeconfig is not None:
+        return context
+    for path in os.environ.get("KUBECONFIG", "").split(os.pathsep):
+        try:
+            document = yaml.safe_load(Path(path).expanduser().read_text()) if path else None
+        except (OSError, yaml.YAMLError):
+            continue  # kubectl skips a file that is missing too; one that does not parse fails the load below
+        current = document.get("current-context") if isinstance(document, dict) else None
+        if isinstance(current, str) and current:
+            return current
+    return None
+
+
 def kubeconfig_namespace(kubeconfig: str | None, context: str | None) -> str | None:
     """The namespace of the kubeconfig's context (`--context`, else the current one), as kubectl defaults it."""
+    context = kubectl_context(kubeconfig, context)
     try:
         contexts, current = config.list_kube_config_contexts(config_file=kubeconfig)  # type: ignore[no-untyped-call]
     except (ConfigException, OSError) as error:
@@ -68,7 +89,10 @@ class Api:
         configuration = client.Configuration()
         try:
             config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=kubeconfig, context=context, client_configuration=configuration, persist_config=False
+                config_file=kubeconfig,
+                context=kubectl_context(kubeconfig, context),
+                client_configuration=configuration,
+                persist_config=False,
             )
         except (ConfigException, OSError) as error:
             raise PluginError(f"cannot load the kubeconfig: {error}", ExitCode.ERROR) from error
