@@ -566,6 +566,8 @@ def test_show_prints_the_preservation_and_the_evidence(env: Env) -> None:
     now = dt.datetime.now(dt.UTC)
     fields = _controller_fields(since=now, until=now + dt.timedelta(hours=1), drain="drained")
     node = env.create_node("shown", {P: "when-failed", **fields}, ready="False")
+    taint = {"key": v.PRESERVED_TAINT_KEY, "effect": v.PRESERVED_TAINT_EFFECT}
+    client.CoreV1Api(env.controller).patch_node(node, {"spec": {"taints": [taint]}})
     _evidence_config_map(env, node)
     try:
         result = env.plugin("sre", "show", node)
@@ -578,6 +580,7 @@ def test_show_prints_the_preservation_and_the_evidence(env: Env) -> None:
             "Preserved by:          user",
             "Drain:                 drained",
             "Scale-down protected:  yes",
+            f"Tainted:               {v.PRESERVED_TAINT_KEY}:NoSchedule",
             f"Evidence:              {v.EVIDENCE_NAMESPACE}/{evidence_name(node)}, captured",
             "PLEG is not healthy",
             "NodeNotReady",

@@ -223,6 +223,20 @@ def test_any_shape_of_node_gives_a_row(raw: dict[str, Any]) -> None:
     assert not view.is_marked(raw)
 
 
+@pytest.mark.parametrize(
+    ("spec", "tainted"),
+    [
+        ({"taints": [{"key": v.PRESERVED_TAINT_KEY, "effect": "NoSchedule"}]}, True),
+        ({"taints": [{"key": v.PRESERVED_TAINT_KEY, "effect": "NoExecute"}]}, False),
+        ({"taints": [None, 5, {"key": 7}]}, False),
+        ({"taints": "x"}, False),
+        (None, False),
+    ],
+)
+def test_tainted_reads_the_preserved_taint(spec: Any, tainted: bool) -> None:
+    assert view.tainted({"spec": spec}) is tainted
+
+
 def test_ready_reads_the_condition() -> None:
     assert view.node_row(node(ready="False"), NOW).ready == "False"
     assert view.node_row(node(ready=None), NOW).ready == "Unknown"
@@ -502,12 +516,16 @@ def test_the_evidence_as_text() -> None:
     )
     raw = node(annotations={P: "when-failed", **preserved()})
     raw["status"]["conditions"].append({"type": "Preserved", "status": "True", "reason": "Preserved by user."})
+    raw["spec"] = {
+        "taints": [{"key": "other", "effect": "NoSchedule"}, {"key": v.PRESERVED_TAINT_KEY, "effect": "NoSchedule"}]
+    }
     text = evidence_view.show_text(view.node_row(raw, NOW), raw, state, NOW)
     for expected in (
         "Node:                  n1",
         "Since:                 2026-11-29T09:00:00Z (1h ago)",
         "Until:                 2026-11-29T12:00:00Z (2h left)",
         "Preserved condition:   True, Preserved by user.",
+        f"Tainted:               {v.PRESERVED_TAINT_KEY}:NoSchedule",
         "Evidence:              kube-system/e, captured 2026-11-29T09:30:00Z (30m ago)",
         "Evidence deleted at:   2026-12-01T00:00:00Z",
         "PLEG is not healthy",
@@ -528,6 +546,7 @@ def test_no_evidence_and_truncation_are_said() -> None:
     row = view.node_row(raw, NOW)
     none = evidence_view.show_text(row, raw, evidence_view.read_evidence("kube-system/e", None), NOW)
     assert "Evidence:              none recorded (kube-system/e)" in none
+    assert "Tainted:               no" in none
     document = json.loads(sample_evidence())
     document["truncated"] = {"events": 3, "toFitSize": True}
     document["events"], document["pods"] = [], []
@@ -542,6 +561,7 @@ def test_the_show_structure() -> None:
     state = evidence_view.read_evidence("kube-system/e", config_map({v.EVIDENCE_DATA_KEY: sample_evidence()}))
     document = evidence_view.show_structure(view.node_row(raw, NOW), raw, state)
     assert document["kind"] == "NodePreservation"
+    assert document["tainted"] is False
     assert document["conditions"][0]["type"] == "Ready"
     assert document["evidence"]["configMap"] == "kube-system/e"
     assert document["evidence"]["document"]["pods"][0]["name"] == "web-0"

@@ -21,6 +21,7 @@ from machine_preservation.cli.kubectl.view import (
     conditions_of,
     short_duration,
     table,
+    tainted,
     time_left,
 )
 from machine_preservation.core import vocabulary as v
@@ -73,7 +74,7 @@ def _field(label: str, value: str) -> str:
     return f"{label + ':':<23}{value}"
 
 
-def preservation_lines(row: NodeRow, preserved: Condition | None, now: dt.datetime) -> list[str]:
+def preservation_lines(row: NodeRow, preserved: Condition | None, now: dt.datetime, *, is_tainted: bool) -> list[str]:
     drain = row.drain.cell(wide=True)
     lines = [
         _field("Node", row.node),
@@ -85,6 +86,7 @@ def preservation_lines(row: NodeRow, preserved: Condition | None, now: dt.dateti
         _field("Ready", row.ready),
         _field("Drain", drain),
         _field("Scale-down protected", "yes" if row.scale_down_protected else "no"),
+        _field("Tainted", f"{v.PRESERVED_TAINT_KEY}:{v.PRESERVED_TAINT_EFFECT}" if is_tainted else "no"),
     ]
     if preserved is not None:
         shown = ", ".join(part for part in (preserved.status, preserved.reason, preserved.message) if part)
@@ -198,7 +200,8 @@ def evidence_lines(state: EvidenceState, now: dt.datetime) -> list[str]:
 
 def show_text(row: NodeRow, node: Mapping[str, Any], state: EvidenceState, now: dt.datetime) -> str:
     preserved = next((c for c in conditions_of(node) if c.type == v.PRESERVED_CONDITION_TYPE), None)
-    return "\n".join([*preservation_lines(row, preserved, now), *evidence_lines(state, now)])
+    lines = preservation_lines(row, preserved, now, is_tainted=tainted(node))
+    return "\n".join([*lines, *evidence_lines(state, now)])
 
 
 def show_structure(row: NodeRow, node: Mapping[str, Any], state: EvidenceState) -> dict[str, Any]:
@@ -207,6 +210,7 @@ def show_structure(row: NodeRow, node: Mapping[str, Any], state: EvidenceState) 
         "kind": "NodePreservation",
         "version": STRUCTURE_VERSION,
         "preservation": row.structure(),
+        "tainted": tainted(node),
         "conditions": [c.structure() for c in conditions_of(node)],
         "evidence": {
             "configMap": state.where,

@@ -185,6 +185,17 @@ def conditions_of(node: Mapping[str, Any]) -> tuple[Condition, ...]:
     return tuple(found)
 
 
+def tainted(node: Mapping[str, Any]) -> bool:
+    """Whether the node carries the preserved taint (`node.machine.sapcloud.io/preserved:NoSchedule`): a Failed
+    preserved machine's node takes no new pods."""
+    taints = _mapping(node.get("spec")).get("taints")
+    return any(
+        _strings(taint).get("key") == v.PRESERVED_TAINT_KEY
+        and _strings(taint).get("effect") == v.PRESERVED_TAINT_EFFECT
+        for taint in (taints if isinstance(taints, list) else [])
+    )
+
+
 def _condition(node: Mapping[str, Any], kind: str) -> Condition | None:
     return next((c for c in conditions_of(node) if c.type == kind), None)
 
