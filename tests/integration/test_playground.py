@@ -116,6 +116,9 @@ def test_gardener_interactive_runs_until_ctrl_c_then_tears_down(toolchain: Toolc
     ):
         assert str(kubeconfig) in text
         assert kubeconfig.is_file()
+    # How to try the SRE's kubectl plugin: kubectl finds it on PATH, in the virtualenv's scripts.
+    assert f"export PATH={Path(sys.executable).parent}:$PATH" in text
+    assert "kubectl preservation list --kubeconfig=$SHOOT_B" in text
     binaries = sorted(Path(p.split()[0]).name for p in _our_processes(directory))
     # Per shoot: its kube-apiserver, GRM and MCM (two processes); the seed's etcd, kube-apiserver and
     # kube-controller-manager; and one installation: the webhook Deployment's two containers (the shoots' routes and

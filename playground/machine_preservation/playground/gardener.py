@@ -499,6 +499,7 @@ The Gardener playground is running: one seed, shoots a and b, the extension enab
 
   alias kubectl={kubectl_path}
   export KUBECACHEDIR={land.directory / "kube-cache"}
+  export PATH={Path(sys.executable).parent}:$PATH    # kubectl finds the plugin kubectl-preservation there
   SEED={land.seed_plane.kubeconfig}
   SHOOT_A={a.plane.kubeconfig}
   SHOOT_B={b.plane.kubeconfig}
@@ -507,8 +508,8 @@ The Gardener playground is running: one seed, shoots a and b, the extension enab
   kubectl --kubeconfig=$SEED get extension -n {a.namespace} {gardener.EXTENSION_TYPE} -o yaml
   kubectl --kubeconfig=$SEED get machines -n {a.namespace}
   kubectl --kubeconfig=$SHOOT_A get nodes
-  kubectl preservation list --kubeconfig=$SHOOT_B                        # the SRE's view (kubectl-preservation
-  kubectl preservation show <node> --kubeconfig=$SHOOT_B                 #   is in {Path(sys.executable).parent})
+  kubectl preservation list --kubeconfig=$SHOOT_B                        # what the shoot's SRE sees
+  kubectl preservation show <node> --kubeconfig=$SHOOT_B
   kubectl --kubeconfig=$SHOOT_A annotate node <node> {v.PRESERVE_ANNOTATION}=now
   kubectl --kubeconfig=$SHOOT_B annotate node <node> {v.PRESERVE_ANNOTATION}=when-failed
   kubectl --kubeconfig=$SHOOT_B patch node <node> --subresource=status \\
