@@ -53,7 +53,8 @@ AUDIT_POLICY: dict[str, object] = {
             "verbs": list(WRITE_VERBS),
             "resources": [
                 {"group": GROUP},
-                {"group": "", "resources": ["nodes", "nodes/status", "pods", "pods/eviction"]},
+                # configmaps: the evidence of a failure, written before the drain's first eviction.
+                {"group": "", "resources": ["nodes", "nodes/status", "pods", "pods/eviction", "configmaps"]},
             ],
         },
         # Every other request of a ServiceAccount, without bodies: tests/e2e/rbac_audit.py derives the calls the
@@ -181,6 +182,7 @@ class Product:
         max_preserve_timeout: str = "720h",
         webhook: bool = True,
         drain_retry_interval: str = "5s",
+        evidence_grace: str = "24h",
     ) -> None:
         """Chart RBAC, then the webhook (and its configurations) if asked, then the controller; returns once
         each is ready. A second call with the same settings does nothing."""
@@ -190,6 +192,7 @@ class Product:
             "max_preserve_timeout": max_preserve_timeout,
             "webhook": webhook,
             "drain_retry_interval": drain_retry_interval,
+            "evidence_grace": evidence_grace,
         }
         if self.settings:
             if self.settings != wanted:
@@ -258,7 +261,10 @@ class Product:
             max_preserve_timeout=self.settings["max_preserve_timeout"],
             native=self.settings["native"],
             metrics_port=self._metrics_port,
-            extra=[f"--drain-retry-interval={self.settings['drain_retry_interval']}"],
+            extra=[
+                f"--drain-retry-interval={self.settings['drain_retry_interval']}",
+                f"--evidence-grace={self.settings['evidence_grace']}",
+            ],
         )
         self._controller = mp.spawn(args, log_file=self.log_file("controller"))
         await mp.wait_controller_ready(
