@@ -43,7 +43,7 @@ def _unreachable(error: Exception) -> PluginError:
     return PluginError(f"the server could not be reached: {cut(str(error), 300)}", ExitCode.ERROR)
 
 
-def _warnings(headers: Any) -> tuple[str, ...]:
+def warnings_of(headers: Any) -> tuple[str, ...]:
     """The API server's warnings (`Warning: 299 - "text"`), as kubectl prints them."""
     found = []
     for raw in headers.getlist("Warning") if hasattr(headers, "getlist") else []:
@@ -139,7 +139,7 @@ class Api:
         content_type: str | None = None,
     ) -> Answer:
         response = self.request(method, path, query=query, body=body, content_type=content_type)
-        return Answer(status=response.status, body=response.data or b"", warnings=_warnings(response.headers))
+        return Answer(status=response.status, body=response.data or b"", warnings=warnings_of(response.headers))
 
     def get(
         self,
