@@ -96,6 +96,44 @@ async def test_machine_annotations_are_set_and_removed_and_a_stale_snapshot_conf
     assert (await get_machine(custom, namespace, "m"))["metadata"]["annotations"][v.PRESERVE_ANNOTATION] == "now"
 
 
+async def test_a_status_written_meanwhile_does_not_hold_up_the_annotations_decided_from(
+    api: client.ApiClient, writer: Writer, namespace: str
+) -> None:
+    # MCM rewrites a Failed machine's status on each refused delete: the plan's annotations still go in, while a
+    # change to what the plan decided from (annotations, phase) is a conflict.
+    custom = client.CustomObjectsApi(api)
+    await create_machine(custom, namespace, "m", phase="Failed", annotations={"keep": "1"})
+    snap = await machine_snapshot(api, namespace, "m")
+    status = {"status": {"lastOperation": {"description": "delete refused", "state": "Failed", "type": "Delete"}}}
+    await custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "machines", "m", status, _content_type="application/merge-patch+json"
+    )
+    step = p.PatchMachineAnnotations(set={v.PRESERVED_DRAIN_ANNOTATION: v.DrainOutcome.DRAINED.value})
+    await execute_machine_plan(writer=writer, snap=snap, steps=[step], now=NOW)
+    written = await get_machine(custom, namespace, "m")
+    assert written["metadata"]["annotations"] == {"keep": "1", v.PRESERVED_DRAIN_ANNOTATION: "drained"}
+    assert written["status"]["lastOperation"]["description"] == "delete refused"
+    assert snap.machine_version == written["metadata"]["resourceVersion"]
+
+    for change in (
+        {"metadata": {"annotations": {"keep": "2"}}},
+        {"status": {"currentStatus": {"phase": "Running"}}},
+    ):
+        stale = await machine_snapshot(api, namespace, "m")
+        patch = (
+            custom.patch_namespaced_custom_object_status
+            if "status" in change
+            else custom.patch_namespaced_custom_object
+        )
+        await patch(GROUP, VERSION, namespace, "machines", "m", change, _content_type="application/merge-patch+json")
+        with pytest.raises(StepFailed) as failed:
+            await execute_machine_plan(
+                writer=writer, snap=stale, steps=[p.PatchMachineAnnotations(set={"late": "x"})], now=NOW
+            )
+        assert failed.value.conflict
+        assert "late" not in (await get_machine(custom, namespace, "m"))["metadata"]["annotations"]
+
+
 async def test_expiry_and_phase_are_written_through_the_status_subresource(
     api: client.ApiClient, writer: Writer, namespace: str
 ) -> None:

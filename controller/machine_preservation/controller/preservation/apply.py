@@ -87,8 +87,19 @@ class Writer:
     async def patch_machine_annotations(self, snap: Snapshot, step: p.PatchMachineAnnotations) -> None:
         annotations: dict[str, str | None] = dict.fromkeys(step.remove)
         annotations.update(step.set)
-        body = {"metadata": {"resourceVersion": snap.machine_version, "annotations": annotations}}
-        await self._merge_patch_machine(snap, body, status=False)
+        try:
+            body = {"metadata": {"resourceVersion": snap.machine_version, "annotations": annotations}}
+            with api_call():
+                await self._merge_patch_machine(snap, body, status=False)
+        except Conflict:
+            # MCM rewrites a Failed machine's status on every retry of its delete (about every 0.1 s while the
+            # webhook refuses it), so a drain's outcome would conflict forever. What the plan decided from, the
+            # annotations and the phase, is compared instead: still as read, the write goes in at the new version.
+            version = await self._version_if_decided_alike(snap)
+            if version is None:
+                raise
+            body = {"metadata": {"resourceVersion": version, "annotations": annotations}}
+            await self._merge_patch_machine(snap, body, status=False)
 
     async def patch_machine_status(self, snap: Snapshot, current_status: dict[str, Any]) -> None:
         body = {"metadata": {"resourceVersion": snap.machine_version}, "status": {"currentStatus": current_status}}
@@ -143,9 +154,26 @@ class Writer:
                 return
             raise
 
-    async def _deleted_by_someone_else(self, snap: Snapshot) -> bool:
-        """Whether the machine of the snapshot is already being deleted (a list by name: the controller reads
-        Machines only by list and watch). Another machine of the same name is not ours."""
+    async def _version_if_decided_alike(self, snap: Snapshot) -> str | None:
+        """The Machine's current resourceVersion if its annotations and phase are still those of the snapshot (only
+        its status or other metadata changed), else None. Only before this plan's first Machine write: the snapshot
+        does not follow our own writes."""
+        if snap.machine_version != snap.machine.metadata.resource_version:
+            return None
+        current = await self._listed_by_name(snap)
+        if current is None:
+            return None
+        machine = Machine.model_validate(current)
+        alike = (
+            machine.metadata.annotations == snap.machine.metadata.annotations
+            and machine.phase == snap.machine.phase
+            and machine.metadata.deletion_timestamp == snap.machine.metadata.deletion_timestamp
+        )
+        return machine.metadata.resource_version if alike else None
+
+    async def _listed_by_name(self, snap: Snapshot) -> dict[str, Any] | None:
+        """The snapshot's Machine as the API has it now (a list by name: the controller reads Machines only by list
+        and watch), None when it is gone or another machine of the same name took its place."""
         listed = await self._custom().list_namespaced_custom_object(
             v.MACHINE_API_GROUP,
             v.MACHINE_API_VERSION,
@@ -156,7 +184,13 @@ class Writer:
         if not isinstance(listed, dict):
             raise TypeError(f"expected a list of custom objects, got {type(listed).__name__}")
         ours = [i for i in listed["items"] if i["metadata"].get("uid") == snap.machine.metadata.uid]
-        return bool(ours and ours[0]["metadata"].get("deletionTimestamp"))
+        return ours[0] if ours else None
+
+    async def _deleted_by_someone_else(self, snap: Snapshot) -> bool:
+        """Whether the machine of the snapshot is already being deleted. Another machine of the same name is not
+        ours."""
+        current = await self._listed_by_name(snap)
+        return bool(current and current["metadata"].get("deletionTimestamp"))
 
     # --- nodes -------------------------------------------------------------------------------------
 
