@@ -22,6 +22,7 @@ from machine_preservation.controller.standalone import Controller, ControllerOpt
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.mcm_generation import NativePreservationMode
 from machine_preservation.core.models import Machine, Node
+from machine_preservation.core.preservation_record import PreservationRecord
 from machine_preservation.localcluster.controlplane import ControlPlane
 from tests.controller.running import chart_identity
 from tests.controller.support import (
@@ -41,9 +42,9 @@ from tests.polling import eventually_async
 
 # Writes of an uninterrupted run: preserve (the record with the machine's annotations, Events, the record's
 # announcement done, the mirrored expiry, the node's annotations with its taint (one write), condition "being
-# drained", eviction, the drain record, condition, Events) and stop (machine annotations, node annotations with the
-# taint, condition, mirrored expiry, record, Events).
-PRESERVE_WRITES = range(1, 13)
+# drained", eviction, condition, the node's drain fields, the drain record, Events) and stop (machine annotations,
+# node annotations with the taint, condition, mirrored expiry, record, Events).
+PRESERVE_WRITES = range(1, 14)
 STOP_WRITES = range(1, 8)
 # Expiry of a Failed machine: node annotations with the taint, condition, delete (with its record), Events (machine,
 # node).
@@ -173,12 +174,23 @@ async def fully_preserved(api: client.ApiClient, namespace: str, node: str, *, a
         and record.drain.outcome == v.DrainOutcome.DRAINED
         and {k: annotations[k] for k in annotations if k not in v.PRESERVATION_RECORD_ANNOTATIONS}
         == {**value, **priority}
-        and n.metadata.annotations == (ca if auto else {v.PRESERVE_ANNOTATION: "now", **ca})
+        and {k: text for k, text in n.metadata.annotations.items() if k != v.PRESERVED_EVIDENCE_ANNOTATION}
+        == {**(ca if auto else {v.PRESERVE_ANNOTATION: "now", **ca}), **node_fields(record)}
         and [t.key for t in n.spec.taints if t.key == v.PRESERVED_TAINT_KEY] == [v.PRESERVED_TAINT_KEY]
         and condition is not None
         and (condition.status, condition.reason) == ("True", "Preserved by MCM." if auto else "Preserved by user.")
         and condition.message.startswith(v.DRAINED_SUCCESSFULLY_MESSAGE)
     )
+
+
+def node_fields(record: PreservationRecord) -> dict[str, str]:
+    """The Node's fields of a drained preservation (the evidence's name aside: its writer's business)."""
+    return {
+        v.PRESERVED_SINCE_ANNOTATION: format_timestamp(record.since),
+        v.PRESERVED_UNTIL_ANNOTATION: format_timestamp(record.until),
+        v.PRESERVED_BY_ANNOTATION: record.by.value,
+        v.PRESERVED_DRAIN_ANNOTATION: "drained",
+    }
 
 
 def node_cleaned(n: Node, *, annotations: dict[str, str]) -> bool:
