@@ -15,6 +15,7 @@ from machine_preservation.core.conditions import go_time_string
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.models import Machine, Node
 from machine_preservation.core.native import observed_expiry, plan_native
+from machine_preservation.core.node_fields import FIELDS
 from machine_preservation.core.plan import (
     MachinePlan,
     PatchMachineAnnotations,
@@ -27,7 +28,7 @@ from machine_preservation.core.preservation_record import DrainRecord
 
 from .lifecycle_helpers import event_reasons, of_type, only, writes
 from .plan_simulator import apply_machine_plan
-from .preservation_objects import ABSENT, HOUR, NOW, machine, node, preserved_condition
+from .preservation_objects import ABSENT, HOUR, NOW, machine, node, node_fields_of, preserved_condition
 
 CONFIG = PreservationConfig()
 KEPT = NOW + 5 * HOUR
@@ -323,3 +324,17 @@ def test_hand_over_leaves_a_node_of_another_machine_alone() -> None:
     result = native(m, n)
     assert of_type(result, SetPreservedTaint) == []
     assert [e.kind for e in of_type(result, RecordEvent)] == ["Machine"]
+
+
+def test_hand_over_removes_the_nodes_fields_of_our_preservation_with_the_marker() -> None:
+    # They tell of our record, which goes: MCM shows its preservation by its own condition and expiry.
+    m = machine(phase=FAILED, preserve="now", expiry=KEPT, drain=DrainRecord(outcome=v.DrainOutcome.DRAINED))
+    fields = {**node_fields_of(m, "failed", pods_left="1", blocked_by="shop/web"), v.PRESERVED_EVIDENCE_ANNOTATION: "e"}
+    with_marker = node(ca="true", ca_marker="true", tainted=True, condition=preserved_condition(), fields=fields)
+    assert only(native(m, with_marker), PatchNodeAnnotations) == PatchNodeAnnotations(
+        set={v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION: "true"},
+        remove=(v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION, *(key for key in FIELDS if key in fields)),
+    )
+    without_marker = node(ca="true", condition=preserved_condition(), fields=fields)
+    patch = only(native(m, without_marker), PatchNodeAnnotations)
+    assert (patch.set, set(patch.remove)) == ({}, set(FIELDS)), "the evidence's name stays with its writer"

@@ -12,7 +12,8 @@ machines last itself, and once we only observe nothing would lower it after MCM'
 and would never remove it, so it would outlive the preservation. The node keeps our condition and CA
 annotation: they use MCM's keys and messages, so MCM carries on from them (a drained node is not drained again).
 Our ownership marker of the CA annotation becomes MCM's (`…-by-mcm`), in one write that leaves the annotation
-itself in place, so that MCM removes it by that marker when its preservation stops, as it would its own. A node
+itself in place, so that MCM removes it by that marker when its preservation stops, as it would its own; the same
+write removes the Node's fields of our preservation (core.node_fields), which would outlive our record. A node
 whose providerID is not the machine's is not touched.
 
 Observation: Events from what MCM's objects show, each recorded once (`RecordEvent.once`): a preservation
@@ -30,6 +31,7 @@ from machine_preservation.core.conditions import go_time_string, is_stopped
 from machine_preservation.core.config import PreservationConfig
 from machine_preservation.core.lifecycle import is_machines_node
 from machine_preservation.core.models import Machine, Node
+from machine_preservation.core.node_fields import FIELDS
 from machine_preservation.core.plan import (
     MachinePlan,
     MachineStep,
@@ -61,13 +63,9 @@ def _hand_over(*, machine: Machine, node: Node | None, config: PreservationConfi
         steps.append(SetPreserveExpiry(expiry=expiry))
     if node is not None and not is_machines_node(machine=machine, node=node):
         node = None
-    if node is not None and v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION in node.metadata.annotations:
-        steps.append(
-            PatchNodeAnnotations(
-                set={v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION: v.CA_SCALE_DOWN_DISABLED_VALUE},
-                remove=(v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION,),
-            )
-        )
+    patch = _node_patch_on_hand_over(node) if node is not None else None
+    if patch is not None and (patch.set or patch.remove):
+        steps.append(patch)
     # Right after the annotations: the executor writes the two as one.
     if node is not None and node.has_taint(v.PRESERVED_TAINT_KEY, v.PRESERVED_TAINT_EFFECT):
         steps.append(SetPreservedTaint(present=False))
@@ -91,6 +89,20 @@ def _hand_over(*, machine: Machine, node: Node | None, config: PreservationConfi
         ),
     )
     return MachinePlan(steps=tuple(steps))
+
+
+def _node_patch_on_hand_over(node: Node) -> PatchNodeAnnotations:
+    """Our CA marker made MCM's, and the Node's fields of our preservation removed (they tell of our record, which
+    goes; MCM tells its own preservation by its condition and expiry). The evidence's name stays with its writer."""
+    annotations = node.metadata.annotations
+    ours = v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION in annotations
+    return PatchNodeAnnotations(
+        set={v.CA_SCALE_DOWN_DISABLED_BY_MCM_ANNOTATION: v.CA_SCALE_DOWN_DISABLED_VALUE} if ours else {},
+        remove=(
+            *((v.CA_SCALE_DOWN_DISABLED_BY_PRESERVATION_ANNOTATION,) if ours else ()),
+            *(key for key in FIELDS if key in annotations),
+        ),
+    )
 
 
 def _observed(*, machine: Machine, node: Node | None) -> tuple[MachineStep, ...]:
