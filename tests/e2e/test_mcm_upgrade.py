@@ -318,6 +318,8 @@ async def test_upgrade_hands_running_preservations_over_to_mcm(
         assert condition is not None
         assert condition["status"] == "True"
         assert node["metadata"]["annotations"].get(v.CA_SCALE_DOWN_DISABLED_ANNOTATION) == "true"
+        # ... but not the fields that told of our record, which is gone.
+        assert not set(node["metadata"]["annotations"]) & set(v.NODE_PRESERVATION_ANNOTATIONS), node["metadata"]
     for name in (healthy, failing):
         for kind in ("Machine", "Node"):
             events = [e for e in await product.events(kind=kind, name=name) if e.reason == HANDED_OVER]
