@@ -5,9 +5,9 @@
   (in `default`, where the kubelet's and the node controller's go; pages up to a byte budget), the pods on it (one
   page; the cached pods are reduced to what a drain reads) and, from the Machine cache, MCM's last operation. It
   writes the ConfigMap EVIDENCE_NAMESPACE/evidence_name(node), owned by the Node. Nothing of the preservation waits
-  for it: the reconcile waits at most EVIDENCE_WAIT for it before the first eviction (`settled`), then points the
-  Node at it (`annotate`, at a moment no other write to the Node is in flight). A capture that fails is logged
-  and told by a Warning Event on the Node.
+  for it: the reconcile waits at most EVIDENCE_WAIT for it before the first eviction (`settled`), and points the
+  Node at it once the drain's outcome is written (`annotate`, when no other write to the Node is in flight). A
+  capture that fails is logged and told by a Warning Event on the Node.
 - `EvidenceSweeper` looks at the evidence ConfigMaps every `core.evidence.sweep_period` and does what
   `core.evidence.plan_sweep` says: an expiry once the preservation ended, none while preserved again, deletion
   past the expiry.

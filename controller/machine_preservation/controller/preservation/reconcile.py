@@ -171,11 +171,11 @@ class MachineReconciler:
     ) -> None:
         """One drain attempt with its `alongside` steps written meanwhile, then what the core says its outcome
         writes. The evidence of the failure is waited for (briefly) before the first eviction, and the Node pointed
-        at it where no other write to the Node is in flight: before the drain and after its outcome."""
+        at it once the outcome is written: no other write to the Node is in flight then, and a write before the
+        drain would add a round trip to every preservation's way to drained."""
         if drain.evict:
             async with self.slots.lent():
                 await self.evidence.settled(key, seconds=EVIDENCE_WAIT)
-        await self._point_at_evidence(key, snap, node)
         # Their writes and the evictions wait on different requests: the drain does not wait for them. The task
         # holds no reconcile slot of its own, and lends none (the slot is the reconcile's task's).
         alongside = asyncio.create_task(
