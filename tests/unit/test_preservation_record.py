@@ -48,6 +48,10 @@ OTHER = {"example.com/unrelated": "x", v.PRESERVE_ANNOTATION: "now"}
         ("yesterday", None),
         ("", None),
         (None, None),
+        # In range as written, out of it in UTC: malformed, not a crash (a Node's fields are the shoot owner's
+        # to write while the webhook is unreachable).
+        ("0001-01-01T00:00:00+01:00", None),
+        ("9999-12-31T23:59:59-01:00", None),
     ],
 )
 def test_parse_timestamp_needs_a_zone(text: str | None, expected: dt.datetime | None) -> None:

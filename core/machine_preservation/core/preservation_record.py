@@ -36,11 +36,11 @@ def parse_timestamp(text: str | None) -> dt.datetime | None:
         return None
     try:
         moment = dt.datetime.fromisoformat(text)
-    except ValueError:
+        if moment.tzinfo is None:
+            return None  # a time without a zone is ambiguous
+        return moment.astimezone(dt.UTC)
+    except (ValueError, OverflowError):  # OverflowError: a zone that moves year 1 or 9999 out of range
         return None
-    if moment.tzinfo is None:
-        return None  # a time without a zone is ambiguous
-    return moment.astimezone(dt.UTC)
 
 
 @dataclass(frozen=True)
