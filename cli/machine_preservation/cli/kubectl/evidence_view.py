@@ -127,8 +127,20 @@ def evidence_lines(state: EvidenceState, now: dt.datetime) -> list[str]:
     lines = [_field("Evidence", f"{state.where}, captured {_when(evidence.captured_at, now)}")]
     if state.expires:
         lines.append(_field("Evidence deleted at", state.expires))
-    lines += ["", "Conditions at the failure:"]
-    lines += _indented(
+    lines += ["", "Conditions at the failure:", *_condition_lines(evidence)]
+    lines += ["", "Events (newest first):", *_event_lines(evidence)]
+    lines += ["", "Pods on the node (newest first):"]
+    if evidence.pods:
+        lines += _indented(
+            table(("POD", "OWNER", "PHASE", "RESTARTS", "LAST TERMINATIONS"), [_pod_cells(p) for p in evidence.pods])
+        )
+    else:
+        lines.append("  none")
+    return [*lines, *_operation_lines(evidence, now), *_gap_lines(evidence)]
+
+
+def _condition_lines(evidence: Evidence) -> list[str]:
+    return _indented(
         table(
             ("TYPE", "STATUS", "REASON", "SINCE", "MESSAGE"),
             [
@@ -143,41 +155,44 @@ def evidence_lines(state: EvidenceState, now: dt.datetime) -> list[str]:
             ],
         )
     )
-    lines += ["", "Events (newest first):"]
-    if evidence.events:
-        lines += _indented(
-            table(
-                ("LAST SEEN", "TYPE", "REASON", "COUNT", "FROM", "MESSAGE"),
+
+
+def _event_lines(evidence: Evidence) -> list[str]:
+    if not evidence.events:
+        return ["  none"]
+    return _indented(
+        table(
+            ("LAST SEEN", "TYPE", "REASON", "COUNT", "FROM", "MESSAGE"),
+            [
                 [
-                    [
-                        format_timestamp(e.last_time) if e.last_time else NONE,
-                        e.type or NONE,
-                        e.reason or NONE,
-                        str(e.count),
-                        cut(e.source, 48) or NONE,
-                        cut(e.message, TEXT_LIMIT) or NONE,
-                    ]
-                    for e in evidence.events
-                ],
-            )
+                    format_timestamp(e.last_time) if e.last_time else NONE,
+                    e.type or NONE,
+                    e.reason or NONE,
+                    str(e.count),
+                    cut(e.source, 48) or NONE,
+                    cut(e.message, TEXT_LIMIT) or NONE,
+                ]
+                for e in evidence.events
+            ],
         )
-    else:
-        lines.append("  none")
-    lines += ["", "Pods on the node (newest first):"]
-    if evidence.pods:
-        lines += _indented(
-            table(("POD", "OWNER", "PHASE", "RESTARTS", "LAST TERMINATIONS"), [_pod_cells(p) for p in evidence.pods])
-        )
-    else:
-        lines.append("  none")
+    )
+
+
+def _operation_lines(evidence: Evidence, now: dt.datetime) -> list[str]:
     operation = evidence.machine.last_operation
-    lines += [
+    lines = [
         "",
         f"MCM's last operation on Machine {evidence.machine.name or NONE} (phase {evidence.machine.phase or NONE}):",
+        f"  {operation.type or NONE} {operation.state or NONE} at {_when(operation.last_update_time, now)}",
     ]
-    lines.append(f"  {operation.type or NONE} {operation.state or NONE} at {_when(operation.last_update_time, now)}")
     if operation.description:
         lines.append(f"  {cut(operation.description, 4 * TEXT_LIMIT)}")
+    return lines
+
+
+def _gap_lines(evidence: Evidence) -> list[str]:
+    """What the controller could not read, and what the document left out."""
+    lines: list[str] = []
     if evidence.unavailable:
         lines += ["", "Not recorded:", *(f"  {cut(item, TEXT_LIMIT)}" for item in evidence.unavailable)]
     truncated = evidence.truncated
