@@ -274,14 +274,7 @@ def plan_after_drain(
     if record is None:
         raise ValueError("DrainNode.record is required to record the drain outcome")
     steps: list[MachineStep] = []
-    outcome: DrainRecord | None
-    if drained:
-        outcome = DrainRecord(outcome=v.DrainOutcome.DRAINED)
-    elif drain.evict:
-        failing_since = record.drain.failing_since if record.drain is not None else None
-        outcome = DrainRecord(outcome=v.DrainOutcome.FAILED, failing_since=failing_since or now, last_attempt=now)
-    else:
-        outcome = record.drain  # evictions given up: nothing new to record
+    outcome = _drain_outcome(record, evicted=drain.evict, drained=drained, now=now)
     # The plan wrote `record` before its DrainNode, so the machine holds exactly that record now (`machine` is
     # the object as it was before the plan): only the drain's keys change.
     to_set, to_remove = record_patch(current=record.annotations(), record=dataclasses.replace(record, drain=outcome))
@@ -312,6 +305,17 @@ def plan_after_drain(
             gave_up_after=drain.timeout if not drained and not drain.evict else None,
         )
     return MachinePlan(steps=tuple(steps))
+
+
+def _drain_outcome(record: PreservationRecord, *, evicted: bool, drained: bool, now: dt.datetime) -> DrainRecord | None:
+    """The record's drain after an attempt: drained, failing since the first failed attempt of this failure, or,
+    for a look at a node whose evictions were given up, as it was."""
+    if drained:
+        return DrainRecord(outcome=v.DrainOutcome.DRAINED)
+    if not evicted:
+        return record.drain  # evictions given up: nothing new to record
+    failing_since = record.drain.failing_since if record.drain is not None else None
+    return DrainRecord(outcome=v.DrainOutcome.FAILED, failing_since=failing_since or now, last_attempt=now)
 
 
 def _as_left_by(node: Node, written: Sequence[MachineStep]) -> Node:
