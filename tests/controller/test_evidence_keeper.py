@@ -284,7 +284,9 @@ async def test_the_sweep_reads_metadata_only_and_does_what_the_core_plans() -> N
             fake.answer("PATCH", f"{CONFIG_MAPS}/{e.evidence_name(name)}", 200, {})
             fake.answer("DELETE", f"{CONFIG_MAPS}/{e.evidence_name(name)}", 200, {})
         grace = dt.timedelta(hours=1)
-        sweeper = EvidenceSweeper(target=api, grace=grace, preserved=lambda: {"kept"}, clock=lambda: NOW)
+        sweeper = EvidenceSweeper(
+            target=api, grace=grace, preserved=lambda: {"kept"}, captures_ended=lambda: 0, clock=lambda: NOW
+        )
         await sweeper.sweep()
         ((query, headers, _),) = fake.made("GET", CONFIG_MAPS)
         assert headers["Accept"] == "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
@@ -307,10 +309,33 @@ async def test_the_sweep_reads_metadata_only_and_does_what_the_core_plans() -> N
 async def test_a_sweep_that_fails_is_tried_again() -> None:
     async with fake_api() as (fake, api):
         fake.answer("GET", CONFIG_MAPS, 500, {"kind": "Status", "code": 500})
-        sweeper = EvidenceSweeper(target=api, grace=dt.timedelta(seconds=2), preserved=set, clock=lambda: NOW)
+        sweeper = EvidenceSweeper(
+            target=api, grace=dt.timedelta(seconds=2), preserved=set, captures_ended=lambda: 0, clock=lambda: NOW
+        )
         running = asyncio.create_task(sweeper.run())
         try:
             await eventually_async(lambda: len(fake.made("GET", CONFIG_MAPS)) >= 2, limit=10, interval=0.05)
+        finally:
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+
+
+async def test_a_sweep_that_found_no_evidence_waits_for_a_capture_to_end() -> None:
+    # Most shoots never hold evidence: their sweeps list nothing until a capture ended.
+    async with fake_api() as (fake, api):
+        fake.answer("GET", CONFIG_MAPS, 200, listing([]))
+        ended = 0
+        sweeper = EvidenceSweeper(
+            target=api, grace=dt.timedelta(seconds=2), preserved=set, captures_ended=lambda: ended, clock=lambda: NOW
+        )
+        running = asyncio.create_task(sweeper.run())
+        try:
+            await eventually_async(lambda: len(fake.made("GET", CONFIG_MAPS)) == 1, limit=10, interval=0.05)
+            await asyncio.sleep(2.5)  # two and a half sweep periods (a second each)
+            assert len(fake.made("GET", CONFIG_MAPS)) == 1
+            ended = 1
+            await eventually_async(lambda: len(fake.made("GET", CONFIG_MAPS)) == 2, limit=10, interval=0.05)
         finally:
             running.cancel()
             with contextlib.suppress(asyncio.CancelledError):

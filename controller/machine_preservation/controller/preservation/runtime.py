@@ -219,7 +219,9 @@ class ShootRuntime:
             return self._start_workers(queues, node_pods, recorder, evidence)
 
         try:
-            return await loop.run(stop=stop, lost=lost, start=start, companions=[self._sweep_evidence])
+            return await loop.run(
+                stop=stop, lost=lost, start=start, companions=[lambda: self._sweep_evidence(evidence)]
+            )
         finally:
             await evidence.stop()
             await node_pods.stop()
@@ -245,7 +247,7 @@ class ShootRuntime:
             lambda: preserved_nodes_gone(caches.machines.values(), now=system_clock(), config=config),
         )
 
-    async def _sweep_evidence(self) -> None:
+    async def _sweep_evidence(self, evidence: EvidenceKeeper) -> None:
         """Once the caches synced (the Machines tell which nodes are preserved), remove the evidence of ended
         preservations after the grace period."""
         assert self.caches is not None
@@ -255,7 +257,12 @@ class ShootRuntime:
         def preserved() -> set[str]:
             return preserved_nodes(caches.machines.values(), now=system_clock(), native=native)
 
-        await EvidenceSweeper(target=self.target, grace=self.options.evidence_grace, preserved=preserved).run()
+        await EvidenceSweeper(
+            target=self.target,
+            grace=self.options.evidence_grace,
+            preserved=preserved,
+            captures_ended=lambda: evidence.ended,
+        ).run()
 
     def _start_workers(
         self, queues: Queues, node_pods: NodePods, recorder: EventRecorder, evidence: EvidenceKeeper
