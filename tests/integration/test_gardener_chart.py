@@ -527,6 +527,7 @@ def test_controller_args_and_env(rendered: list[dict[str, Any]]) -> None:
         "--metrics-bind-address=0.0.0.0",
         "--machine-preserve-timeout=72h",
         "--max-preserve-timeout=720h",
+        "--evidence-grace=24h",
         "--workers=4",
         "--extension-workers=10",
         "--max-concurrent-reconciles=20",

@@ -173,15 +173,16 @@ class MachineReconciler:
         writes. The evidence of the failure is waited for (briefly) before the first eviction, and the Node pointed
         at it once the outcome is written: no other write to the Node is in flight then, and a write before the
         drain would add a round trip to every preservation's way to drained."""
-        if drain.evict:
-            async with self.slots.lent():
-                await self.evidence.settled(key, seconds=EVIDENCE_WAIT)
         # Their writes and the evictions wait on different requests: the drain does not wait for them. The task
-        # holds no reconcile slot of its own, and lends none (the slot is the reconcile's task's).
+        # holds no reconcile slot of its own, and lends none (the slot is the reconcile's task's). They start before
+        # the wait for the evidence, so the node says it is being drained from the moment the drain is due.
         alongside = asyncio.create_task(
             execute_machine_plan(writer=self.writer, snap=snap, steps=drain.alongside, now=now)
         )
         try:
+            if drain.evict:
+                async with self.slots.lent():
+                    await self.evidence.settled(key, seconds=EVIDENCE_WAIT)
             result = await self._drain(node, drain, max_evict_retries=snap.machine.spec.max_evict_retries)
         finally:
             async with self.slots.lent():
