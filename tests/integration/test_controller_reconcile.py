@@ -325,7 +325,9 @@ async def test_blocked_drains_do_not_hold_up_other_machines(
         kubeconfig=control_plane.kubeconfig,
         namespace=namespace,
         workers=2,  # one drain at a time, one worker always free
-        max_drain_attempt=dt.timedelta(seconds=20),
+        # Longer than any test: the drains are still blocked when the assertions run, however busy the machine.
+        max_drain_attempt=dt.timedelta(minutes=10),
+        shutdown_grace=0.5,  # the stop need not wait for the blocked drain
     ):
         for index, node in enumerate(blocked):
             await create_machine(
@@ -333,22 +335,19 @@ async def test_blocked_drains_do_not_hold_up_other_machines(
             )
         await eventually_async(lambda: _all_tainted(api, blocked))
         await core.patch_node(healthy, {"metadata": {"annotations": {v.PRESERVE_ANNOTATION: "now"}}})
-        await eventually_async(lambda: _preserved(api, namespace, "c"))
-        conditions = [(await node_model(api, node)).preserved_condition for node in blocked]
         # Without the drain limit both workers would sit in the drains and c would wait for one to end.
-        messages = [c.message if c is not None else "" for c in conditions]
-        assert all(m.startswith(v.DRAINING_MESSAGE) for m in messages), "c was preserved while both still drained"
+        await eventually_async(lambda: _preserved(api, namespace, "c"))
         for index in range(2):
             machine = await machine_model(api, namespace, f"f{index}")
             record = machine.preservation if machine is not None else None
             assert record is not None
             assert record.drain is None, "no drain outcome is recorded yet"
 
-        async def both_reported() -> bool:
+        async def both_draining() -> bool:
             conditions = [(await node_model(api, node)).preserved_condition for node in blocked]
-            return all(c is not None and c.message.startswith(v.DRAIN_FAILED_MESSAGE) for c in conditions)
+            return all(c is not None and c.message.startswith(v.DRAINING_MESSAGE) for c in conditions)
 
-        await eventually_async(both_reported, limit=120)
+        await eventually_async(both_draining)
     for index in range(2):
         pod = await core.read_namespaced_pod(f"guarded-{index}", namespace)
         assert pod.metadata.deletion_timestamp is None, "the PDB, not a pod's grace period, blocked the drain"
