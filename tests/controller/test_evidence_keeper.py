@@ -44,6 +44,7 @@ class FakeApi:
 
     answers: dict[tuple[str, str], Callable[[web.Request, Any], tuple[int, Any]]] = field(default_factory=dict)
     requests: list[tuple[str, str, dict[str, str], dict[str, str], Any]] = field(default_factory=list)
+    held: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)  # answered once set
 
     def answer(self, method: str, path: str, status: int, body: Any = None) -> None:
         self.answers[(method, path)] = lambda _request, _body: (status, body)
@@ -55,6 +56,8 @@ class FakeApi:
         raw = await request.read()
         body = json.loads(raw) if raw else None
         self.requests.append((request.method, request.path, dict(request.query), dict(request.headers), body))
+        if (hold := self.held.get((request.method, request.path))) is not None:
+            await hold.wait()
         answer = self.answers.get((request.method, request.path))
         status, reply = answer(request, body) if answer else (404, {"kind": "Status", "code": 404})
         return web.json_response(reply if reply is not None else {}, status=status)
@@ -110,8 +113,9 @@ def served(fake: FakeApi) -> None:
 
 
 async def captured(keeper: EvidenceKeeper, key: str = "ns/m") -> None:
+    ended = keeper.ended
     keeper.capture(key, machine=MACHINE, node=NODE, since=SINCE)
-    await asyncio.wait_for(keeper.settled(key, seconds=30), 30)
+    await eventually_async(lambda: keeper.ended > ended)
 
 
 def written_evidence(fake: FakeApi) -> e.Evidence:
@@ -123,9 +127,30 @@ async def test_the_drain_waits_for_a_hanging_capture_no_longer_than_its_bound() 
     async with silent_api_server() as silent:
         keeper = keeper_of(silent.api)
         keeper.capture("ns/m", machine=MACHINE, node=NODE, since=SINCE)
-        await asyncio.wait_for(keeper.settled("ns/m", seconds=0.05), 5)  # returns though nothing answers
+        await asyncio.wait_for(keeper.pods_read("ns/m", seconds=0.05), 5)  # returns though nothing answers
         assert not keeper.written("ns/m")
         assert await keeper.annotate("ns/m", NODE, version="10") is None, "nothing to point at yet"
+        await keeper.stop()
+
+
+async def test_the_drain_waits_for_the_pods_read_only_not_for_the_rest_of_the_capture() -> None:
+    async with fake_api() as (fake, api):
+        served(fake)
+        fake.answer("POST", CONFIG_MAPS, 201, {})
+        released = asyncio.Event()
+        for route in (("GET", "/api/v1/nodes/n"), ("GET", "/api/v1/namespaces/default/events"), ("POST", CONFIG_MAPS)):
+            fake.held[route] = released
+        keeper = keeper_of(api)
+        keeper.capture("ns/m", machine=MACHINE, node=NODE, since=SINCE)
+        # The pods are what the drain changes: once read, the first eviction may go, the Node's and its Events'
+        # reads and the write still under way.
+        await asyncio.wait_for(keeper.pods_read("ns/m", seconds=30), 5)
+        assert fake.made("GET", "/api/v1/pods")
+        assert not fake.made("POST", CONFIG_MAPS)
+        assert not keeper.written("ns/m")
+        released.set()
+        await eventually_async(lambda: keeper.written("ns/m"))
+        assert [(p.namespace, p.name) for p in written_evidence(fake).pods] == [("a", "p")]
         await keeper.stop()
 
 
@@ -137,7 +162,8 @@ async def test_the_evidence_is_read_and_written_once_per_preservation() -> None:
         await captured(keeper)
         assert keeper.written("ns/m")
         keeper.capture("ns/m", machine=MACHINE, node=NODE, since=SINCE)  # a later reconcile: nothing again
-        await keeper.settled("ns/m", seconds=30)
+        await keeper.pods_read("ns/m", seconds=30)
+        await asyncio.sleep(0.1)  # a second capture's requests would be on their way
         ((_, _, body),) = fake.made("POST", CONFIG_MAPS)
         assert body["metadata"]["name"] == e.evidence_name("n")
         assert body["metadata"]["ownerReferences"] == [

@@ -53,13 +53,15 @@ AUDIT_POLICY: dict[str, object] = {
             "verbs": list(WRITE_VERBS),
             "resources": [
                 {"group": GROUP},
-                # configmaps: the evidence of a failure, written before the drain's first eviction.
+                # configmaps: the evidence of a failure.
                 {"group": "", "resources": ["nodes", "nodes/status", "pods", "pods/eviction", "configmaps"]},
             ],
         },
         # Every other request of a ServiceAccount, without bodies: tests/e2e/rbac_audit.py derives the calls the
         # product's identities make from them.
         {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
+        # Lists of pods, by anyone: the evidence of a failure reads the node's pods before the drain's first eviction.
+        {"level": "Metadata", "verbs": ["list"], "resources": [{"group": "", "resources": ["pods"]}]},
         {"level": "None"},
     ],
 }

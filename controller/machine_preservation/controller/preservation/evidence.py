@@ -5,8 +5,9 @@
   (in `default`, where the kubelet's and the node controller's go; pages up to a byte budget), the pods on it (one
   page; the cached pods are reduced to what a drain reads) and, from the Machine cache, MCM's last operation. It
   writes the ConfigMap EVIDENCE_NAMESPACE/evidence_name(node), owned by the Node. Nothing of the preservation waits
-  for it: the reconcile waits at most EVIDENCE_WAIT for it before the first eviction (`settled`), and points the
-  Node at it once the drain's outcome is written (`annotate`, when no other write to the Node is in flight). A
+  for it but the first eviction, and only for the pods to be read (`pods_read`, at most EVIDENCE_WAIT): they are
+  what the drain changes; the Node's conditions, its Events and the write are not. The reconcile points the Node at
+  the evidence once the drain's outcome is written (`annotate`, when no other write to the Node is in flight). A
   capture that fails is logged and told by a Warning Event on the Node.
 - `EvidenceSweeper` looks at the evidence ConfigMaps every `core.evidence.sweep_period` and does what
   `core.evidence.plan_sweep` says: an expiry once the preservation ended, none while preserved again, deletion
@@ -47,11 +48,11 @@ from machine_preservation.kube.clients import MERGE_PATCH
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# How long the drain waits for the evidence before its first eviction. The capture's reads and its write take a
-# few round trips to the shoot's API server (tens of milliseconds when it is well): within this it is recorded
-# before any pod is evicted, and a slow API server delays the drain by no more than this (a drain that starts
-# 2 s later is no different to MCM, which waits minutes before it deletes a Failed machine). The preservation's
-# own writes never wait for it.
+# How long the drain waits for the evidence's pods to be read before its first eviction. The read starts with the
+# plan and is one round trip to the shoot's API server, done while the plan's writes take several: the drain
+# rarely waits at all, and a slow API server delays it by no more than this (a drain that starts 2 s later is no
+# different to MCM, which waits minutes before it deletes a Failed machine). The preservation's own writes never
+# wait for it.
 EVIDENCE_WAIT: Final = 2.0
 # Each request of a capture or a sweep: an answer later than this is not waited for.
 REQUEST_TIMEOUT: Final = 10.0
@@ -59,8 +60,9 @@ REQUEST_TIMEOUT: Final = 10.0
 # last hour are a few dozen; the rest would be someone flooding them).
 EVENTS_PAGE: Final = 250
 EVENTS_BYTES: Final = 4 * 2**20
-# The pods on a node read at most: one page (a node runs ≤ 110 pods by default), up to PODS_BYTES of JSON.
-PODS_PAGE: Final = 500
+# The pods on a node read at most: one page (a node runs ≤ 110 pods by default, a few hundred on the largest
+# instances of some providers), up to PODS_BYTES of JSON.
+PODS_PAGE: Final = 1000
 PODS_BYTES: Final = 16 * 2**20
 # The evidence ConfigMaps a sweep lists at most, as metadata only: one page, up to SWEEP_BYTES.
 SWEEP_PAGE: Final = 500
@@ -95,6 +97,7 @@ def _items_of(page: object) -> list[Any]:
 class _Capture:
     node: str
     task: asyncio.Task[bool]  # True once the evidence is in the ConfigMap
+    pods_read: asyncio.Event  # set once the pods on the node were read (or could not be)
     pointed: bool = False  # the Node was pointed at it (`annotate`)
 
 
@@ -116,16 +119,18 @@ class EvidenceKeeper:
         name = node.metadata.name
         if (known := self._captures.get(key)) is not None and known.node == name:
             return
-        task = asyncio.create_task(self._capture(machine, node, since), name=f"evidence-{name}")
+        pods_read = asyncio.Event()
+        task = asyncio.create_task(self._capture(machine, node, since, pods_read), name=f"evidence-{name}")
         self._running.add(task)
         task.add_done_callback(self._running.discard)
-        self._captures[key] = _Capture(node=name, task=task)
+        self._captures[key] = _Capture(node=name, task=task, pods_read=pods_read)
 
-    async def settled(self, key: str, *, seconds: float) -> None:
-        """Until the machine's capture is done, at most `seconds` (it goes on afterwards)."""
+    async def pods_read(self, key: str, *, seconds: float) -> None:
+        """Until the machine's capture has read the pods on its node, at most `seconds` (it goes on afterwards)."""
         known = self._captures.get(key)
         if known is not None and not known.task.done():
-            await asyncio.wait([known.task], timeout=seconds)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(known.pods_read.wait(), timeout=seconds)
 
     def written(self, key: str) -> bool:
         known = self._captures.get(key)
@@ -172,16 +177,17 @@ class EvidenceKeeper:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def _capture(self, machine: Machine, node: Node, since: dt.datetime) -> bool:
+    async def _capture(self, machine: Machine, node: Node, since: dt.datetime, pods_read: asyncio.Event) -> bool:
         try:
-            return await self._read_and_write(machine, node, since)
+            return await self._read_and_write(machine, node, since, pods_read)
         finally:
+            pods_read.set()
             self.ended += 1
 
-    async def _read_and_write(self, machine: Machine, node: Node, since: dt.datetime) -> bool:
+    async def _read_and_write(self, machine: Machine, node: Node, since: dt.datetime, pods_read: asyncio.Event) -> bool:
         name = node.metadata.name
         try:
-            evidence = await self._read(machine, name)
+            evidence = await self._read(machine, name, pods_read)
             await self._write(node, evidence, since=since)
         except (Failed, *NO_ANSWER, TooBig, ValueError) as error:
             logger.warning("node %s: evidence of the failure not recorded: %s", name, error)
@@ -200,13 +206,21 @@ class EvidenceKeeper:
         logger.info("node %s: evidence of the failure recorded in %s", name, e.evidence_reference(name))
         return True
 
-    async def _read(self, machine: Machine, node: str) -> e.Evidence:
-        """What the API serves about the node, each read on its own: one that fails is named in `unavailable`."""
+    async def _read(self, machine: Machine, node: str, pods_read: asyncio.Event) -> e.Evidence:
+        """What the API serves about the node, each read on its own: one that fails is named in `unavailable`;
+        `pods_read` is set once the pods are."""
         core = client.CoreV1Api(self.target)
-        (raw_node, node_error), (events, events_error), (pods, pods_error) = await asyncio.gather(
+
+        async def pods() -> list[Any]:
+            try:
+                return await _pods(core, node)
+            finally:
+                pods_read.set()
+
+        (raw_node, node_error), (events, events_error), (pods_on_node, pods_error) = await asyncio.gather(
             _attempt(_get(core.read_node_without_preload_content(node, _request_timeout=REQUEST_TIMEOUT))),
             _attempt(_events(core, node)),
-            _attempt(_pods(core, node)),
+            _attempt(pods()),
         )
         errors = {"node": node_error, "events": events_error, "pods": pods_error}
         return e.build_evidence(
@@ -214,7 +228,7 @@ class EvidenceKeeper:
             captured_at=self.clock(),
             node=raw_node,
             events=events,
-            pods=pods,
+            pods=pods_on_node,
             machine={
                 "metadata": {"name": machine.metadata.name},
                 "status": {"currentStatus": {"phase": machine.phase}, "lastOperation": machine.status.last_operation},

@@ -170,19 +170,19 @@ class MachineReconciler:
         self, key: str, snap: Snapshot, node: Node, drain: p.DrainNode, *, now: dt.datetime
     ) -> None:
         """One drain attempt with its `alongside` steps written meanwhile, then what the core says its outcome
-        writes. The evidence of the failure is waited for (briefly) before the first eviction, and the Node pointed
-        at it once the outcome is written: no other write to the Node is in flight then, and a write before the
-        drain would add a round trip to every preservation's way to drained."""
+        writes. The evidence's read of the pods is waited for (briefly) before the first eviction, and the Node
+        pointed at the evidence once the outcome is written: no other write to the Node is in flight then, and a
+        write before the drain would add a round trip to every preservation's way to drained."""
         # Their writes and the evictions wait on different requests: the drain does not wait for them. The task
         # holds no reconcile slot of its own, and lends none (the slot is the reconcile's task's). They start before
-        # the wait for the evidence, so the node says it is being drained from the moment the drain is due.
+        # the wait for the evidence's pods, so the node says it is being drained from the moment the drain is due.
         alongside = asyncio.create_task(
             execute_machine_plan(writer=self.writer, snap=snap, steps=drain.alongside, now=now)
         )
         try:
             if drain.evict:
                 async with self.slots.lent():
-                    await self.evidence.settled(key, seconds=EVIDENCE_WAIT)
+                    await self.evidence.pods_read(key, seconds=EVIDENCE_WAIT)
             result = await self._drain(node, drain, max_evict_retries=snap.machine.spec.max_evict_retries)
         finally:
             async with self.slots.lent():
