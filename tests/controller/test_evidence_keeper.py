@@ -18,7 +18,12 @@ from aiohttp import web
 from kubernetes.aio import client
 
 from machine_preservation.controller.machinery.events import EventRecorder
-from machine_preservation.controller.preservation.evidence import EVENTS_PAGE, EvidenceKeeper, EvidenceSweeper
+from machine_preservation.controller.preservation.evidence import (
+    EVENTS_PAGE,
+    EVIDENCE_DEFER,
+    EvidenceKeeper,
+    EvidenceSweeper,
+)
 from machine_preservation.core import evidence as e
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.models import Machine, Node
@@ -114,7 +119,7 @@ def served(fake: FakeApi) -> None:
 
 async def captured(keeper: EvidenceKeeper, key: str = "ns/m") -> None:
     ended = keeper.ended
-    keeper.capture(key, machine=MACHINE, node=NODE, since=SINCE)
+    keeper.capture(key, machine=MACHINE, node=NODE, since=SINCE, deferred=False)
     await eventually_async(lambda: keeper.ended > ended)
 
 
@@ -126,31 +131,46 @@ def written_evidence(fake: FakeApi) -> e.Evidence:
 async def test_the_drain_waits_for_a_hanging_capture_no_longer_than_its_bound() -> None:
     async with silent_api_server() as silent:
         keeper = keeper_of(silent.api)
-        keeper.capture("ns/m", machine=MACHINE, node=NODE, since=SINCE)
+        keeper.capture("ns/m", machine=MACHINE, node=NODE, since=SINCE, deferred=False)
         await asyncio.wait_for(keeper.pods_read("ns/m", seconds=0.05), 5)  # returns though nothing answers
         assert not keeper.written("ns/m")
         assert await keeper.annotate("ns/m", NODE, version="10") is None, "nothing to point at yet"
         await keeper.stop()
 
 
-async def test_the_drain_waits_for_the_pods_read_only_not_for_the_rest_of_the_capture() -> None:
+async def test_the_pods_are_read_before_the_drain_and_the_rest_once_it_is_over() -> None:
     async with fake_api() as (fake, api):
         served(fake)
         fake.answer("POST", CONFIG_MAPS, 201, {})
-        released = asyncio.Event()
-        for route in (("GET", "/api/v1/nodes/n"), ("GET", "/api/v1/namespaces/default/events"), ("POST", CONFIG_MAPS)):
-            fake.held[route] = released
         keeper = keeper_of(api)
-        keeper.capture("ns/m", machine=MACHINE, node=NODE, since=SINCE)
-        # The pods are what the drain changes: once read, the first eviction may go, the Node's and its Events'
-        # reads and the write still under way.
+        keeper.capture("ns/m", machine=MACHINE, node=NODE, since=SINCE, deferred=True)
+        # The pods are what the drain changes: once read, the first eviction may go.
         await asyncio.wait_for(keeper.pods_read("ns/m", seconds=30), 5)
         assert fake.made("GET", "/api/v1/pods")
-        assert not fake.made("POST", CONFIG_MAPS)
+        await asyncio.sleep(0.3)  # while the drain runs, the capture sends nothing more
+        assert [(m, p) for m, p, *_ in fake.requests] == [("GET", "/api/v1/pods")]
         assert not keeper.written("ns/m")
-        released.set()
-        await eventually_async(lambda: keeper.written("ns/m"))
-        assert [(p.namespace, p.name) for p in written_evidence(fake).pods] == [("a", "p")]
+        keeper.drain_over("ns/m")
+        await asyncio.wait_for(keeper.settled("ns/m", seconds=30), 5)
+        assert keeper.written("ns/m")
+        evidence = written_evidence(fake)
+        assert [(p.namespace, p.name) for p in evidence.pods] == [("a", "p")]
+        assert [c.type for c in evidence.conditions] == ["Ready"]
+        await keeper.stop()
+
+
+async def test_a_long_drain_holds_the_rest_of_the_capture_back_no_longer_than_its_bound() -> None:
+    async with fake_api() as (fake, api):
+        served(fake)
+        fake.answer("POST", CONFIG_MAPS, 201, {})
+        keeper = keeper_of(api)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        keeper.capture("ns/m", machine=MACHINE, node=NODE, since=SINCE, deferred=True)  # no drain_over follows
+        await eventually_async(lambda: keeper.written("ns/m"), limit=EVIDENCE_DEFER + 30)
+        assert len(fake.made("POST", CONFIG_MAPS)) == 1
+        assert fake.made("GET", "/api/v1/nodes/n")
+        assert loop.time() - started >= EVIDENCE_DEFER
         await keeper.stop()
 
 
@@ -161,7 +181,9 @@ async def test_the_evidence_is_read_and_written_once_per_preservation() -> None:
         keeper = keeper_of(api)
         await captured(keeper)
         assert keeper.written("ns/m")
-        keeper.capture("ns/m", machine=MACHINE, node=NODE, since=SINCE)  # a later reconcile: nothing again
+        keeper.capture(
+            "ns/m", machine=MACHINE, node=NODE, since=SINCE, deferred=False
+        )  # a later reconcile: nothing again
         await keeper.pods_read("ns/m", seconds=30)
         await asyncio.sleep(0.1)  # a second capture's requests would be on their way
         ((_, _, body),) = fake.made("POST", CONFIG_MAPS)

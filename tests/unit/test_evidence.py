@@ -222,6 +222,21 @@ def test_pods_are_the_newest_two_hundred_containers_twenty_each() -> None:
     assert created == sorted(created, reverse=True)  # type: ignore[type-var]
 
 
+def test_our_preserved_condition_is_left_out_as_no_part_of_the_failure() -> None:
+    conditions = [{"type": "Ready", "status": "Unknown"}, {"type": v.PRESERVED_CONDITION_TYPE, "status": "True"}]
+    evidence = build(node={"status": {"conditions": conditions}})
+    assert [c.type for c in evidence.conditions] == ["Ready"]
+    assert evidence.truncated.conditions == 0
+
+
+def test_our_own_events_are_left_out_as_no_part_of_the_failure() -> None:
+    ours = {"reason": "PreservationStarted", "source": {"component": v.EVENT_REPORTING_COMPONENT}}
+    kubelet = {"reason": "NodeNotReady", "source": {"component": "kubelet"}}
+    evidence = build(events=[ours, kubelet, {"reason": "X", "reportingComponent": v.EVENT_REPORTING_COMPONENT}])
+    assert [x.reason for x in evidence.events] == ["NodeNotReady"]
+    assert evidence.truncated.events == 0
+
+
 def test_conditions_are_at_most_twenty() -> None:
     evidence = build(node={"status": {"conditions": [{"type": f"T{i}"} for i in range(25)]}})
     assert [c.type for c in evidence.conditions] == [f"T{i}" for i in range(20)]

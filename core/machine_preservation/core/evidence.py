@@ -186,9 +186,15 @@ def build_evidence(
     the Pods on it, `machine` its Machine, each as read (any shape: what is not as expected is left empty).
     Its JSON (`to_json`) is at most EVIDENCE_MAX_BYTES long."""
     cutter = _Cutter()
-    conditions = _items(_path(node, "status", "conditions"), CONDITION_LIMIT)
+    # Our own Preserved condition and Events are the preservation, not the failure (the Node's fields tell it).
+    raw_conditions = _path(node, "status", "conditions")
+    failure = [c for c in _items(raw_conditions, SCAN_LIMIT) if _path(c, "type") != v.PRESERVED_CONDITION_TYPE]
+    left_out = min(_length(raw_conditions), SCAN_LIMIT) - len(failure)
+    conditions = failure[:CONDITION_LIMIT]
     # Chosen on their times alone, so only the kept items are built.
-    newest_events = _newest(_items(events, SCAN_LIMIT, keep_last=True), EVENT_LIMIT, _event_time)
+    scanned = _items(events, SCAN_LIMIT, keep_last=True)
+    failure_events = [x for x in scanned if _event_source(x) != v.EVENT_REPORTING_COMPONENT]
+    newest_events = _newest(failure_events, EVENT_LIMIT, _event_time)
     newest_pods = _newest(_items(pods, SCAN_LIMIT), POD_LIMIT, _pod_time)
     evidence = Evidence(
         version=EVIDENCE_VERSION,
@@ -201,8 +207,8 @@ def build_evidence(
         unavailable=tuple(cutter.cut(n, MESSAGE_LIMIT) for n in _items(unavailable, UNAVAILABLE_LIMIT)),
     )
     truncated = Truncated(
-        conditions=_length(_path(node, "status", "conditions")) - len(conditions),
-        events=_length(events) - len(evidence.events),
+        conditions=_length(raw_conditions) - left_out - len(conditions),
+        events=_length(events) - (len(scanned) - len(failure_events)) - len(evidence.events),
         pods=_length(pods) - len(evidence.pods),
         containers=cutter.containers,
         strings=cutter.strings,
@@ -328,9 +334,13 @@ def _condition(raw: object, cutter: _Cutter) -> ConditionEvidence:
     )
 
 
+def _event_source(raw: object) -> object:
+    return _path(raw, "source", "component") or _path(raw, "reportingComponent")
+
+
 def _event(raw: object, cutter: _Cutter) -> EventEvidence:
     first = _time(_path(raw, "firstTimestamp")) or _time(_path(raw, "eventTime"))
-    source = _path(raw, "source", "component") or _path(raw, "reportingComponent")
+    source = _event_source(raw)
     return EventEvidence(
         type=cutter.cut(_path(raw, "type"), WORD_LIMIT),
         reason=cutter.cut(_path(raw, "reason"), WORD_LIMIT),

@@ -153,6 +153,9 @@ class NodeDrainState(StrEnum):
 # kubeconfigs can; Secrets they cannot): one ConfigMap per preserved Failed node, in EVIDENCE_NAMESPACE, owned by
 # the Node (garbage-collected with it), its JSON under EVIDENCE_DATA_KEY, at most EVIDENCE_MAX_BYTES.
 EVIDENCE_NAMESPACE: Final = "kube-system"
+# The component our Events are reported by (`source.component`, `reportingComponent`): the evidence of a failure
+# leaves them out, as they tell the preservation, not the failure.
+EVENT_REPORTING_COMPONENT: Final = "machine-preservation-controller"
 EVIDENCE_NAME_PREFIX: Final = "machine-preservation-evidence-"
 EVIDENCE_DATA_KEY: Final = "evidence.json"
 EVIDENCE_MAX_BYTES: Final = 256 * 1024

@@ -25,7 +25,6 @@ from machine_preservation.kube.clients import MERGE_PATCH
 
 logger = logging.getLogger(__name__)
 
-CONTROLLER_NAME = "machine-preservation-controller"
 NODE_EVENT_NAMESPACE = "default"
 # Reads and counts of a repeat before its conflict fails the plan (which records it again when retried).
 REPEAT_ATTEMPTS = 5
@@ -79,8 +78,8 @@ class EventRecorder:
             count=1,
             first_timestamp=now,
             last_timestamp=now,
-            source=client.V1EventSource(component=CONTROLLER_NAME),
-            reporting_component=CONTROLLER_NAME,
+            source=client.V1EventSource(component=v.EVENT_REPORTING_COMPONENT),
+            reporting_component=v.EVENT_REPORTING_COMPONENT,
             reporting_instance=self.instance,
             action=action,
         )

@@ -1,14 +1,16 @@
 """The evidence of a Failed machine's failure, kept in the shoot (core.evidence), and its removal.
 
 - `EvidenceKeeper.capture`, when a Failed machine's preservation is planned with a drain, reads in the background
-  what the evidence holds: the Node (one GET: the cached Node keeps only a few conditions), the Events about it
-  (in `default`, where the kubelet's and the node controller's go; pages up to a byte budget), the pods on it (one
-  page; the cached pods are reduced to what a drain reads) and, from the Machine cache, MCM's last operation. It
-  writes the ConfigMap EVIDENCE_NAMESPACE/evidence_name(node), owned by the Node. Nothing of the preservation waits
-  for it but the first eviction, and only for the pods to be read (`pods_read`, at most EVIDENCE_WAIT): they are
-  what the drain changes; the Node's conditions, its Events and the write are not. The reconcile points the Node at
-  the evidence once the drain's outcome is written (`annotate`, when no other write to the Node is in flight). A
-  capture that fails is logged and told by a Warning Event on the Node.
+  what the evidence holds: first the pods on the node (one page; the cached pods are reduced to what a drain
+  reads), then the Node (one GET: the cached Node keeps only a few conditions), the Events about it (in `default`,
+  where the kubelet's and the node controller's go; pages up to a byte budget) and, from the Machine cache, MCM's
+  last operation. It writes the ConfigMap EVIDENCE_NAMESPACE/evidence_name(node), owned by the Node. Nothing of the
+  preservation waits for it but the first eviction, and only for the pods to be read (`pods_read`, at most
+  EVIDENCE_WAIT): they are what the drain changes. The Node's conditions and its Events are not, so they are read
+  (and the ConfigMap written) once the drain's outcome is written (`drain_over`, at most EVIDENCE_DEFER later):
+  the capture's requests do not compete with the evictions for the shoot's API server. The reconcile then points
+  the Node at the evidence (`settled`, `annotate`). A capture that fails is logged and told by a Warning Event on
+  the Node.
 - `EvidenceSweeper` looks at the evidence ConfigMaps every `core.evidence.sweep_period` and does what
   `core.evidence.plan_sweep` says: an expiry once the preservation ended, none while preserved again, deletion
   past the expiry.
@@ -54,6 +56,9 @@ T = TypeVar("T")
 # different to MCM, which waits minutes before it deletes a Failed machine). The preservation's own writes never
 # wait for it.
 EVIDENCE_WAIT: Final = 2.0
+# How long the rest of a capture waits, after the pods were read, for the drain's outcome to be written: a drain
+# that takes longer (refused evictions, busy drain slots) does not hold the evidence back by more than this.
+EVIDENCE_DEFER: Final = 2.0
 # Each request of a capture or a sweep: an answer later than this is not waited for.
 REQUEST_TIMEOUT: Final = 10.0
 # The Events about a node read at most: pages of EVENTS_PAGE, up to EVENTS_BYTES of JSON (a node's Events of the
@@ -96,8 +101,10 @@ def _items_of(page: object) -> list[Any]:
 @dataclass
 class _Capture:
     node: str
-    task: asyncio.Task[bool]  # True once the evidence is in the ConfigMap
-    pods_read: asyncio.Event  # set once the pods on the node were read (or could not be)
+    deferred: bool  # the rest waits (at most EVIDENCE_DEFER) for `drain_over` once the pods are read
+    pods_read: asyncio.Event = field(default_factory=asyncio.Event)  # set once the pods were read (or could not be)
+    drain_over: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[bool] | None = None  # True once the evidence is in the ConfigMap
     pointed: bool = False  # the Node was pointed at it (`annotate`)
 
 
@@ -113,24 +120,33 @@ class EvidenceKeeper:
     # How many captures have ended (written or not): the sweep looks again only after one did (EvidenceSweeper).
     ended: int = 0
 
-    def capture(self, key: str, *, machine: Machine, node: Node, since: dt.datetime) -> None:
+    def capture(self, key: str, *, machine: Machine, node: Node, since: dt.datetime, deferred: bool) -> None:
         """Start capturing the evidence of the machine's failure (once per preservation of its node; `since`: when
-        the preservation started)."""
+        the preservation started; `deferred`: our drain follows, and the rest of the capture waits for it)."""
         name = node.metadata.name
         if (known := self._captures.get(key)) is not None and known.node == name:
             return
-        pods_read = asyncio.Event()
-        task = asyncio.create_task(self._capture(machine, node, since, pods_read), name=f"evidence-{name}")
+        capture = self._captures[key] = _Capture(node=name, deferred=deferred)
+        task = capture.task = asyncio.create_task(self._capture(machine, node, since, capture), name=f"evidence-{name}")
         self._running.add(task)
         task.add_done_callback(self._running.discard)
-        self._captures[key] = _Capture(node=name, task=task, pods_read=pods_read)
 
     async def pods_read(self, key: str, *, seconds: float) -> None:
         """Until the machine's capture has read the pods on its node, at most `seconds` (it goes on afterwards)."""
-        known = self._captures.get(key)
-        if known is not None and not known.task.done():
+        if (known := self._captures.get(key)) is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(known.pods_read.wait(), timeout=seconds)
+
+    def drain_over(self, key: str) -> None:
+        """The drain's outcome is written: the rest of the machine's capture may go on."""
+        if (known := self._captures.get(key)) is not None:
+            known.drain_over.set()
+
+    async def settled(self, key: str, *, seconds: float) -> None:
+        """Until the machine's capture is done, at most `seconds` (it goes on afterwards)."""
+        known = self._captures.get(key)
+        if known is not None and known.task is not None and not known.task.done():
+            await asyncio.wait([known.task], timeout=seconds)
 
     def written(self, key: str) -> bool:
         known = self._captures.get(key)
@@ -177,17 +193,17 @@ class EvidenceKeeper:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def _capture(self, machine: Machine, node: Node, since: dt.datetime, pods_read: asyncio.Event) -> bool:
+    async def _capture(self, machine: Machine, node: Node, since: dt.datetime, capture: _Capture) -> bool:
         try:
-            return await self._read_and_write(machine, node, since, pods_read)
+            return await self._read_and_write(machine, node, since, capture)
         finally:
-            pods_read.set()
+            capture.pods_read.set()
             self.ended += 1
 
-    async def _read_and_write(self, machine: Machine, node: Node, since: dt.datetime, pods_read: asyncio.Event) -> bool:
+    async def _read_and_write(self, machine: Machine, node: Node, since: dt.datetime, capture: _Capture) -> bool:
         name = node.metadata.name
         try:
-            evidence = await self._read(machine, name, pods_read)
+            evidence = await self._read(machine, name, capture)
             await self._write(node, evidence, since=since)
         except (Failed, *NO_ANSWER, TooBig, ValueError) as error:
             logger.warning("node %s: evidence of the failure not recorded: %s", name, error)
@@ -206,21 +222,18 @@ class EvidenceKeeper:
         logger.info("node %s: evidence of the failure recorded in %s", name, e.evidence_reference(name))
         return True
 
-    async def _read(self, machine: Machine, node: str, pods_read: asyncio.Event) -> e.Evidence:
-        """What the API serves about the node, each read on its own: one that fails is named in `unavailable`;
-        `pods_read` is set once the pods are."""
+    async def _read(self, machine: Machine, node: str, capture: _Capture) -> e.Evidence:
+        """What the API serves about the node, each read on its own (one that fails is named in `unavailable`):
+        the pods first, the rest once the drain is over (if `deferred`)."""
         core = client.CoreV1Api(self.target)
-
-        async def pods() -> list[Any]:
-            try:
-                return await _pods(core, node)
-            finally:
-                pods_read.set()
-
-        (raw_node, node_error), (events, events_error), (pods_on_node, pods_error) = await asyncio.gather(
+        pods_on_node, pods_error = await _attempt(_pods(core, node))
+        capture.pods_read.set()
+        if capture.deferred:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(capture.drain_over.wait(), timeout=EVIDENCE_DEFER)
+        (raw_node, node_error), (events, events_error) = await asyncio.gather(
             _attempt(_get(core.read_node_without_preload_content(node, _request_timeout=REQUEST_TIMEOUT))),
             _attempt(_events(core, node)),
-            _attempt(pods()),
         )
         errors = {"node": node_error, "events": events_error, "pods": pods_error}
         return e.build_evidence(

@@ -132,7 +132,7 @@ class MachineReconciler:
             plan = plan_native(machine=machine, node=node, config=self.config)
             if node is not None and (since := natively_preserved_since(machine, node, now=now)) is not None:
                 # MCM drains at once: captured as soon as seen, racing its evictions (best effort).
-                self.evidence.capture(key, machine=machine, node=node, since=since)
+                self.evidence.capture(key, machine=machine, node=node, since=since, deferred=False)
         else:
             plan = plan_machine(
                 MachineContext(
@@ -152,7 +152,7 @@ class MachineReconciler:
             logger.info("machine %s: %s", key, _describe(plan))
         if plan.drain is not None and plan.drain.record is not None and node is not None:
             # Read while the plan's steps are written: the preservation does not wait for it.
-            self.evidence.capture(key, machine=machine, node=node, since=plan.drain.record.since)
+            self.evidence.capture(key, machine=machine, node=node, since=plan.drain.record.since, deferred=True)
         snap = Snapshot(machine=machine, node=node)
         await execute_machine_plan(writer=self.writer, snap=snap, steps=plan.steps, now=now)
         drain = plan.drain
@@ -201,11 +201,15 @@ class MachineReconciler:
             blocked_by=result.blocked_by,
         )
         await execute_machine_plan(writer=self.writer, snap=snap, steps=after.steps, now=ended)
+        self.evidence.drain_over(key)
         await self._point_at_evidence(key, snap, node)
 
     async def _point_at_evidence(self, key: str, snap: Snapshot, node: Node) -> None:
-        """The Node's pointer to its evidence, at the snapshot's resourceVersion (which it advances, so the plan's
-        later writes still apply)."""
+        """The Node's pointer to its evidence, once written (waited for briefly: the capture's reads of the Node
+        and its Events wait for the drain's outcome), at the snapshot's resourceVersion (which it advances, so the
+        plan's later writes still apply)."""
+        async with self.slots.lent():
+            await self.evidence.settled(key, seconds=EVIDENCE_WAIT)
         version = await self.evidence.annotate(key, node, version=snap.node_version)
         if version is not None:
             snap.node_version = version
