@@ -26,7 +26,7 @@ from machine_preservation.controller.preservation.evidence import (
 )
 from machine_preservation.core import evidence as e
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.models import Machine, Node
+from machine_preservation.core.models import Machine, Node, Pod
 from machine_preservation.kube.clients import api_client
 from tests.controller.silent import silent_api_server
 from tests.polling import eventually_async
@@ -41,6 +41,23 @@ MACHINE = Machine.model_validate(
     }
 )
 CONFIG_MAPS = "/api/v1/namespaces/kube-system/configmaps"
+# A pod as the drain's watch caches it.
+WATCHED_POD = Pod.model_validate(
+    {
+        "metadata": {
+            "namespace": "a",
+            "name": "w",
+            "ownerReferences": [{"kind": "ReplicaSet", "name": "w-1", "controller": True}],
+        },
+        "spec": {"nodeName": "n"},
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [
+                {"name": "c", "restartCount": 2, "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}
+            ],
+        },
+    }
+)
 
 
 @dataclass
@@ -119,7 +136,7 @@ def served(fake: FakeApi) -> None:
 
 async def captured(keeper: EvidenceKeeper, key: str = "ns/m") -> None:
     ended = keeper.ended
-    keeper.capture(key, machine=MACHINE, node=NODE, since=SINCE, deferred=False)
+    keeper.capture(key, machine=MACHINE, node=NODE, since=SINCE, pods=None)
     await eventually_async(lambda: keeper.ended > ended)
 
 
@@ -128,33 +145,39 @@ def written_evidence(fake: FakeApi) -> e.Evidence:
     return e.Evidence.model_validate_json(body["data"][v.EVIDENCE_DATA_KEY])
 
 
-async def test_the_drain_waits_for_a_hanging_capture_no_longer_than_its_bound() -> None:
+async def test_the_pointer_waits_for_a_hanging_capture_no_longer_than_its_bound() -> None:
     async with silent_api_server() as silent:
         keeper = keeper_of(silent.api)
-        keeper.capture("ns/m", machine=MACHINE, node=NODE, since=SINCE, deferred=False)
-        await asyncio.wait_for(keeper.pods_read("ns/m", seconds=0.05), 5)  # returns though nothing answers
+        keeper.capture("ns/m", machine=MACHINE, node=NODE, since=SINCE, pods=None)
+        await asyncio.wait_for(keeper.settled("ns/m", seconds=0.05), 5)  # returns though nothing answers
         assert not keeper.written("ns/m")
         assert await keeper.annotate("ns/m", NODE, version="10") is None, "nothing to point at yet"
         await keeper.stop()
 
 
-async def test_the_pods_are_read_before_the_drain_and_the_rest_once_it_is_over() -> None:
+async def test_the_drains_pods_are_taken_as_given_and_the_rest_read_once_the_drain_is_over() -> None:
     async with fake_api() as (fake, api):
         served(fake)
         fake.answer("POST", CONFIG_MAPS, 201, {})
         keeper = keeper_of(api)
-        keeper.capture("ns/m", machine=MACHINE, node=NODE, since=SINCE, deferred=True)
-        # The pods are what the drain changes: once read, the first eviction may go.
-        await asyncio.wait_for(keeper.pods_read("ns/m", seconds=30), 5)
-        assert fake.made("GET", "/api/v1/pods")
-        await asyncio.sleep(0.3)  # while the drain runs, the capture sends nothing more
-        assert [(m, p) for m, p, *_ in fake.requests] == [("GET", "/api/v1/pods")]
+        keeper.capture("ns/m", machine=MACHINE, node=NODE, since=SINCE, pods=[WATCHED_POD])
+        await asyncio.sleep(0.3)  # while the drain runs, the capture sends nothing
+        assert fake.requests == []
         assert not keeper.written("ns/m")
         keeper.drain_over("ns/m")
         await asyncio.wait_for(keeper.settled("ns/m", seconds=30), 5)
         assert keeper.written("ns/m")
+        assert not fake.made("GET", "/api/v1/pods"), "the pods come from the drain's watch"
         evidence = written_evidence(fake)
-        assert [(p.namespace, p.name) for p in evidence.pods] == [("a", "p")]
+        (pod,) = evidence.pods
+        assert (pod.namespace, pod.name, pod.phase, pod.owner_kind, pod.owner_name) == (
+            "a",
+            "w",
+            "Running",
+            "ReplicaSet",
+            "w-1",
+        )
+        assert [(c.name, c.restart_count, c.last_termination_reason) for c in pod.containers] == [("c", 2, "OOMKilled")]
         assert [c.type for c in evidence.conditions] == ["Ready"]
         await keeper.stop()
 
@@ -166,7 +189,7 @@ async def test_a_long_drain_holds_the_rest_of_the_capture_back_no_longer_than_it
         keeper = keeper_of(api)
         loop = asyncio.get_running_loop()
         started = loop.time()
-        keeper.capture("ns/m", machine=MACHINE, node=NODE, since=SINCE, deferred=True)  # no drain_over follows
+        keeper.capture("ns/m", machine=MACHINE, node=NODE, since=SINCE, pods=[WATCHED_POD])  # no drain_over follows
         await eventually_async(lambda: keeper.written("ns/m"), limit=EVIDENCE_DEFER + 30)
         assert len(fake.made("POST", CONFIG_MAPS)) == 1
         assert fake.made("GET", "/api/v1/nodes/n")
@@ -181,10 +204,7 @@ async def test_the_evidence_is_read_and_written_once_per_preservation() -> None:
         keeper = keeper_of(api)
         await captured(keeper)
         assert keeper.written("ns/m")
-        keeper.capture(
-            "ns/m", machine=MACHINE, node=NODE, since=SINCE, deferred=False
-        )  # a later reconcile: nothing again
-        await keeper.pods_read("ns/m", seconds=30)
+        keeper.capture("ns/m", machine=MACHINE, node=NODE, since=SINCE, pods=None)  # a later reconcile: nothing again
         await asyncio.sleep(0.1)  # a second capture's requests would be on their way
         ((_, _, body),) = fake.made("POST", CONFIG_MAPS)
         assert body["metadata"]["name"] == e.evidence_name("n")

@@ -60,8 +60,6 @@ AUDIT_POLICY: dict[str, object] = {
         # Every other request of a ServiceAccount, without bodies: tests/e2e/rbac_audit.py derives the calls the
         # product's identities make from them.
         {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
-        # Lists of pods, by anyone: the evidence of a failure reads the node's pods before the drain's first eviction.
-        {"level": "Metadata", "verbs": ["list"], "resources": [{"group": "", "resources": ["pods"]}]},
         {"level": "None"},
     ],
 }

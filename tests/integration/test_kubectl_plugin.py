@@ -28,7 +28,7 @@ from kubernetes import client, config
 from machine_preservation.certs.authority import generate_ca
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.settings import AdmissionSettings
-from machine_preservation.core.evidence import build_evidence, evidence_name, to_json
+from machine_preservation.core.evidence import build_evidence, evidence_name, pods_of, to_json
 from machine_preservation.core.preservation_record import format_timestamp
 from machine_preservation.localcluster.controlplane import ControlPlane
 from machine_preservation.localcluster.toolchain import Toolchain
@@ -542,11 +542,11 @@ def _evidence_config_map(env: Env, node: str) -> None:
                                          "message": "PLEG is not healthy", "lastTransitionTime": stamp}]}},
         events=[{"type": "Warning", "reason": "NodeNotReady", "message": "Node is not ready", "count": 3,
                  "lastTimestamp": stamp, "source": {"component": "node-controller"}}],
-        pods=[{"metadata": {"namespace": "web", "name": "web-0", "creationTimestamp": stamp,
+        pods=pods_of({"items": [{"metadata": {"namespace": "web", "name": "web-0", "creationTimestamp": stamp,
                             "ownerReferences": [{"kind": "StatefulSet", "name": "web", "controller": True}]},
                "status": {"phase": "Running", "containerStatuses": [
                    {"name": "app", "restartCount": 4, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-                    "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}}],
+                    "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}}]}),
         machine={"metadata": {"name": "machine-shown"}, "status": {"currentStatus": {"phase": "Failed"},
                  "lastOperation": {"type": "HealthCheck", "state": "Failed", "lastUpdateTime": stamp,
                                    "description": "Machine is unhealthy: kubelet stopped posting status"}}},

@@ -21,7 +21,9 @@ NOW = dt.datetime(2026, 11, 29, 10, tzinfo=dt.UTC)
 
 
 def build(**given: Any) -> e.Evidence:
+    """The evidence of what the API served (the pods as a list's items, parsed as the controller caches them)."""
     inputs: dict[str, Any] = {"node": {}, "events": [], "pods": [], "machine": {}} | given
+    inputs["pods"] = e.pods_of({"items": inputs["pods"]})
     return e.build_evidence(node_name=inputs.pop("node_name", "node-1"), captured_at=NOW, **inputs)
 
 
@@ -380,7 +382,7 @@ def test_any_input_gives_a_bounded_valid_document(
         captured_at=NOW,
         node=node,
         events=events,
-        pods=pods,
+        pods=e.pods_of({"items": pods}),  # any list served, parsed as the controller caches pods
         machine=machine,
         unavailable=unavailable,
     )

@@ -16,7 +16,7 @@ from machine_preservation.cli.kubectl import evidence_view, view
 from machine_preservation.cli.kubectl.outcomes import ExitCode, answer_error, cut, denial, status_message
 from machine_preservation.cli.kubectl.plugin import build_parser, run
 from machine_preservation.core import vocabulary as v
-from machine_preservation.core.evidence import build_evidence, to_json
+from machine_preservation.core.evidence import Evidence, PodEvidence, build_evidence, pods_of, to_json
 from machine_preservation.core.gardener.cluster import ClusterView
 
 NOW = dt.datetime(2026, 11, 29, 10, 0, 0, tzinfo=dt.UTC)
@@ -486,23 +486,27 @@ def sample_evidence() -> str:
             captured_at=dt.datetime(2026, 11, 29, 9, 30, tzinfo=dt.UTC),
             node={"status": {"conditions": [{"type": "Ready", "status": "False", "message": "PLEG is not healthy"}]}},
             events=[{"type": "Warning", "reason": "NodeNotReady", "message": "not ready", "lastTimestamp": stamp}],
-            pods=[
+            pods=pods_of(
                 {
-                    "metadata": {"namespace": "web", "name": "web-0"},
-                    "status": {
-                        "phase": "Running",
-                        "containerStatuses": [
-                            {
-                                "name": "app",
-                                "restartCount": 4,
-                                "state": {"running": {}},
-                                "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}},
+                    "items": [
+                        {
+                            "metadata": {"namespace": "web", "name": "web-0"},
+                            "status": {
+                                "phase": "Running",
+                                "containerStatuses": [
+                                    {
+                                        "name": "app",
+                                        "restartCount": 4,
+                                        "state": {"running": {}},
+                                        "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}},
+                                    },
+                                    {"name": "quiet", "restartCount": 0, "state": {"running": {}}},
+                                ],
                             },
-                            {"name": "quiet", "restartCount": 0, "state": {"running": {}}},
-                        ],
-                    },
+                        }
+                    ]
                 }
-            ],
+            ),
             machine={"status": {"lastOperation": {"type": "HealthCheck", "state": "Failed", "description": "down"}}},
             unavailable=["events: forbidden"],
         )
@@ -539,6 +543,15 @@ def test_the_evidence_as_text() -> None:
     ):
         assert expected in text, expected
     assert "quiet" not in text  # a container that never restarted has no termination to tell
+
+
+def test_a_pod_already_terminating_at_the_failure_is_said() -> None:
+    pod = PodEvidence(
+        namespace="web", name="web-1", phase="Running", deleted_at=dt.datetime(2026, 11, 29, tzinfo=dt.UTC)
+    )
+    state = evidence_view.EvidenceState(where="kube-system/e", evidence=Evidence(version=1, node="n1", pods=(pod,)))
+    lines = evidence_view.evidence_lines(state, dt.datetime(2026, 11, 29, 10, tzinfo=dt.UTC))
+    assert "Running, terminating" in "\n".join(lines)
 
 
 def test_no_evidence_and_truncation_are_said() -> None:

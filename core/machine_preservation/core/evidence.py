@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.conditions import shows_preservation
-from machine_preservation.core.models import Machine, Node
+from machine_preservation.core.models import ContainerStatus, Machine, Node, Pod
 
 EVIDENCE_VERSION: Final = 1
 
@@ -96,6 +96,7 @@ class PodEvidence(EvidenceModel):
     phase: str = ""
     reason: str = ""  # the pod's status reason, e.g. Evicted, NodeLost
     created_at: dt.datetime | None = None
+    deleted_at: dt.datetime | None = None  # the pod was being deleted (its grace period ends then) when captured
     containers: tuple[ContainerEvidence, ...] = ()
 
 
@@ -178,13 +179,13 @@ def build_evidence(
     captured_at: dt.datetime,
     node: object,
     events: object,
-    pods: object,
+    pods: Sequence[Pod],
     machine: object,
     unavailable: Sequence[str] = (),
 ) -> Evidence:
-    """The evidence document from what the API served: `node` the Node, `events` the Events about it, `pods`
-    the Pods on it, `machine` its Machine, each as read (any shape: what is not as expected is left empty).
-    Its JSON (`to_json`) is at most EVIDENCE_MAX_BYTES long."""
+    """The evidence document from what the API served: `node` the Node, `events` the Events about it, `machine`
+    its Machine, each as read (any shape: what is not as expected is left empty), and `pods`, the Pods on it as
+    cached (`pods_of` what a list served). Its JSON (`to_json`) is at most EVIDENCE_MAX_BYTES long."""
     cutter = _Cutter()
     # Our own Preserved condition and Events are the preservation, not the failure (the Node's fields tell it).
     raw_conditions = _path(node, "status", "conditions")
@@ -195,7 +196,7 @@ def build_evidence(
     scanned = _items(events, SCAN_LIMIT, keep_last=True)
     failure_events = [x for x in scanned if _event_source(x) != v.EVENT_REPORTING_COMPONENT]
     newest_events = _newest(failure_events, EVENT_LIMIT, _event_time)
-    newest_pods = _newest(_items(pods, SCAN_LIMIT), POD_LIMIT, _pod_time)
+    newest_pods = _newest(list(pods[:SCAN_LIMIT]), POD_LIMIT, _pod_time)
     evidence = Evidence(
         version=EVIDENCE_VERSION,
         node=cutter.cut(node_name, NAME_LIMIT),
@@ -209,7 +210,7 @@ def build_evidence(
     truncated = Truncated(
         conditions=_length(raw_conditions) - left_out - len(conditions),
         events=_length(events) - (len(scanned) - len(failure_events)) - len(evidence.events),
-        pods=_length(pods) - len(evidence.pods),
+        pods=len(pods) - len(evidence.pods),
         containers=cutter.containers,
         strings=cutter.strings,
     )
@@ -352,45 +353,45 @@ def _event(raw: object, cutter: _Cutter) -> EventEvidence:
     )
 
 
-def _container(raw: object, init: bool, cutter: _Cutter) -> ContainerEvidence:
-    state = _path(raw, "state")
-    current = next((s for s in ("running", "waiting", "terminated") if isinstance(_path(state, s), Mapping)), "")
-    terminated = _path(raw, "lastState", "terminated")
+def pods_of(listed: object) -> list[Pod]:
+    """The pods of a list the API served (its `items`; any shape), as the controller caches them: at most
+    SCAN_LIMIT looked at, those that are no Pod left out."""
+    items = _path(listed, "items")
+    pods = []
+    for raw in _items(items, SCAN_LIMIT):
+        try:
+            pods.append(Pod.model_validate(raw if isinstance(raw, Mapping) else {"metadata": None}))
+        except ValidationError:
+            continue
+    return pods
+
+
+def _container(status: ContainerStatus, cutter: _Cutter) -> ContainerEvidence:
     return ContainerEvidence(
-        name=cutter.cut(_path(raw, "name"), NAME_LIMIT),
-        init=init,
-        restart_count=_int(_path(raw, "restartCount"), 0),
-        state=current,
-        state_reason=cutter.cut(_path(state, current, "reason") if current else None, WORD_LIMIT),
-        last_termination_reason=cutter.cut(_path(terminated, "reason"), WORD_LIMIT),
-        last_termination_exit_code=_int(_path(terminated, "exitCode"), None),
-        last_termination_finished_at=_time(_path(terminated, "finishedAt")),
+        name=cutter.cut(status.name, NAME_LIMIT),
+        init=status.init,
+        restart_count=status.restart_count or 0,
+        state=status.state,
+        state_reason=cutter.cut(status.state_reason, WORD_LIMIT),
+        last_termination_reason=cutter.cut(status.last_termination_reason, WORD_LIMIT),
+        last_termination_exit_code=status.last_termination_exit_code,
+        last_termination_finished_at=_time(status.last_termination_finished_at),
     )
 
 
-def _pod(raw: object, cutter: _Cutter) -> PodEvidence:
-    owners = _items(_path(raw, "metadata", "ownerReferences"), SCAN_LIMIT)
-    owner = next((o for o in owners if _path(o, "controller") is True), None)
-    statuses = [
-        (status, init)
-        for key, init in (("initContainerStatuses", True), ("containerStatuses", False))
-        for status in _items(_path(raw, "status", key), CONTAINER_LIMIT)
-    ]
-    cutter.containers += max(
-        0,
-        _length(_path(raw, "status", "initContainerStatuses"))
-        + _length(_path(raw, "status", "containerStatuses"))
-        - CONTAINER_LIMIT,
-    )
+def _pod(pod: Pod, cutter: _Cutter) -> PodEvidence:
+    kept = pod.containers[:CONTAINER_LIMIT]
+    cutter.containers += max(0, pod.container_count - len(kept))
     return PodEvidence(
-        namespace=cutter.cut(_path(raw, "metadata", "namespace"), NAME_LIMIT),
-        name=cutter.cut(_path(raw, "metadata", "name"), NAME_LIMIT),
-        owner_kind=cutter.cut(_path(owner, "kind"), WORD_LIMIT),
-        owner_name=cutter.cut(_path(owner, "name"), NAME_LIMIT),
-        phase=cutter.cut(_path(raw, "status", "phase"), WORD_LIMIT),
-        reason=cutter.cut(_path(raw, "status", "reason"), WORD_LIMIT),
-        created_at=_time(_path(raw, "metadata", "creationTimestamp")),
-        containers=tuple(_container(s, init, cutter) for s, init in statuses[:CONTAINER_LIMIT]),
+        namespace=cutter.cut(pod.namespace, NAME_LIMIT),
+        name=cutter.cut(pod.name, NAME_LIMIT),
+        owner_kind=cutter.cut(pod.controller_kind, WORD_LIMIT),
+        owner_name=cutter.cut(pod.controller_name, NAME_LIMIT),
+        phase=cutter.cut(pod.phase, WORD_LIMIT),
+        reason=cutter.cut(pod.reason, WORD_LIMIT),
+        created_at=_time(pod.created_at),
+        deleted_at=pod.deletion_timestamp,
+        containers=tuple(_container(status, cutter) for status in kept),
     )
 
 
@@ -408,7 +409,7 @@ def _machine(raw: object, cutter: _Cutter) -> MachineEvidence:
     )
 
 
-def _newest(items: list[Any], limit: int, moment: Callable[[object], dt.datetime | None]) -> list[Any]:
+def _newest(items: list[_T], limit: int, moment: Callable[[_T], dt.datetime | None]) -> list[_T]:
     """The `limit` items with the latest `moment`, latest first (those without one last, in their order)."""
     timed = [(_seconds(moment(item)), index) for index, item in enumerate(items)]
     return [items[index] for _, index in sorted(timed, key=lambda t: (-t[0], t[1]))[:limit]]
@@ -423,8 +424,8 @@ def _event_time(raw: object) -> dt.datetime | None:
     )
 
 
-def _pod_time(raw: object) -> dt.datetime | None:
-    return _time(_path(raw, "metadata", "creationTimestamp"))
+def _pod_time(pod: Pod) -> dt.datetime | None:
+    return _time(pod.created_at)
 
 
 _EPOCH: Final = dt.datetime.min.replace(tzinfo=dt.UTC)

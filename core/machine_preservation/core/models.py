@@ -13,7 +13,7 @@ import functools
 import sys
 from collections.abc import Mapping
 from enum import Enum
-from typing import Any, Final, Self
+from typing import Any, Final, NamedTuple, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -368,14 +368,33 @@ CACHED_POD_LABELS_LIMIT: Final = 32
 # Kubernetes' bounds of a label's key (prefix and name) and value: a longer one is not from a valid Pod.
 _LABEL_KEY_LIMIT: Final = 253 + 1 + 63
 _LABEL_VALUE_LIMIT: Final = 63
+# What a cached Pod keeps of its status for the evidence of a failure (core.evidence): strings one past the
+# longest the evidence keeps, so that it still counts what it cuts; the first container statuses of both lists,
+# and how many there were.
+_STATUS_TEXT_LIMIT: Final = 1025
+STATUS_CONTAINERS_LIMIT: Final = 20
+
+
+class ContainerStatus(NamedTuple):
+    """A container's status as a cached Pod keeps it: a tuple, as a pod may have many (what the evidence reads)."""
+
+    name: str
+    init: bool
+    restart_count: int | None
+    state: str  # running, waiting, terminated or ""
+    state_reason: str
+    last_termination_reason: str
+    last_termination_exit_code: int | None
+    last_termination_finished_at: str
 
 
 class Pod(KubeModel):
     """A Pod reduced to what a drain reads: where it runs, whether it is going away, whether it stays (mirror or
-    DaemonSet pod), and its labels, which tell the PodDisruptionBudgets that cover it. The controller caches the
+    DaemonSet pod), and its labels, which tell the PodDisruptionBudgets that cover it; and what the evidence of the
+    node's failure keeps of it (taken from this cache before the drain's first eviction). The controller caches the
     pods of failed machines' nodes (`node_pods`), as many as fail at once, so the object is boiled down on parsing
-    into one flat model: ~630 bytes per cached pod with three labels (~510 without), against ~3.8 KB with full
-    metadata (benchmarks/pod_cache_memory.py, 2026-11-29)."""
+    into one flat model: ~825 bytes per cached pod with three labels and its status (~630 without the status),
+    against ~3.8 KB with full metadata (benchmarks/pod_cache_memory.py, 2026-11-29)."""
 
     name: str = ""
     namespace: str = ""
@@ -386,6 +405,13 @@ class Pod(KubeModel):
     controller_kind: str = ""  # the kind of the controlling owner reference, if any
     # None: more labels than CACHED_POD_LABELS_LIMIT, or one Kubernetes would not accept (not known, so not matched).
     labels: dict[str, str] | None = Field(default_factory=dict)
+    # For the evidence of a failure: the controller's name, the creation time and status as served (bounded).
+    controller_name: str = ""
+    created_at: str = ""
+    phase: str = ""
+    reason: str = ""
+    containers: tuple[ContainerStatus, ...] = ()
+    container_count: int = 0  # the statuses the pod had, init containers' too
 
     @model_validator(mode="before")
     @classmethod
@@ -398,6 +424,12 @@ class Pod(KubeModel):
         owners = metadata.get("ownerReferences")
         owners = owners if isinstance(owners, list) else []
         controller = next((o for o in owners if isinstance(o, dict) and o.get("controller") is True), {})
+        status = mapping_of(raw.get("status"))
+        statuses = [
+            (item, init)
+            for key, init in (("initContainerStatuses", True), ("containerStatuses", False))
+            for item in _list_of(status.get(key))
+        ]
         return {
             "name": metadata.get("name", ""),
             "namespace": metadata.get("namespace", ""),
@@ -407,7 +439,42 @@ class Pod(KubeModel):
             "mirror": v.MIRROR_POD_ANNOTATION in annotations,
             "controllerKind": controller.get("kind") or "",
             "labels": _pod_labels(metadata.get("labels")),
+            "controllerName": _status_text(controller.get("name")),
+            "createdAt": _status_text(metadata.get("creationTimestamp")),
+            "phase": _status_text(status.get("phase")),
+            "reason": _status_text(status.get("reason")),
+            "containers": tuple(_container_status(item, init) for item, init in statuses[:STATUS_CONTAINERS_LIMIT]),
+            "containerCount": len(statuses),
         }
+
+
+def _list_of(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _status_text(value: Any) -> str:
+    return value[:_STATUS_TEXT_LIMIT] if isinstance(value, str) else ""
+
+
+def _status_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63 else None
+
+
+def _container_status(raw: Any, init: bool) -> ContainerStatus:
+    item = mapping_of(raw)
+    state = mapping_of(item.get("state"))
+    current = next((s for s in ("running", "waiting", "terminated") if isinstance(state.get(s), dict)), "")
+    terminated = mapping_of(mapping_of(item.get("lastState")).get("terminated"))
+    return ContainerStatus(
+        name=_status_text(item.get("name")),
+        init=init,
+        restart_count=_status_int(item.get("restartCount")),
+        state=current,
+        state_reason=_status_text(mapping_of(state.get(current)).get("reason")) if current else "",
+        last_termination_reason=_status_text(terminated.get("reason")),
+        last_termination_exit_code=_status_int(terminated.get("exitCode")),
+        last_termination_finished_at=_status_text(terminated.get("finishedAt")),
+    )
 
 
 def _pod_labels(raw: Any) -> dict[str, str] | None:

@@ -107,6 +107,8 @@ def _pod_cells(pod: PodEvidence) -> list[str]:
     terminations = [_container_summary(c) for c in pod.containers if c.last_termination_reason or c.restart_count]
     owner = f"{pod.owner_kind}/{pod.owner_name}" if pod.owner_kind else NONE
     phase = pod.phase + (f" ({pod.reason})" if pod.reason else "")
+    if pod.deleted_at is not None:  # already being deleted at the failure (a pod stuck terminating shows here)
+        phase = f"{phase or NONE}, terminating"
     return [
         cut(f"{pod.namespace}/{pod.name}", 2 * 48),
         cut(owner, 64),

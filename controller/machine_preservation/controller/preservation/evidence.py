@@ -1,16 +1,15 @@
 """The evidence of a Failed machine's failure, kept in the shoot (core.evidence), and its removal.
 
-- `EvidenceKeeper.capture`, when a Failed machine's preservation is planned with a drain, reads in the background
-  what the evidence holds: first the pods on the node (one page; the cached pods are reduced to what a drain
-  reads), then the Node (one GET: the cached Node keeps only a few conditions), the Events about it (in `default`,
-  where the kubelet's and the node controller's go; pages up to a byte budget) and, from the Machine cache, MCM's
-  last operation. It writes the ConfigMap EVIDENCE_NAMESPACE/evidence_name(node), owned by the Node. Nothing of the
-  preservation waits for it but the first eviction, and only for the pods to be read (`pods_read`, at most
-  EVIDENCE_WAIT): they are what the drain changes. The Node's conditions and its Events are not, so they are read
-  (and the ConfigMap written) once the drain's outcome is written (`drain_over`, at most EVIDENCE_DEFER later):
-  the capture's requests do not compete with the evictions for the shoot's API server. The reconcile then points
-  the Node at the evidence (`settled`, `annotate`). A capture that fails is logged and told by a Warning Event on
-  the Node.
+- `EvidenceKeeper.capture`, when a Failed machine's preservation is planned with a drain, takes the pods on the
+  node from the drain's own watch of them, as they are before its first eviction (they are what the drain
+  changes). The rest is read once the drain's outcome is written (`drain_over`, at most EVIDENCE_DEFER later), so
+  that the capture's requests never compete with the evictions for the shoot's API server: the Node (one GET: the
+  cached Node keeps only a few conditions) and the Events about it (in `default`, where the kubelet's and the
+  node controller's go; pages up to a byte budget); MCM's last operation comes from the Machine cache. It writes
+  the ConfigMap EVIDENCE_NAMESPACE/evidence_name(node), owned by the Node, and the reconcile then points the Node
+  at it (`settled`, `annotate`). With MCM preserving (and draining) natively, there is no watch: the capture lists
+  the pods and reads the rest at once. Nothing of the preservation waits for it. A capture that fails is logged
+  and told by a Warning Event on the Node.
 - `EvidenceSweeper` looks at the evidence ConfigMaps every `core.evidence.sweep_period` and does what
   `core.evidence.plan_sweep` says: an expiry once the preservation ended, none while preserved again, deletion
   past the expiry.
@@ -23,7 +22,7 @@ import contextlib
 import datetime as dt
 import json
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
@@ -33,7 +32,7 @@ from machine_preservation.controller.machinery.events import NODE_EVENT_NAMESPAC
 from machine_preservation.core import evidence as e
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.clock import Clock, system_clock
-from machine_preservation.core.models import Machine, Node
+from machine_preservation.core.models import Machine, Node, Pod
 from machine_preservation.core.preservation_record import format_timestamp
 from machine_preservation.kube.api_errors import (
     NO_ANSWER,
@@ -50,14 +49,11 @@ from machine_preservation.kube.clients import MERGE_PATCH
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# How long the drain waits for the evidence's pods to be read before its first eviction. The read starts with the
-# plan and is one round trip to the shoot's API server, done while the plan's writes take several: the drain
-# rarely waits at all, and a slow API server delays it by no more than this (a drain that starts 2 s later is no
-# different to MCM, which waits minutes before it deletes a Failed machine). The preservation's own writes never
-# wait for it.
+# How long the reconcile waits, once the drain's outcome is written, for the capture to end before it points the
+# Node at the evidence (a later reconcile points at it otherwise).
 EVIDENCE_WAIT: Final = 2.0
-# How long the rest of a capture waits, after the pods were read, for the drain's outcome to be written: a drain
-# that takes longer (refused evictions, busy drain slots) does not hold the evidence back by more than this.
+# How long the rest of a capture waits for the drain's outcome to be written: a drain that takes longer (refused
+# evictions, busy drain slots) does not hold the evidence back by more than this.
 EVIDENCE_DEFER: Final = 2.0
 # Each request of a capture or a sweep: an answer later than this is not waited for.
 REQUEST_TIMEOUT: Final = 10.0
@@ -101,8 +97,9 @@ def _items_of(page: object) -> list[Any]:
 @dataclass
 class _Capture:
     node: str
-    deferred: bool  # the rest waits (at most EVIDENCE_DEFER) for `drain_over` once the pods are read
-    pods_read: asyncio.Event = field(default_factory=asyncio.Event)  # set once the pods were read (or could not be)
+    # The pods on the node from our drain's watch (the rest waits, at most EVIDENCE_DEFER, for `drain_over`), or
+    # None: listed at once.
+    pods: tuple[Pod, ...] | None
     drain_over: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[bool] | None = None  # True once the evidence is in the ConfigMap
     pointed: bool = False  # the Node was pointed at it (`annotate`)
@@ -120,22 +117,19 @@ class EvidenceKeeper:
     # How many captures have ended (written or not): the sweep looks again only after one did (EvidenceSweeper).
     ended: int = 0
 
-    def capture(self, key: str, *, machine: Machine, node: Node, since: dt.datetime, deferred: bool) -> None:
+    def capture(
+        self, key: str, *, machine: Machine, node: Node, since: dt.datetime, pods: Sequence[Pod] | None
+    ) -> None:
         """Start capturing the evidence of the machine's failure (once per preservation of its node; `since`: when
-        the preservation started; `deferred`: our drain follows, and the rest of the capture waits for it)."""
+        the preservation started; `pods`: those on the node as our drain's watch has them before its first
+        eviction, or None to list them)."""
         name = node.metadata.name
         if (known := self._captures.get(key)) is not None and known.node == name:
             return
-        capture = self._captures[key] = _Capture(node=name, deferred=deferred)
+        capture = self._captures[key] = _Capture(node=name, pods=None if pods is None else tuple(pods))
         task = capture.task = asyncio.create_task(self._capture(machine, node, since, capture), name=f"evidence-{name}")
         self._running.add(task)
         task.add_done_callback(self._running.discard)
-
-    async def pods_read(self, key: str, *, seconds: float) -> None:
-        """Until the machine's capture has read the pods on its node, at most `seconds` (it goes on afterwards)."""
-        if (known := self._captures.get(key)) is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(known.pods_read.wait(), timeout=seconds)
 
     def drain_over(self, key: str) -> None:
         """The drain's outcome is written: the rest of the machine's capture may go on."""
@@ -197,7 +191,6 @@ class EvidenceKeeper:
         try:
             return await self._read_and_write(machine, node, since, capture)
         finally:
-            capture.pods_read.set()
             self.ended += 1
 
     async def _read_and_write(self, machine: Machine, node: Node, since: dt.datetime, capture: _Capture) -> bool:
@@ -224,11 +217,13 @@ class EvidenceKeeper:
 
     async def _read(self, machine: Machine, node: str, capture: _Capture) -> e.Evidence:
         """What the API serves about the node, each read on its own (one that fails is named in `unavailable`):
-        the pods first, the rest once the drain is over (if `deferred`)."""
+        with the pods from our drain's watch, once the drain is over; else at once, the pods listed."""
         core = client.CoreV1Api(self.target)
-        pods_on_node, pods_error = await _attempt(_pods(core, node))
-        capture.pods_read.set()
-        if capture.deferred:
+        pods_on_node: Sequence[Pod] | None = capture.pods
+        pods_error = None
+        if pods_on_node is None:
+            pods_on_node, pods_error = await _attempt(_pods(core, node))
+        else:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(capture.drain_over.wait(), timeout=EVIDENCE_DEFER)
         (raw_node, node_error), (events, events_error) = await asyncio.gather(
@@ -241,7 +236,7 @@ class EvidenceKeeper:
             captured_at=self.clock(),
             node=raw_node,
             events=events,
-            pods=pods_on_node,
+            pods=pods_on_node or (),
             machine={
                 "metadata": {"name": machine.metadata.name},
                 "status": {"currentStatus": {"phase": machine.phase}, "lastOperation": machine.status.last_operation},
@@ -338,13 +333,13 @@ async def _events(core: client.CoreV1Api, node: str) -> list[Any]:
         token = continued
 
 
-async def _pods(core: client.CoreV1Api, node: str) -> list[Any]:
+async def _pods(core: client.CoreV1Api, node: str) -> list[Pod]:
     with api_call():
         response = await core.list_pod_for_all_namespaces_without_preload_content(
             field_selector=f"spec.nodeName={node}", limit=PODS_PAGE, _request_timeout=REQUEST_TIMEOUT
         )
         page, _ = await _read_bounded(response, PODS_BYTES)
-    return _items_of(page)
+    return e.pods_of(page)
 
 
 @dataclass

@@ -29,6 +29,7 @@ from machine_preservation.controller.preservation.evidence import EVIDENCE_WAIT,
 from machine_preservation.controller.preservation.reader import (
     DEPLOYMENT_INDEX,
     MACHINE_SET_INDEX,
+    POD_NODE_INDEX,
     CacheReader,
     NodePodReader,
     owner_name,
@@ -132,7 +133,7 @@ class MachineReconciler:
             plan = plan_native(machine=machine, node=node, config=self.config)
             if node is not None and (since := natively_preserved_since(machine, node, now=now)) is not None:
                 # MCM drains at once: captured as soon as seen, racing its evictions (best effort).
-                self.evidence.capture(key, machine=machine, node=node, since=since, deferred=False)
+                self.evidence.capture(key, machine=machine, node=node, since=since, pods=None)
         else:
             plan = plan_machine(
                 MachineContext(
@@ -151,8 +152,9 @@ class MachineReconciler:
         if plan.steps or plan.drain:
             logger.info("machine %s: %s", key, _describe(plan))
         if plan.drain is not None and plan.drain.record is not None and node is not None:
-            # Read while the plan's steps are written: the preservation does not wait for it.
-            self.evidence.capture(key, machine=machine, node=node, since=plan.drain.record.since, deferred=True)
+            # The pods as the drain's watch has them now, before its first eviction; the rest after the drain.
+            pods = self.node_pods.by_index(POD_NODE_INDEX, node.metadata.name)
+            self.evidence.capture(key, machine=machine, node=node, since=plan.drain.record.since, pods=pods)
         snap = Snapshot(machine=machine, node=node)
         await execute_machine_plan(writer=self.writer, snap=snap, steps=plan.steps, now=now)
         drain = plan.drain
@@ -170,19 +172,14 @@ class MachineReconciler:
         self, key: str, snap: Snapshot, node: Node, drain: p.DrainNode, *, now: dt.datetime
     ) -> None:
         """One drain attempt with its `alongside` steps written meanwhile, then what the core says its outcome
-        writes. The evidence's read of the pods is waited for (briefly) before the first eviction, and the Node
-        pointed at the evidence once the outcome is written: no other write to the Node is in flight then, and a
-        write before the drain would add a round trip to every preservation's way to drained."""
+        writes. The Node is pointed at the evidence once the outcome is written: no other write to the Node is in
+        flight then, and a write before the drain would add a round trip to every preservation's way to drained."""
         # Their writes and the evictions wait on different requests: the drain does not wait for them. The task
-        # holds no reconcile slot of its own, and lends none (the slot is the reconcile's task's). They start before
-        # the wait for the evidence's pods, so the node says it is being drained from the moment the drain is due.
+        # holds no reconcile slot of its own, and lends none (the slot is the reconcile's task's).
         alongside = asyncio.create_task(
             execute_machine_plan(writer=self.writer, snap=snap, steps=drain.alongside, now=now)
         )
         try:
-            if drain.evict:
-                async with self.slots.lent():
-                    await self.evidence.pods_read(key, seconds=EVIDENCE_WAIT)
             result = await self._drain(node, drain, max_evict_retries=snap.machine.spec.max_evict_retries)
         finally:
             async with self.slots.lent():
