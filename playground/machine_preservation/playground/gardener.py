@@ -404,6 +404,12 @@ class GardenerWalkthrough:
             row = next((line.split() for line in output.splitlines() if line.startswith(nodes[key] + " ")), [])
             if code != 0 or row[1:2] != [value]:
                 raise StepFailed(f"shoot {key}: `kubectl preservation list` must show {nodes[key]} with {value}")
+
+        async def pointed() -> bool:  # the evidence is written once the drain is over, the Node then pointed at it
+            _, found = await self.node_state("b", self.when_failed_preserved)
+            return v.PRESERVED_EVIDENCE_ANNOTATION in landscape.annotations_of(found)
+
+        await self.land.wait_for("shoot b: the failed node pointed at its evidence", pointed, limit=30)
         code, output = await self.land.kubectl(
             "preservation", "show", nodes["b"], kubeconfig=self.shoot("b").plane.kubeconfig, who="shoot b's SRE"
         )
