@@ -23,7 +23,7 @@ from pydantic.alias_generators import to_camel
 
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.conditions import shows_preservation
-from machine_preservation.core.models import ContainerStatus, Machine, Node, Pod
+from machine_preservation.core.models import ContainerStatus, Machine, Node, Pod, json_int
 
 EVIDENCE_VERSION: Final = 1
 
@@ -41,8 +41,6 @@ CONTAINER_LIMIT: Final = 20
 UNAVAILABLE_LIMIT: Final = 10
 # At most this many input items are looked at, so a hostile list of millions is cut before any sorting.
 SCAN_LIMIT: Final = 5000
-
-_INT64: Final = 2**63
 
 
 class EvidenceModel(BaseModel):
@@ -315,13 +313,6 @@ def _time(value: object) -> dt.datetime | None:
         return None
 
 
-def _int(value: object, default: _T) -> int | _T:
-    """A JSON integer within int64; `default` for anything else (bool is not one)."""
-    if isinstance(value, int) and not isinstance(value, bool) and -_INT64 <= value < _INT64:
-        return value
-    return default
-
-
 def _condition(raw: object, cutter: _Cutter) -> ConditionEvidence:
     def text(key: str, limit: int) -> str:
         return cutter.cut(_path(raw, key), limit)
@@ -346,7 +337,7 @@ def _event(raw: object, cutter: _Cutter) -> EventEvidence:
         type=cutter.cut(_path(raw, "type"), WORD_LIMIT),
         reason=cutter.cut(_path(raw, "reason"), WORD_LIMIT),
         message=cutter.cut(_path(raw, "message"), MESSAGE_LIMIT),
-        count=_int(_path(raw, "series", "count"), None) or _int(_path(raw, "count"), None) or 1,
+        count=json_int(_path(raw, "series", "count")) or json_int(_path(raw, "count")) or 1,
         first_time=first,
         last_time=_event_time(raw),
         source=cutter.cut(source, NAME_LIMIT),
@@ -360,7 +351,7 @@ def pods_of(listed: object) -> list[Pod]:
     pods = []
     for raw in _items(items, SCAN_LIMIT):
         try:
-            pods.append(Pod.model_validate(raw if isinstance(raw, Mapping) else {"metadata": None}))
+            pods.append(Pod.model_validate(raw))
         except ValidationError:
             continue
     return pods

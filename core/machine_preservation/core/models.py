@@ -456,7 +456,8 @@ def _status_text(value: Any) -> str:
     return value[:_STATUS_TEXT_LIMIT] if isinstance(value, str) else ""
 
 
-def _status_int(value: Any) -> int | None:
+def json_int(value: Any) -> int | None:
+    """A JSON integer within int64 (what Kubernetes serves), None for anything else (bool is not one)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63 else None
 
 
@@ -468,11 +469,11 @@ def _container_status(raw: Any, init: bool) -> ContainerStatus:
     return ContainerStatus(
         name=_status_text(item.get("name")),
         init=init,
-        restart_count=_status_int(item.get("restartCount")),
+        restart_count=json_int(item.get("restartCount")),
         state=current,
         state_reason=_status_text(mapping_of(state.get(current)).get("reason")) if current else "",
         last_termination_reason=_status_text(terminated.get("reason")),
-        last_termination_exit_code=_status_int(terminated.get("exitCode")),
+        last_termination_exit_code=json_int(terminated.get("exitCode")),
         last_termination_finished_at=_status_text(terminated.get("finishedAt")),
     )
 

@@ -97,11 +97,8 @@ def _items_of(page: object) -> list[Any]:
 @dataclass
 class _Capture:
     node: str
-    # The pods on the node from our drain's watch (the rest waits, at most EVIDENCE_DEFER, for `drain_over`), or
-    # None: listed at once.
-    pods: tuple[Pod, ...] | None
-    drain_over: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task[bool] | None = None  # True once the evidence is in the ConfigMap
+    task: asyncio.Task[bool]  # True once the evidence is in the ConfigMap
+    drain_over: asyncio.Event  # set by `drain_over`: a capture with the drain's pods reads the rest then
     pointed: bool = False  # the Node was pointed at it (`annotate`)
 
 
@@ -126,10 +123,12 @@ class EvidenceKeeper:
         name = node.metadata.name
         if (known := self._captures.get(key)) is not None and known.node == name:
             return
-        capture = self._captures[key] = _Capture(node=name, pods=None if pods is None else tuple(pods))
-        task = capture.task = asyncio.create_task(self._capture(machine, node, since, capture), name=f"evidence-{name}")
+        drain_over = asyncio.Event()
+        watched = None if pods is None else tuple(pods)
+        task = asyncio.create_task(self._capture(machine, node, since, watched, drain_over), name=f"evidence-{name}")
         self._running.add(task)
         task.add_done_callback(self._running.discard)
+        self._captures[key] = _Capture(node=name, task=task, drain_over=drain_over)
 
     def drain_over(self, key: str) -> None:
         """The drain's outcome is written: the rest of the machine's capture may go on."""
@@ -139,7 +138,7 @@ class EvidenceKeeper:
     async def settled(self, key: str, *, seconds: float) -> None:
         """Until the machine's capture is done, at most `seconds` (it goes on afterwards)."""
         known = self._captures.get(key)
-        if known is not None and known.task is not None and not known.task.done():
+        if known is not None and not known.task.done():
             await asyncio.wait([known.task], timeout=seconds)
 
     def written(self, key: str) -> bool:
@@ -187,16 +186,20 @@ class EvidenceKeeper:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def _capture(self, machine: Machine, node: Node, since: dt.datetime, capture: _Capture) -> bool:
+    async def _capture(
+        self, machine: Machine, node: Node, since: dt.datetime, pods: tuple[Pod, ...] | None, drain_over: asyncio.Event
+    ) -> bool:
         try:
-            return await self._read_and_write(machine, node, since, capture)
+            return await self._read_and_write(machine, node, since, pods, drain_over)
         finally:
             self.ended += 1
 
-    async def _read_and_write(self, machine: Machine, node: Node, since: dt.datetime, capture: _Capture) -> bool:
+    async def _read_and_write(
+        self, machine: Machine, node: Node, since: dt.datetime, pods: tuple[Pod, ...] | None, drain_over: asyncio.Event
+    ) -> bool:
         name = node.metadata.name
         try:
-            evidence = await self._read(machine, name, capture)
+            evidence = await self._read(machine, name, pods, drain_over)
             await self._write(node, evidence, since=since)
         except (Failed, *NO_ANSWER, TooBig, ValueError) as error:
             logger.warning("node %s: evidence of the failure not recorded: %s", name, error)
@@ -215,17 +218,20 @@ class EvidenceKeeper:
         logger.info("node %s: evidence of the failure recorded in %s", name, e.evidence_reference(name))
         return True
 
-    async def _read(self, machine: Machine, node: str, capture: _Capture) -> e.Evidence:
+    async def _read(
+        self, machine: Machine, node: str, pods: tuple[Pod, ...] | None, drain_over: asyncio.Event
+    ) -> e.Evidence:
         """What the API serves about the node, each read on its own (one that fails is named in `unavailable`):
-        with the pods from our drain's watch, once the drain is over; else at once, the pods listed."""
+        with `pods` from our drain's watch, once the drain is over (at most EVIDENCE_DEFER); else at once, the
+        pods listed."""
         core = client.CoreV1Api(self.target)
-        pods_on_node: Sequence[Pod] | None = capture.pods
+        pods_on_node: Sequence[Pod] | None = pods
         pods_error = None
         if pods_on_node is None:
             pods_on_node, pods_error = await _attempt(_pods(core, node))
         else:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(capture.drain_over.wait(), timeout=EVIDENCE_DEFER)
+                await asyncio.wait_for(drain_over.wait(), timeout=EVIDENCE_DEFER)
         (raw_node, node_error), (events, events_error) = await asyncio.gather(
             _attempt(_get(core.read_node_without_preload_content(node, _request_timeout=REQUEST_TIMEOUT))),
             _attempt(_events(core, node)),
