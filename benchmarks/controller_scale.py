@@ -221,6 +221,16 @@ async def watch_samples(api: Any, samples: dict[str, Sample], stop: asyncio.Even
     )
 
 
+async def evidence_without_expiry(core: Any) -> list[str]:
+    """The evidence ConfigMaps that have no expiry yet (their preservation has not been seen ended)."""
+    from machine_preservation.core import vocabulary as v
+
+    listed = await core.list_namespaced_config_map(v.EVIDENCE_NAMESPACE, label_selector=f"{v.EVIDENCE_LABEL}=true")
+    return [
+        item.metadata.name for item in listed.items if v.EVIDENCE_EXPIRES_KEY not in (item.metadata.annotations or {})
+    ]
+
+
 async def bench(args: argparse.Namespace, results: Results) -> None:
     from machine_preservation.kube.clients import new_api_client
     from machine_preservation.localcluster.controlplane import ControlPlane
@@ -368,13 +378,16 @@ async def bench(args: argparse.Namespace, results: Results) -> None:
         watcher = None
 
         # --- 4. steady state -------------------------------------------------------------------------------------
-        settle_deadline = time.monotonic() + 60
+        # The samples' last writes come after they stopped: the evidence sweep (every minute at the default
+        # 24 h grace) gives each sample's evidence its expiry. Steady state starts once that is done.
+        settle_deadline = time.monotonic() + 90
         previous_writes = -1.0
         while time.monotonic() < settle_deadline:  # until a 5 s stretch without writes and with empty queues
             await asyncio.sleep(5)
             flat = await reader.scrape()
             now_writes = writes(flat)[0]
-            if now_writes == previous_writes and total(flat, "machine_preservation_queue_depth") == 0:
+            settled = now_writes == previous_writes and total(flat, "machine_preservation_queue_depth") == 0
+            if settled and not await evidence_without_expiry(core):
                 break
             previous_writes = now_writes
         flat = await reader.scrape()

@@ -117,6 +117,10 @@ from scale_common import (
 
 POOL = "worker1"
 POOL_LABEL = "worker.gardener.cloud/pool"
+# What the floor (--floor) writes instead of the product's record, taint and condition.
+FLOOR_KEY = "benchmark.machine-preservation/floor"
+FLOOR_TAINT = {"key": FLOOR_KEY, "effect": "NoSchedule"}
+FLOOR_CONDITION = {"type": "BenchmarkFloor", "status": "True", "reason": "Floor", "message": "drained"}
 EXTENSION_TYPE = "machine-preservation"
 CONTROL_PLANE_HEALTHY = "ControlPlaneHealthy"
 SHOOT_ACCESS_SECRET = "shoot-access-machine-preservation"  # the name gardenlet's contract gives it
@@ -869,6 +873,8 @@ class Bench:
         self.stack.push_async_callback(_cancel, watcher)
         await asyncio.sleep(2)
         await self._run_samples(self.samples_a, "healthy")
+        if args.floor:
+            await self._floor(self.samples_a)
 
         # 4. steady state (ending after the shoots' first resync)
         window_start = time.monotonic()
@@ -1030,6 +1036,50 @@ class Bench:
             names[self.install.webhook.pid] = "webhook"
             names[self.install.seed_webhook.pid] = "seed webhook"
         return names
+
+    async def _floor(self, samples: list[Sample]) -> None:
+        """The requests of a preservation in its fastest order, sent by this script on warm connections and timed on
+        its clock, for another machine of each sample's shoot at the samples' pace: what the API servers alone take,
+        under the same load, for what the product must write before a sample counts as fully preserved. The writes
+        touch nothing the product acts on (an annotation, a taint and a condition of this script's own)."""
+
+        async def preserve(shoot: ShootSetup) -> float:
+            raw, node = self.raw_shoots[shoot.apiserver], shoot.machine(1)
+            started = time.time()
+            await self.raw_seed.patch(
+                f"/apis/{GROUP}/{VERSION}/namespaces/{shoot.namespace}/machines/{node}",
+                {"metadata": {"annotations": {FLOOR_KEY: str(started)}}},
+            )
+            await raw.patch(
+                f"/api/v1/nodes/{node}",
+                {"metadata": {"annotations": {FLOOR_KEY: str(started)}}, "spec": {"taints": [FLOOR_TAINT]}},
+            )
+            await asyncio.gather(
+                *(
+                    raw.create(
+                        f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}/eviction",
+                        {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod["metadata"]["name"]}},
+                    )
+                    for ns, pod in pods_of_node(node, self.args.pods_per_node)
+                    if ns != "kube-system"  # DaemonSet pods stay
+                )
+            )
+            await raw.request(
+                "PATCH",
+                f"/api/v1/nodes/{node}/status",
+                {"status": {"conditions": [FLOOR_CONDITION]}},
+                content_type="application/strategic-merge-patch+json",
+            )
+            return time.time() - started
+
+        tasks = []
+        for sample in samples:
+            shoot = next(s for s in self.shoots if s.namespace == sample.namespace)
+            tasks.append(asyncio.create_task(preserve(shoot)))
+            await asyncio.sleep(self.args.fail_interval)
+        times = list(await asyncio.gather(*tasks))
+        self.f["healthy_floor"] = times
+        log(f"[healthy] FLOOR (the same requests from this script, warm connections): {summary(times)}")
 
     async def _steady(self, phase: str, seconds: float, *, resync_at: float | None) -> None:
         assert self.reader is not None
@@ -1337,6 +1387,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pods-per-node", type=int, default=30)
     parser.add_argument("--shoot-apiservers", type=int, default=0, help="default: one per 10 shoots")
     parser.add_argument("--samples", type=int, default=60, help="failures in the healthy phase, spread over shoots")
+    parser.add_argument(
+        "--floor", action="store_true", help="after the healthy samples, time their requests sent by this script"
+    )
     parser.add_argument("--unreachable-samples", type=int, default=30, help="failures on reachable shoots meanwhile")
     parser.add_argument("--fail-interval", type=float, default=0.5, help="seconds between two failures")
     parser.add_argument("--preserve-timeout", default="15s", help="the pool's machinePreserveTimeout (in the Shoot)")
