@@ -25,6 +25,7 @@ from machine_preservation.kube.api_errors import (
     call,
     classify,
     ensure_ok,
+    ensure_success,
     is_failure,
     read_json,
 )
@@ -166,8 +167,10 @@ def test_a_bug_is_not_retryable(failure: Exception) -> None:
 class _Answer:
     def __init__(self, status: int, body: bytes = b'{"a": 1}') -> None:
         self.status, self.reason, self._body = status, "why", body
+        self.was_read = False
 
     async def read(self) -> bytes:
+        self.was_read = True
         return self._body
 
 
@@ -197,6 +200,17 @@ async def test_a_raw_answer_read() -> None:
     await ensure_ok(_Answer(200))
     with pytest.raises(NotFound):
         await ensure_ok(_Answer(404))
+
+
+async def test_an_answer_whose_body_nobody_needs_is_read_and_judged_by_its_status() -> None:
+    created, refused = _Answer(201), _Answer(429, b"budget")
+    await ensure_success(created)
+    assert created.was_read
+    with pytest.raises(TooManyRequests) as raised:
+        await ensure_success(refused)
+    assert (raised.value.status, raised.value.body, refused.was_read) == (429, "budget", True)
+    with pytest.raises(Failed):
+        await ensure_success(_Answer(302))
 
 
 async def test_call_returns_the_answer_or_raises_its_meaning() -> None:

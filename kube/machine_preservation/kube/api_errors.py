@@ -2,10 +2,11 @@
 controller, the webhook or the certificates manager tells apart has a meaning here, everything else is OTHER
 (kopf's `check_response` does the same), and `NO_ANSWER` is what a request raises when there was no answer.
 
-A request made `with api_call():` or awaited by `call(...)` (or an answer read by `read_json`/`ensure_ok`) raises
-the meaning as a type: `NotFound`, `Conflict`, `Gone`, `Invalid`, `TooManyRequests`, `Forbidden`, `Unavailable`,
-any other status as `Failed` (their base), and `NoAnswer`; callers catch meanings, not status codes. `Failed` is
-an `ApiException`, so a handler further up that catches any refusal keeps catching these."""
+A request made `with api_call():` or awaited by `call(...)` (or an answer read by `read_json`, `ensure_ok` or
+`ensure_success`) raises the meaning as a type: `NotFound`, `Conflict`, `Gone`, `Invalid`, `TooManyRequests`,
+`Forbidden`, `Unavailable`, any other status as `Failed` (their base), and `NoAnswer`; callers catch meanings, not
+status codes. `Failed` is an `ApiException`, so a handler further up that catches any refusal keeps catching
+these."""
 
 from __future__ import annotations
 
@@ -161,6 +162,14 @@ async def read_json(response: Any, *, absent: frozenset[ApiError] = frozenset({A
         return None
     await ensure_ok(response)
     return json.loads(await response.read())
+
+
+async def ensure_success(response: Any) -> None:
+    """Read a raw answer whose body nobody needs (so that its connection is reused); raise its typed error
+    (`Failed`) unless its status is a success (2xx)."""
+    body = await response.read()
+    if not 200 <= response.status < 300:
+        raise failed(response.status, response.reason, body.decode(errors="replace"))
 
 
 async def ensure_ok(response: Any) -> None:

@@ -40,7 +40,7 @@ from machine_preservation.kube.api_errors import (
     NotFound,
     TooManyRequests,
     api_call,
-    call,
+    ensure_success,
     read_json,
 )
 from machine_preservation.kube.backoff import Backoff
@@ -203,11 +203,12 @@ class _Evictions:
         async with self.at_once:
             try:
                 metadata = client.V1ObjectMeta(name=pod.name, namespace=pod.namespace)
-                await call(
-                    self.api.create_namespaced_pod_eviction(
-                        pod.name, pod.namespace, client.V1Eviction(metadata=metadata)
+                with api_call():  # read raw: only the answer's status matters
+                    await ensure_success(
+                        await self.api.create_namespaced_pod_eviction_without_preload_content(
+                            pod.name, pod.namespace, client.V1Eviction(metadata=metadata)
+                        )
                     )
-                )
                 self.answered.add((key, pod.uid))
                 logger.info("evicted %s from node %s", key, self.node)
             except NotFound:
