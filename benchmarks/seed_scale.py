@@ -41,6 +41,9 @@ Figures (on this script's clock):
    informer resync), so the window is placed to end 60 s after the shoots' first resync (unless --no-resync-window)
    and the resync's CPU is read from the 5 s timeline;
 5. RSS: VmHWM and VmRSS of the extension process;
+8. with --floor: after the healthy samples, at their pace, the requests a preservation must make before a sample
+   counts as fully preserved (Machine write, Node write, the node's evictions at once, the condition), sent by
+   this script on warm connections and timed on its clock: what the API servers alone take under the same load;
 7. with --hostile-nodes N: the last shoot, on an API server of its own, also has N Nodes of `--hostile-node-bytes`
    each (labels, annotations, True conditions with long messages, images), as a hostile shoot owner would make
    them. It is left out of the cold start's wait and the samples; reported: how it is reported (its condition,

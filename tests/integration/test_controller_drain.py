@@ -14,6 +14,7 @@ from kubernetes.aio import client
 
 from machine_preservation.controller.preservation.drain import POD_NODE_INDEX, Drainer
 from machine_preservation.controller.preservation.node_pods import NodePods
+from machine_preservation.controller.preservation.reader import PodsNotListed
 from machine_preservation.core.models import Pod
 from machine_preservation.kube.clients import new_api_client
 from machine_preservation.localcluster.controlplane import ControlPlane
@@ -226,6 +227,28 @@ async def test_a_pod_whose_eviction_was_accepted_is_not_evicted_again_while_the_
     assert not result.drained, "the lagging cache never shows them gone"
     assert sorted(evictions) == sorted(f"/api/v1/namespaces/{namespace}/pods/web-{i}/eviction" for i in range(5))
     assert {await pod_state(core, namespace, f"web-{i}") for i in range(5)} <= {"terminating", "gone"}
+
+
+async def test_a_nodes_pods_over_the_budget_are_not_cached_and_the_hold_says_why(
+    api: client.ApiClient, namespace: str, node_names: list[str]
+) -> None:
+    """A shoot owner can bind any number of pods to a node and let it fail: past the budget the node's watch keeps
+    nothing, and the reconcile's hold fails (retried with backoff) instead."""
+    core = client.CoreV1Api(api)
+    crowded, usual = await new_node(api, node_names, ready=False), await new_node(api, node_names, ready=False)
+    for index in range(12):
+        await running_pod(core, namespace, f"crowd-{index}", node=crowded)
+    await running_pod(core, namespace, "web", node=usual)
+    # Each pod counts as at least POD_MIN_BYTES (1 KiB): twelve cannot fit in 8 KiB, one does.
+    node_pods = NodePods(target=api, byte_budget=8 * 1024, list_limit=2.0)
+    try:
+        with pytest.raises(PodsNotListed, match="over the budget"):
+            await node_pods.hold("crowded", crowded)
+        assert node_pods.by_index(POD_NODE_INDEX, crowded) == []
+        await node_pods.hold("usual", usual)
+        assert [pod.name for pod in node_pods.by_index(POD_NODE_INDEX, usual)] == ["web"]
+    finally:
+        await node_pods.stop()
 
 
 async def test_the_refusing_budget_is_named_from_one_list_of_its_namespace_as_the_charts_controller(

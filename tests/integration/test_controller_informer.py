@@ -370,7 +370,7 @@ class RecordedLists:
         return await self.custom.list_namespaced_custom_object_without_preload_content(*args, **kwargs)
 
 
-async def list_by_bytes(lists: RecordedLists, namespace: str) -> Informer[Machine]:
+async def list_by_bytes(lists: RecordedLists, namespace: str, *, first_page_size: int = 1) -> Informer[Machine]:
     """An informer of the namespace's Machines, its pages of 1 to 50 objects sized to about 120 kB; synced."""
     informer = Informer(
         name="machines",
@@ -378,6 +378,7 @@ async def list_by_bytes(lists: RecordedLists, namespace: str) -> Informer[Machin
         parse=Machine.model_validate,
         page_size=50,
         page_bytes=120_000,
+        first_page_size=first_page_size,
     )
     async with running(informer):
         await asyncio.wait_for(informer.wait_synced(), 30)
@@ -418,6 +419,23 @@ async def test_a_page_far_over_its_bytes_is_asked_for_again_one_object_at_a_time
     assert lists.limits[:3] == [1, 50, 1], lists.limits
     assert max(lists.limits[3:]) <= 50
     assert lists.limits[-1] == 2, lists.limits
+
+
+async def test_a_first_page_of_many_objects_costs_one_round_trip_and_is_still_bounded_by_its_bytes(
+    api: client.ApiClient, namespace: str
+) -> None:
+    """A node's pods are listed from a first page of many: small objects come in one request, and big ones after
+    them still make the page dropped past twice its bytes and asked for again from one object."""
+    custom = client.CustomObjectsApi(api)
+    for i in range(6):
+        await create_machine(custom, namespace, f"a{i:02}")
+    lists = RecordedLists(api)
+    assert len(await list_by_bytes(lists, namespace, first_page_size=50)) == 6
+    assert lists.limits == [50]
+    await create_big_machines(api, namespace, [f"m{i:02}" for i in range(10)])
+    lists = RecordedLists(api)
+    assert len(await list_by_bytes(lists, namespace, first_page_size=50)) == 16
+    assert lists.limits[:2] == [50, 1], lists.limits
 
 
 async def test_objects_over_the_byte_budget_fail_the_informer_until_they_are_within_it(

@@ -150,6 +150,9 @@ class Informer(Generic[T]):
     # bytes (small objects, then big ones: 31 Nodes of 1.36 MB after 19 small ones, 140 MiB of memory) is dropped
     # unparsed and asked for again one object at a time.
     page_bytes: int | None = None
+    # With `page_bytes`, how many objects the first page asks for: 1 where a dropped page costs much (its size is not
+    # known yet), more where one round trip matters more than reading up to twice `page_bytes` once for nothing.
+    first_page_size: int = 1
     # Where set, how many bytes of JSON the objects may come to, as read: past it, listing or watching stops and
     # the informer fails (BudgetExceeded) until a re-list finds them within it. A page or an event is measured
     # before it is parsed.
@@ -299,7 +302,7 @@ class Informer(Generic[T]):
         sizes: dict[str, int] = {}
         token: str | None = None
         resource_version = ""
-        limit = self.page_size if self.page_bytes is None else 1
+        limit = self.page_size if self.page_bytes is None else self.first_page_size
         listed = 0
         while True:
             kwargs: dict[str, Any] = {"limit": limit}

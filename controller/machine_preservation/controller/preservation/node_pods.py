@@ -9,6 +9,11 @@ machine no longer needs it (not failed, gone, or another node); a node held by n
 
 Reads go through the `reader.NodePodReader` protocol, the shape the drain reads pods in
 (`by_index(POD_NODE_INDEX, node)`).
+
+A shoot owner can bind any number of pods of any size to a node (`spec.nodeName` needs no kubelet) and let the
+node fail. Each node's watch therefore reads its list in pages of about POD_PAGE_BYTES and stops following the node
+while its pods come to more than `byte_budget` bytes of JSON as read (the reconcile's `hold` then fails with
+PodsNotListed and is retried with backoff): one node's pods never take the memory every shoot is served from.
 """
 
 from __future__ import annotations
@@ -23,9 +28,24 @@ from kubernetes.aio import client
 
 from machine_preservation.controller.preservation.reader import POD_NODE_INDEX, PodsNotListed
 from machine_preservation.core.models import Pod
+from machine_preservation.kube.backoff import Backoff
 from machine_preservation.kube.informer import Handler, Informer, Source
 
 logger = logging.getLogger(__name__)
+
+# A list page of a node's pods is read and parsed whole: about this many bytes (a pod is 2-20 KiB of JSON; a
+# hostile one up to etcd's 1.5 MiB). The first page asks for POD_FIRST_PAGE pods at once: a node's usual pods come
+# in one round trip (the reconcile waits for them), and a page of more than twice POD_PAGE_BYTES is dropped
+# unread past that and asked for again one pod at a time.
+POD_PAGE_BYTES = 4 * 2**20
+POD_FIRST_PAGE = 500
+# What one node's pods may come to, as read: ~1,000 pods of 16 KiB (a kubelet runs at most a few hundred), each
+# counted as at least POD_MIN_BYTES, so at most 16,384 pods (825 bytes each cached) however small they are made.
+POD_BYTES_PER_NODE = 16 * 2**20
+POD_MIN_BYTES = 2**10
+# A node whose pods stay over the budget is listed again after 30 s, then twice as long each time, at most every
+# 5 minutes: each attempt reads up to the budget.
+POD_BUDGET_BACKOFF = Backoff(base=30.0, cap=300.0)
 
 
 @dataclass
@@ -47,6 +67,7 @@ class NodePods:
     resync_period: float = 600.0
     # How long a reconcile waits for a new watch's first list before it is retried (PodsNotListed).
     list_limit: float = 10.0
+    byte_budget: int = POD_BYTES_PER_NODE
     _handlers: list[Handler[Pod]] = field(default_factory=list)
     _watches: dict[str, _Watch] = field(default_factory=dict)  # node name -> its watch
     _held: dict[str, str] = field(default_factory=dict)  # owner (a machine key) -> the node it holds
@@ -136,6 +157,12 @@ class NodePods:
             ),
             parse=Pod.model_validate,
             resync_period=self.resync_period,
+            page_size=POD_FIRST_PAGE,
+            page_bytes=POD_PAGE_BYTES,
+            first_page_size=POD_FIRST_PAGE,
+            byte_budget=self.byte_budget,
+            min_object_bytes=POD_MIN_BYTES,
+            budget_backoff=POD_BUDGET_BACKOFF,
         )
         for handler in self._handlers:
             informer.add_handler(handler)
