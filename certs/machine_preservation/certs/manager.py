@@ -436,4 +436,5 @@ class CertificateManager:
                 until_due = (result.next_check - self._clock()).total_seconds()
                 delay = max(0.0, min(until_due, self.settings.resync.total_seconds()))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=delay)
+                async with asyncio.timeout(delay):
+                    await stop.wait()

@@ -46,7 +46,7 @@ from machine_preservation.core.gardener import shoot_resources
 from machine_preservation.core.gardener.cluster import (
     ClusterView,
 )
-from machine_preservation.kube.api_errors import Failed, NoAnswer, NotFound, call
+from machine_preservation.kube.api_errors import Failed, NoAnswer, NotFound, api_call
 from machine_preservation.kube.backoff import Backoff
 from machine_preservation.kube.clients import MERGE_PATCH, new_api_client
 from machine_preservation.kube.informer import Informer, Source
@@ -239,16 +239,15 @@ class SeedController:
                 try:
                     # A merge patch needs no resourceVersion; the client sends a plain JSON body as it is. No
                     # request may outlast the period: an unanswered one must not stop the renewals for good.
-                    await call(
-                        asyncio.wait_for(
-                            api.patch_namespaced_lease(
+                    with api_call():
+                        async with asyncio.timeout(period):
+                            await api.patch_namespaced_lease(
                                 contract.HEARTBEAT_LEASE_NAME, namespace, body, _content_type=MERGE_PATCH
-                            ),
-                            period,
-                        )
-                    )
+                            )
                 except NotFound:
-                    await call(asyncio.wait_for(api.create_namespaced_lease(namespace, body), period))  # type: ignore[arg-type]
+                    with api_call():
+                        async with asyncio.timeout(period):
+                            await api.create_namespaced_lease(namespace, body)  # type: ignore[arg-type]
             except Failed as error:
                 logger.warning("cannot renew the heartbeat Lease: %s %s", error.status, error.reason)
             except NoAnswer as error:

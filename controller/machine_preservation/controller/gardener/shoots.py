@@ -221,7 +221,8 @@ class ShootSupervisor:
             delay = max(self.backoff.delay(failures), self.backoff.base)
             logger.info("%s: %s; next attempt in %.0f s", shoot.namespace, shoot.problem, delay)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(shoot.halt.wait(), timeout=delay)
+                async with asyncio.timeout(delay):
+                    await shoot.halt.wait()
 
     async def _run_once(self, shoot: _Shoot, restart: asyncio.Event) -> Outcome:
         target = await self._shoot_client(shoot.namespace, shoot.kubeconfig_secret)

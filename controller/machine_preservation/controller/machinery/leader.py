@@ -35,7 +35,7 @@ from kubernetes.aio.leaderelection.leaderelectionrecord import LeaderElectionRec
 from kubernetes.aio.leaderelection.resourcelock.leaselock import LeaseLock
 
 from machine_preservation.core.clock import system_clock
-from machine_preservation.kube.api_errors import NO_ANSWER, Conflict, Failed, NoAnswer, call
+from machine_preservation.kube.api_errors import NO_ANSWER, Conflict, Failed, NoAnswer, api_call, call
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +100,8 @@ class _LeaseLock(LeaseLock):
 
     async def get(self, name: str, namespace: str) -> tuple[bool, Any]:
         try:
-            return await asyncio.wait_for(super().get(name, namespace), self.request_timeout)
+            async with asyncio.timeout(self.request_timeout):
+                return await super().get(name, namespace)
         except NO_ANSWER as error:
             logger.warning("could not read the lease %s/%s: %r", namespace, name, error)
             return False, ApiException(status=0, reason=f"no answer: {error!r}")
@@ -108,7 +109,8 @@ class _LeaseLock(LeaseLock):
     async def update(self, name: str, namespace: str, updated_record: LeaderElectionRecord) -> bool:
         sent = asyncio.get_running_loop().time()
         try:
-            updated = await asyncio.wait_for(super().update(name, namespace, updated_record), self.request_timeout)
+            async with asyncio.timeout(self.request_timeout):
+                updated = await super().update(name, namespace, updated_record)
         except NO_ANSWER as error:
             logger.warning("could not renew the lease %s/%s: %r", namespace, name, error)
             return False
@@ -120,9 +122,9 @@ class _LeaseLock(LeaseLock):
         body = client.V1Lease(metadata=client.V1ObjectMeta(name=name), spec=self.update_lease(election_record))
         sent = asyncio.get_running_loop().time()
         try:
-            await call(
-                asyncio.wait_for(self.api_instance.create_namespaced_lease(namespace, body), self.request_timeout)
-            )
+            with api_call():
+                async with asyncio.timeout(self.request_timeout):
+                    await self.api_instance.create_namespaced_lease(namespace, body)
         except Failed as error:
             logger.info("could not create the lease %s/%s: %s %s", namespace, name, error.status, error.reason)
             return False

@@ -231,7 +231,8 @@ class EvidenceKeeper:
             pods_on_node, pods_error = await _attempt(_pods(core, node))
         else:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(drain_over.wait(), timeout=EVIDENCE_DEFER)
+                async with asyncio.timeout(EVIDENCE_DEFER):
+                    await drain_over.wait()
         (raw_node, node_error), (events, events_error) = await asyncio.gather(
             _attempt(_get(core.read_node_without_preload_content(node, _request_timeout=REQUEST_TIMEOUT))),
             _attempt(_events(core, node)),

@@ -98,7 +98,8 @@ class NodePods:
         if informer.synced:
             return
         try:
-            await asyncio.wait_for(informer.wait_synced(), timeout=self.list_limit)
+            async with asyncio.timeout(self.list_limit):
+                await informer.wait_synced()
         except TimeoutError:
             raise PodsNotListed(node, informer.failing) from None
 
