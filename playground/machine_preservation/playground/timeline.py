@@ -106,7 +106,8 @@ class Timeline:
         while not stopping.is_set():
             await self.observe()
             try:
-                await asyncio.wait_for(stopping.wait(), timeout=self.interval)
+                async with asyncio.timeout(self.interval):
+                    await stopping.wait()
             except TimeoutError:
                 continue
 
