@@ -284,7 +284,6 @@ def machine_reconciler(
         drainer=Drainer(target=api, pods=node_pods),
         live_nodes=LiveNodes(target=api),
         node_pods=node_pods,
-        evidence=EvidenceKeeper(target=api, recorder=recorder),
         metrics=Metrics(),
-        **{"config": PreservationConfig(), **options},
+        **{"config": PreservationConfig(), "evidence": EvidenceKeeper(target=api, recorder=recorder), **options},
     )

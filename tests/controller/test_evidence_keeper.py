@@ -152,6 +152,7 @@ async def test_the_pointer_waits_for_a_hanging_capture_no_longer_than_its_bound(
         await asyncio.wait_for(keeper.settled("ns/m", seconds=0.05), 5)  # returns though nothing answers
         assert not keeper.written("ns/m")
         assert await keeper.annotate("ns/m", NODE, version="10") is None, "nothing to point at yet"
+        assert keeper.unpointed("ns/m"), "owed once the capture is written"
         await keeper.stop()
 
 
@@ -288,6 +289,7 @@ async def test_a_refused_write_is_told_by_a_warning_event_and_never_raised() -> 
         assert event["involvedObject"]["name"] == "n"
         assert "403" in event["message"]
         assert await keeper.annotate("ns/m", NODE, version="10") is None
+        assert not keeper.unpointed("ns/m"), "nothing written: no pointer owed"
 
 
 async def test_the_node_is_pointed_at_its_evidence_once_at_the_version_given() -> None:
@@ -318,10 +320,13 @@ async def test_a_node_changed_meanwhile_is_pointed_at_by_a_later_reconcile() -> 
         keeper = keeper_of(api)
         await captured(keeper)
         assert await keeper.annotate("ns/m", NODE, version="10") is None
+        assert keeper.unpointed("ns/m"), "still owed: the reconcile comes back for it"
         fake.answer("PATCH", "/api/v1/nodes/n", 500, {"kind": "Status", "code": 500})
         assert await keeper.annotate("ns/m", NODE, version="12") is None  # refused: the preservation goes on
+        assert keeper.unpointed("ns/m")
         fake.answer("PATCH", "/api/v1/nodes/n", 200, {"metadata": {"name": "n", "resourceVersion": "13"}})
         assert await keeper.annotate("ns/m", NODE, version="12") == "13"
+        assert not keeper.unpointed("ns/m")
 
 
 def listed(name: str, node: str, *, expires: str | None = None, owner: str | None = None) -> dict[str, Any]:

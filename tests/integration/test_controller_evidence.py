@@ -1,24 +1,34 @@
 """The evidence of a failure (issue #31 ask 3) through the whole controller on the real API server, as the chart's
 controller identity: a Failed machine's preservation records its node's conditions, Events, pods and MCM's last
-operation in kube-system, owned by the Node and pointed at from it; bounded whatever the pods hold; given an expiry
-once the preservation ended and deleted after the grace period; and a capture the controller may not write is
-told by a Warning Event while the preservation goes on."""
+operation in kube-system, owned by the Node and pointed at from it (by a later reconcile when the Node changed
+under the first pointer); bounded whatever the pods hold; given an expiry once the preservation ended and deleted
+after the grace period; and a capture the controller may not write is told by a Warning Event while the
+preservation goes on."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
-from machine_preservation.controller.machinery.events import NODE_EVENT_NAMESPACE
+from machine_preservation.controller.machinery.events import NODE_EVENT_NAMESPACE, EventRecorder
+from machine_preservation.controller.preservation.caches import new_caches
+from machine_preservation.controller.preservation.evidence import EvidenceKeeper
+from machine_preservation.controller.preservation.node_pods import NodePods
+from machine_preservation.controller.preservation.reconcile import POINTER_RETRY
 from machine_preservation.core import evidence as e
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.mcm_generation import NativePreservationMode
+from machine_preservation.core.models import Node
 from machine_preservation.core.preservation_record import format_timestamp
+from machine_preservation.kube.clients import new_api_client
 from machine_preservation.localcluster.controlplane import ControlPlane
 from tests.controller.running import chart_identity, running_controller
 from tests.controller.support import (
@@ -28,6 +38,7 @@ from tests.controller.support import (
     events_about,
     is_preserved,
     machine_model,
+    machine_reconciler,
     new_node,
     read_node_model,
     running_pod,
@@ -182,6 +193,74 @@ async def test_a_failed_machines_evidence_is_recorded_pointed_at_and_removed_aft
             assert (await core.read_namespaced_config_map(foreign, v.EVIDENCE_NAMESPACE)).metadata.name == foreign
     finally:
         await core.delete_namespaced_config_map(foreign, v.EVIDENCE_NAMESPACE)
+        await delete_evidence(api, node)
+
+
+@dataclass
+class MeddledKeeper(EvidenceKeeper):
+    """An evidence keeper before whose first pointer write someone else writes the Node (a kubelet, MCM)."""
+
+    meddle: Callable[[], Awaitable[None]] | None = None
+
+    async def annotate(self, key: str, node: Node, *, version: str) -> str | None:
+        if self.meddle is not None:
+            meddle, self.meddle = self.meddle, None
+            await meddle()
+        return await super().annotate(key, node, version=version)
+
+
+async def test_a_node_changed_under_the_first_pointer_is_pointed_at_by_a_later_reconcile(
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, node_names: list[str]
+) -> None:
+    """The drain's reconcile points the Node at its evidence at the version it last wrote; when the Node changed
+    meanwhile that write is refused, and the reconcile comes back soon and points it then (it did not, before: the
+    walkthrough's Node stayed without its pointer under a busy machine)."""
+    core = client.CoreV1Api(api)
+    node = await new_node(api, node_names, ready=False)
+    await failed_machine(api, namespace, node)
+    key = f"{namespace}/m"
+
+    async def meddle() -> None:
+        await core.patch_node(node, {"metadata": {"annotations": {"meddled": "yes"}}})
+
+    product = await new_api_client(
+        kubeconfig=await chart_identity(control_plane.kubeconfig, namespace, leader_election=False)
+    )
+    caches = new_caches(control=product, target=product, namespace=namespace, resync_period=600)
+    tasks = [asyncio.create_task(informer.run()) for informer in caches.owned]
+    node_pods = NodePods(target=product)
+    recorder = EventRecorder(control=product, target=product, machine_namespace=namespace, instance="test")
+    keeper = MeddledKeeper(target=product, recorder=recorder, meddle=meddle)
+    reconciler = machine_reconciler(product, namespace, caches=caches, node_pods=node_pods, evidence=keeper)
+    try:
+        async with asyncio.timeout(30):
+            await asyncio.gather(*(informer.wait_synced() for informer in caches.all))
+        requeues = []
+        for _ in range(10):  # the preservation's writes, its drain and outcome, a few reconciles apart
+            requeues.append(await reconciler.reconcile(key))
+            if keeper.meddle is None:
+                break
+            await asyncio.sleep(0.2)
+        assert keeper.meddle is None, "the drain's reconcile wrote the pointer"
+        assert requeues[-1] is not None
+        assert requeues[-1] <= POINTER_RETRY, "back soon: the pointer is owed"
+        found = await read_node_model(core, node)
+        assert v.PRESERVED_EVIDENCE_ANNOTATION not in found.metadata.annotations, "refused: the Node changed"
+        assert found.metadata.annotations.get("meddled") == "yes"
+
+        async def pointed() -> bool:  # once the cache has the Node as it is now, a reconcile points it
+            await reconciler.reconcile(key)
+            found = await read_node_model(core, node)
+            return found.metadata.annotations.get(v.PRESERVED_EVIDENCE_ANNOTATION) == e.evidence_reference(node)
+
+        await eventually_async(pointed, limit=30)
+        assert not keeper.unpointed(key)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await node_pods.stop()
+        await product.close()
         await delete_evidence(api, node)
 
 

@@ -151,6 +151,11 @@ class EvidenceKeeper:
         sweep removes what it wrote)."""
         self._captures.pop(key, None)
 
+    def unpointed(self, key: str) -> bool:
+        """The machine's capture is written (or still going on) and its Node not pointed at it yet."""
+        known = self._captures.get(key)
+        return known is not None and not known.pointed and (not known.task.done() or self.written(key))
+
     async def annotate(self, key: str, node: Node, *, version: str) -> str | None:
         """Point the Node at its evidence (PRESERVED_EVIDENCE_ANNOTATION) once it is written, at the Node's
         `version`; returns the Node's new resourceVersion, or None when nothing was written (not written yet,

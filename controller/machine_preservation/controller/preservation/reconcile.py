@@ -56,6 +56,8 @@ logger = logging.getLogger(__name__)
 
 # MCM's eviction retry interval: the default number of 429 retries is the drain timeout / 20s.
 EVICTION_RETRY_INTERVAL = dt.timedelta(seconds=20)
+# How soon a Failed machine's reconcile comes again while its Node is still to be pointed at its evidence.
+POINTER_RETRY = dt.timedelta(seconds=5)
 
 # The pool's machinePreserveTimeout for a machine, where one is known (None: the configured default).
 PoolTimeout = Callable[[Machine], dt.timedelta | None]
@@ -111,7 +113,8 @@ class MachineReconciler:
     async def reconcile(self, key: str) -> dt.timedelta | None:
         """Plan once and execute the plan's steps; if it has a drain, drain (writing the drain's `alongside` steps
         meanwhile), ask the core what the outcome writes and execute that once. Returns when to look again: the
-        plan's time, or soon when the drain must wait for a free slot."""
+        plan's time, or sooner when the drain must wait for a free slot or the Node's pointer to its evidence is
+        owed."""
         machine = self.caches.machines.get(key)
         if machine is None:
             self.node_pods.release(key)
@@ -155,18 +158,45 @@ class MachineReconciler:
             # The pods as the drain's watch has them now, before its first eviction; the rest after the drain.
             pods = self.node_pods.by_index(POD_NODE_INDEX, node.metadata.name)
             self.evidence.capture(key, machine=machine, node=node, since=plan.drain.record.since, pods=pods)
+        return await self._execute(key, plan, machine, node, now=now)
+
+    async def _execute(
+        self, key: str, plan: p.MachinePlan, machine: Machine, node: Node | None, *, now: dt.datetime
+    ) -> dt.timedelta | None:
+        """The plan's steps, then its drain (or, with none, a pointer to the evidence still owed); when to look
+        again."""
         snap = Snapshot(machine=machine, node=node)
         await execute_machine_plan(writer=self.writer, snap=snap, steps=plan.steps, now=now)
         drain = plan.drain
         if drain is None:
-            return plan.requeue_after
+            if node is not None and not plan.steps and self._pointer_owed(key, machine):
+                await self._point_at_evidence(key, snap, node, wait=0.0)
+            return self._look_again(key, plan.requeue_after, owed=self._pointer_owed(key, machine))
         assert node is not None, "the core drains only a Node it was given"
         if not self._drain_slot_free(node):
             await execute_machine_plan(writer=self.writer, snap=snap, steps=drain.alongside, now=now)
             logger.info("machine %s: drain deferred (slots busy); again in %s", key, self.drain_deferral)
             return self.drain_deferral
         await self._drain_and_write_outcome(key, snap, node, drain, now=now)
-        return plan.requeue_after
+        return self._look_again(key, plan.requeue_after, owed=self.evidence.unpointed(key))
+
+    def _pointer_owed(self, key: str, machine: Machine) -> bool:
+        """The machine is preserved, Failed, and its Node still to be pointed at the evidence captured: the drain's
+        reconcile could not (the capture took longer, the Node changed meanwhile, no answer)."""
+        return (
+            not (self.native or self.released)
+            and machine.phase == v.MachinePhase.FAILED
+            and machine.preservation is not None
+            and self.evidence.unpointed(key)
+        )
+
+    def _look_again(self, key: str, requeue: dt.timedelta | None, *, owed: bool) -> dt.timedelta | None:
+        """The plan's time to look again, or sooner while the Node's pointer to its evidence is owed (a change of
+        the Node brings the machine back as well, but a capture that ends does not)."""
+        if not owed:
+            return requeue
+        logger.debug("machine %s: its node is not pointed at its evidence yet; again in %s", key, POINTER_RETRY)
+        return POINTER_RETRY if requeue is None else min(requeue, POINTER_RETRY)
 
     async def _drain_and_write_outcome(
         self, key: str, snap: Snapshot, node: Node, drain: p.DrainNode, *, now: dt.datetime
@@ -199,14 +229,15 @@ class MachineReconciler:
         )
         await execute_machine_plan(writer=self.writer, snap=snap, steps=after.steps, now=ended)
         self.evidence.drain_over(key)
-        await self._point_at_evidence(key, snap, node)
+        await self._point_at_evidence(key, snap, node, wait=EVIDENCE_WAIT)
 
-    async def _point_at_evidence(self, key: str, snap: Snapshot, node: Node) -> None:
-        """The Node's pointer to its evidence, once written (waited for briefly: the capture's reads of the Node
-        and its Events wait for the drain's outcome), at the snapshot's resourceVersion (which it advances, so the
-        plan's later writes still apply)."""
-        async with self.slots.lent():
-            await self.evidence.settled(key, seconds=EVIDENCE_WAIT)
+    async def _point_at_evidence(self, key: str, snap: Snapshot, node: Node, *, wait: float) -> None:
+        """The Node's pointer to its evidence, once written (waited for up to `wait` seconds: the capture's reads of
+        the Node and its Events wait for the drain's outcome), at the snapshot's resourceVersion (which it advances,
+        so the plan's later writes still apply)."""
+        if wait > 0:
+            async with self.slots.lent():
+                await self.evidence.settled(key, seconds=wait)
         version = await self.evidence.annotate(key, node, version=snap.node_version)
         if version is not None:
             snap.node_version = version
