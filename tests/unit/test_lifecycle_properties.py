@@ -306,7 +306,7 @@ def test_a_converged_node_tells_exactly_the_preservation(s: dict[str, Any]) -> N
     before = s["machine"]
     assume(before.phase != "Terminating" and before.metadata.deletion_timestamp is None)  # MCM's deletion flow's
     # A restored machine MCM has not placed again: the plan waits, writing nothing.
-    settling = before.preservation is not None and before.preservation.since < before.metadata.creation_timestamp
+    settling = before.preservation is not None and before.preservation.since <= before.metadata.creation_timestamp
     assume(not (settling and before.phase in ("", "Pending", "Unknown")))
     _, m, n = run(s)
     assert n is not None

@@ -694,6 +694,25 @@ def test_a_restored_preservation_waits_until_mcm_has_placed_the_machine(phase: s
     assert result.requeue_after == KEPT - NOW
 
 
+@pytest.mark.parametrize("phase", ["", PENDING, UNKNOWN])
+def test_a_preservation_restored_within_the_second_it_started_waits_too(phase: str) -> None:
+    # Preserved, migrated and re-created within one second (the e2e migration on a busy machine): the record's start
+    # and the object's creation are the same whole second, and the record may well predate the object.
+    restored = machine(
+        phase=phase,
+        last_applied="when-failed",
+        expiry=KEPT,
+        created=NOW - HOUR,
+        since=NOW - HOUR,
+        drain=DrainRecord(outcome=v.DrainOutcome.DRAINED),
+        **ours(),
+    )
+    result = plan(restored, node(tainted=True, preserve="when-failed", **preserved_running_node()))
+    assert not removes_the_record(result)
+    assert result.steps == ()
+    assert result.requeue_after == KEPT - NOW
+
+
 def test_a_restored_machine_mcm_finds_failed_again_stays_preserved_as_it_was() -> None:
     restored = machine(
         phase=FAILED,

@@ -334,9 +334,10 @@ def _restored_until_settled(machine: Machine, config: PreservationConfig, now: d
     control-plane migration: the record predates the object) and that MCM has not placed again (no phase, Pending
     or Unknown): the expiry, until which the plan waits. A `when-failed` machine restored while Failed passes
     through those phases before MCM finds it Failed again; read as a recovery they would end its preservation.
-    None: nothing to wait for."""
+    Both times are whole seconds: a record of the object's own second may predate it (preserved, then moved within
+    that second), and is waited for too. None: nothing to wait for."""
     record, created = machine.preservation, machine.metadata.creation_timestamp
-    if record is None or record.damaged or created is None or record.since >= created:
+    if record is None or record.damaged or created is None or record.since > created:
         return None
     expiry = record.expiry(max_timeout=config.max_preserve_timeout)
     return expiry if machine.phase in _SETTLING and expiry > now else None
