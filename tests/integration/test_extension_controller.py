@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import datetime as dt
 import re
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -100,14 +99,15 @@ def ca_pem() -> bytes:
     return new_ca_pem("test-webhook-ca")
 
 
-async def installed_extension(seed: ControlPlane, api: client.ApiClient, ca_pem: bytes, **options: Any) -> SeedOptions:
+async def installed_extension(
+    seed: ControlPlane, api: client.ApiClient, ca_pem: bytes, directory: Path, **options: Any
+) -> SeedOptions:
     """The extension's namespace, the certs manager's Secret and the seed chart's ServiceAccount with the RBAC the
     chart ships; the options of an extension process running as that ServiceAccount (never as an administrator),
-    `options` overriding them."""
+    `options` overriding them. Its chart and kubeconfig go to `directory` (a test's own, which pytest removes)."""
     namespace = f"extension-machine-preservation-{uuid.uuid4().hex[:6]}"
     core = client.CoreV1Api(api)
     await core.create_namespace({"metadata": {"name": namespace}})  # type: ignore[arg-type]
-    directory = Path(tempfile.mkdtemp(prefix="extension-"))
     documents = await asyncio.to_thread(
         seed_install.render,
         ensure_toolchain().helm,
@@ -156,10 +156,10 @@ async def installed_extension(seed: ControlPlane, api: client.ApiClient, ca_pem:
 
 @contextlib.asynccontextmanager
 async def running_extension(
-    seed: ControlPlane, api: client.ApiClient, ca_pem: bytes, **options: Any
+    seed: ControlPlane, api: client.ApiClient, ca_pem: bytes, directory: Path, **options: Any
 ) -> AsyncIterator[Extension]:
     """The extension process of an `installed_extension`, in this event loop; `options` override SeedOptions."""
-    seed_options = await installed_extension(seed, api, ca_pem, **options)
+    seed_options = await installed_extension(seed, api, ca_pem, directory, **options)
     namespace = seed_options.namespace
     core = client.CoreV1Api(api)
     controller = SeedController(options=seed_options)
@@ -180,8 +180,10 @@ async def running_extension(
 
 
 @pytest.fixture
-async def extension(seed: ControlPlane, api: client.ApiClient, ca_pem: bytes) -> AsyncIterator[Extension]:
-    async with running_extension(seed, api, ca_pem) as running:
+async def extension(
+    seed: ControlPlane, api: client.ApiClient, ca_pem: bytes, tmp_path: Path
+) -> AsyncIterator[Extension]:
+    async with running_extension(seed, api, ca_pem, tmp_path / "extension") as running:
         yield running
 
 
@@ -289,7 +291,7 @@ async def test_a_slow_shoot_api_server_is_reported_until_it_answers_in_time_agai
     probe = ApiServerProbe(period=0.5, slow_answer=1.0, timeout=10.0)
     async with (
         new_shoot(seed, api, tmp_path) as shoot,
-        running_extension(seed, api, ca_pem, shoot_probe=probe) as extension,
+        running_extension(seed, api, ca_pem, tmp_path / "extension", shoot_probe=probe) as extension,
     ):
         # The extension reaches the shoot's API server, at its Service's name, through a proxy that can pass its
         # answers on late.

@@ -13,6 +13,7 @@ import asyncio
 import datetime as dt
 import json
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -26,6 +27,7 @@ import yaml
 from kubernetes import client, config
 
 from machine_preservation.certs.authority import generate_ca
+from machine_preservation.cli.kubectl.outcomes import ExitCode
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.evidence import build_evidence, evidence_name, pods_of, to_json
@@ -327,13 +329,19 @@ def test_list_shows_marked_and_preserved_nodes_with_every_column(env: Env) -> No
     assert "machine-list-auto" in wide
 
 
-def test_list_watch_prints_a_row_again_when_the_node_changes(env: Env) -> None:
-    node = env.create_node("watched", {P: "when-failed"})
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_list_watch_prints_a_row_again_when_the_node_changes_and_a_stop_leaves_no_key_behind(
+    env: Env, tmp_path: Path, stop: signal.Signals
+) -> None:
+    node = env.create_node(f"watched-{stop.value}", {P: "when-failed"})
+    temporary = tmp_path / "tmp"  # where the kubernetes client copies the kubeconfig's key and certificates
+    temporary.mkdir()
     process = subprocess.Popen(
         [*PLUGIN, "list", "--watch", f"--kubeconfig={env.kubeconfigs['sre']}"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "TMPDIR": str(temporary)},
     )
     try:
         assert process.stdout is not None
@@ -348,9 +356,12 @@ def test_list_watch_prints_a_row_again_when_the_node_changes(env: Env) -> None:
         line = process.stdout.readline()
         assert line.split("\t")[0] == node
         assert line.split("\t")[5] == "deleted"
+        assert list(temporary.iterdir())  # the copies, while it runs
     finally:
-        process.terminate()
-        process.wait(30)
+        process.send_signal(stop)
+        code = process.wait(30)
+    assert code == (ExitCode.OK if stop == signal.SIGINT else 128 + stop.value)
+    assert list(temporary.iterdir()) == []
 
 
 def test_list_through_kubectl_finds_the_plugin_on_path(env: Env, tmp_path: Path) -> None:

@@ -126,6 +126,7 @@ async def test_the_old_leader_stops_writing_everywhere_before_the_new_one_leads(
         audited_seed,
         api,
         new_ca_pem("leadership-ca"),
+        tmp_path / "extension",
         leader_elect=True,
         max_drain_attempt=dt.timedelta(seconds=40),  # still draining when the Lease goes, and beyond
         **LEASE,

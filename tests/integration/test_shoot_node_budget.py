@@ -74,7 +74,7 @@ async def test_big_nodes_are_cached_slim_and_a_shoot_over_its_node_budget_is_not
     async with (
         new_shoot(seed, api, tmp_path / "small") as small,
         new_shoot(seed, api, tmp_path / "big") as big,
-        running_extension(seed, api, ca_pem, node_budget=BUDGET) as extension,
+        running_extension(seed, api, ca_pem, tmp_path / "extension", node_budget=BUDGET) as extension,
     ):
         await create_big_nodes(small, ["node-0"])  # ~0.5 MB: within the budget
         await create_big_nodes(big, [f"node-{i}" for i in range(4)])  # ~2 MB: over it

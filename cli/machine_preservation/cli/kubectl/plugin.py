@@ -7,8 +7,10 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import signal
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import FrameType
 from typing import Any, Final
 
 import yaml
@@ -372,5 +374,13 @@ def run(argv: Sequence[str] | None = None) -> int:
         return ExitCode.OK
 
 
+def _exit_on_signal(signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
+    # The kubernetes client copies the kubeconfig's client key and certificates to temporary files and removes them
+    # at a normal exit only: a closed terminal or a `timeout` must not leave the SRE's key behind.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _exit_on_signal)
     sys.exit(run(argv))
