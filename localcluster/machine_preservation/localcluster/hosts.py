@@ -14,6 +14,7 @@ machines.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import errno
 import os
@@ -66,6 +67,10 @@ def make_private() -> None:
     check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "making the mounts private")
     handle, copy = tempfile.mkstemp(prefix="machine-preservation-hosts-")
     os.close(handle)
+    # The mount holds the copy for as long as a process lives in this namespace; its name is needed only while
+    # this process lives, for a process it starts to make a namespace of its own on top (that cannot mount over
+    # a file whose name is gone).
+    atexit.register(os.unlink, copy)
     shutil.copyfile(HOSTS_FILE, copy)
     check(libc.mount(copy.encode(), str(HOSTS_FILE).encode(), None, _MS_BIND, None), "bind-mounting the hosts copy")
     os.environ[PRIVATE_ENV] = copy
