@@ -380,7 +380,9 @@ def _exit_on_signal(signum: int, _frame: FrameType | None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     # The kubernetes client copies the kubeconfig's client key and certificates to temporary files and removes them
-    # at a normal exit only: a closed terminal or a `timeout` must not leave the SRE's key behind.
+    # at a normal exit only: a closed terminal or a `timeout` must not leave the SRE's key behind. A signal the
+    # caller ignores (`nohup`) stays ignored.
     for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _exit_on_signal)
+        if signal.getsignal(signum) is signal.SIG_DFL:
+            signal.signal(signum, _exit_on_signal)
     sys.exit(run(argv))
