@@ -27,6 +27,7 @@ import yaml
 from kubernetes import client, config
 
 from machine_preservation.certs.authority import generate_ca
+from machine_preservation.cli.kubectl.outcomes import ExitCode
 from machine_preservation.core import vocabulary as v
 from machine_preservation.core.admission.settings import AdmissionSettings
 from machine_preservation.core.evidence import build_evidence, evidence_name, pods_of, to_json
@@ -328,25 +329,38 @@ def test_list_shows_marked_and_preserved_nodes_with_every_column(env: Env) -> No
     assert "machine-list-auto" in wide
 
 
+# Starts the rest of its command line with SIGINT, SIGHUP and SIGTERM at their defaults, as from a terminal: `make
+# test` runs this suite as a background job (SIGINT ignored) and may itself run under nohup (SIGHUP ignored), and an
+# ignored signal stays ignored across exec.
+AS_FROM_A_TERMINAL = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys\n"
+    "for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):\n"
+    "    signal.signal(signum, signal.SIG_DFL)\n"
+    "os.execvp(sys.argv[1], sys.argv[1:])",
+]
+
+
 @pytest.mark.parametrize(
-    ("wrapper", "stops"),
+    ("wrapper", "stops", "code"),
     [
-        pytest.param([], [signal.SIGTERM], id="SIGTERM"),
-        pytest.param([], [signal.SIGHUP], id="SIGHUP"),
-        # nohup: a closed terminal does not end it, a SIGTERM still does. (Ctrl-C is Python's own KeyboardInterrupt;
-        # a test cannot send it: a process started in the background, as `make test` runs this, ignores SIGINT.)
-        pytest.param(["nohup"], [signal.SIGHUP, signal.SIGTERM], id="nohup"),
+        pytest.param([], [signal.SIGTERM], 128 + signal.SIGTERM, id="SIGTERM"),
+        pytest.param([], [signal.SIGHUP], 128 + signal.SIGHUP, id="SIGHUP"),
+        pytest.param([], [signal.SIGINT], ExitCode.OK, id="Ctrl-C"),
+        # nohup: a closed terminal does not end it, a SIGTERM still does.
+        pytest.param(["nohup"], [signal.SIGHUP, signal.SIGTERM], 128 + signal.SIGTERM, id="nohup"),
     ],
 )
 def test_list_watch_prints_a_row_again_when_the_node_changes_and_a_stop_leaves_no_key_behind(
-    env: Env, tmp_path: Path, wrapper: list[str], stops: list[signal.Signals]
+    env: Env, tmp_path: Path, wrapper: list[str], stops: list[signal.Signals], code: int
 ) -> None:
     *ignored, stop = stops
     node = env.create_node(f"watched-{len(wrapper)}-{stop.value}", {P: "when-failed"})
     temporary = tmp_path / "tmp"  # where the kubernetes client copies the kubeconfig's key and certificates
     temporary.mkdir()
     process = subprocess.Popen(
-        [*wrapper, *PLUGIN, "list", "--watch", f"--kubeconfig={env.kubeconfigs['sre']}"],
+        [*AS_FROM_A_TERMINAL, *wrapper, *PLUGIN, "list", "--watch", f"--kubeconfig={env.kubeconfigs['sre']}"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -370,8 +384,8 @@ def test_list_watch_prints_a_row_again_when_the_node_changes_and_a_stop_leaves_n
         assert list(temporary.iterdir())  # the copies, while it runs
     finally:
         process.send_signal(stop)
-        code = process.wait(30)
-    assert code == 128 + stop.value
+        ended = process.wait(30)
+    assert ended == code
     assert list(temporary.iterdir()) == []
 
 
